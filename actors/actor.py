@@ -1,0 +1,145 @@
+"""The actor loop: N environments, one batched policy call per step, finished episodes streamed out.
+
+handshake -> ask for the newest parameters -> repeat:
+    take in replies and snapshots (swap to a newer version at once)
+    featurize all observations -> one jitted call samples every env's action -> step every env
+    episodes that ended go out in one TRAJ message; heartbeat every few seconds
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+from collections import Counter
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from actors.config import ActorConfig
+from actors.connection import LearnerConnection
+from actors.envs.standin import StandInPhoneEnv
+from actors.policy_runner import PolicyRunner, to_action
+from common import featurize, protocol
+from common.config import ModelConfig
+
+
+@dataclass
+class _EpisodeRecord:
+    task: str
+    features: list[dict[str, np.ndarray]] = field(default_factory=list)
+    steps: dict[str, list] = field(default_factory=lambda: {k: [] for k in protocol.STEP_ARRAYS})
+
+    def to_wire(self, success: bool, truncated: bool) -> dict:
+        obs = featurize.stack(self.features)
+        steps = {k: np.asarray(v, np.dtype(protocol.STEP_ARRAYS[k])) for k, v in self.steps.items()}
+        return protocol.episode_fields(self.task, success, truncated, obs, steps)
+
+
+class Actor:
+    def __init__(self, cfg: ActorConfig, log=print):
+        self.cfg = cfg
+        self.log = log
+        self.stats = Counter()
+        self._stop_reason = ""
+
+    def request_stop(self, reason: str) -> None:
+        self._stop_reason = reason
+
+    def _should_stop(self) -> bool:
+        if not self._stop_reason and self.cfg.parent_pid and os.getppid() != self.cfg.parent_pid:
+            self._stop_reason = "parent exited"
+        return bool(self._stop_reason)
+
+    def run(self) -> Counter:
+        cfg = self.cfg
+        conn = LearnerConnection(cfg.host, cfg.ingest_port, cfg.params_port, self.log)
+        try:
+            welcome = conn.handshake(
+                cfg.name, cfg.num_envs, cfg.handshake_timeout, cfg.max_backoff, self._should_stop
+            )
+            if welcome is None:
+                return self.stats
+            self._loop(conn, welcome)
+        finally:
+            conn.close()
+            self.log(f"actor: stopped ({self._stop_reason}); {dict(self.stats)}")
+        return self.stats
+
+    def _loop(self, conn: LearnerConnection, welcome: dict) -> None:
+        cfg = self.cfg
+        model_cfg = ModelConfig.from_dict(protocol.require(welcome, "model", dict))
+        max_steps = protocol.require(welcome, "max_steps", int)
+        self.log(f"actor {conn.actor_id}: joined run {welcome.get('run_id')} at {conn.ingest_addr}")
+        runner = PolicyRunner(model_cfg, cfg.seed)
+        conn.request_params(runner.version)
+        while runner.params is None and not self._should_stop():
+            conn.wait(200)
+            self._take_in(conn, runner)
+        if runner.params is None:
+            return
+
+        envs = [StandInPhoneEnv(max_steps=max_steps) for _ in range(cfg.num_envs)]
+        observations = [env.reset(seed=cfg.seed * 100_003 + i)[0] for i, env in enumerate(envs)]
+        records = [_EpisodeRecord(env.task.family) for env in envs]
+        seq = 0
+        last_beat = last_status = time.monotonic()
+        while not self._should_stop():
+            self._take_in(conn, runner)
+            features = [featurize.featurize(o, model_cfg) for o in observations]
+            choices, logps = runner.act(featurize.stack(features))
+            finished = []
+            for i, env in enumerate(envs):
+                rec, choice = records[i], choices[i]
+                obs, reward, terminated, truncated, info = env.step(
+                    to_action(observations[i], choice, model_cfg)
+                )
+                rec.features.append(features[i])
+                for k, v in (
+                    ("action_type", choice.action_type), ("element", choice.element), ("word", choice.word),
+                    ("direction", choice.direction), ("behavior_logp", logps[i]), ("reward", reward),
+                    ("policy_version", runner.version),
+                ):  # fmt: skip
+                    rec.steps[k].append(v)
+                self.stats["env_steps"] += 1
+                if terminated or truncated:
+                    rec.features.append(featurize.featurize(obs, model_cfg))
+                    finished.append(rec.to_wire(bool(info["success"]), bool(truncated and not terminated)))
+                    self.stats["successes"] += bool(info["success"])
+                    obs, _ = env.reset()
+                    records[i] = _EpisodeRecord(env.task.family)
+                observations[i] = obs
+            if finished:
+                seq += 1
+                conn.send(protocol.message(protocol.TRAJ, actor_id=conn.actor_id, seq=seq, episodes=finished))
+                self.stats["episodes_sent"] += len(finished)
+                if cfg.max_episodes and self.stats["episodes_sent"] >= cfg.max_episodes:
+                    self.request_stop("episode limit")
+            now = time.monotonic()
+            if now - last_beat >= cfg.heartbeat_every:
+                last_beat = now
+                conn.send(protocol.message(protocol.HEARTBEAT, actor_id=conn.actor_id))
+            if now - last_status >= cfg.status_every:
+                last_status = now
+                self.log(f"actor {conn.actor_id}: policy v{runner.version} {dict(self.stats)}")
+
+    def _take_in(self, conn: LearnerConnection, runner: PolicyRunner) -> None:
+        replies, newest = conn.receive()
+        for msg in replies:
+            if msg["kind"] == protocol.ACK:
+                self.stats["episodes_acked"] += int(msg.get("accepted", 0))
+            elif msg["kind"] == protocol.ERROR:
+                self.stats["errors"] += 1
+                self.log(f"actor: learner refused a message: {msg.get('code')}: {msg.get('reason')}")
+        if newest is not None and newest[0] > runner.version:
+            try:
+                runner.load(*newest)
+                self.stats["param_swaps"] += 1
+            except ValueError as e:
+                self.stats["bad_snapshots"] += 1
+                self.log(f"actor: snapshot v{newest[0]} does not fit the model: {e}")
+
+
+def install_signal_handlers(actor: Actor) -> None:
+    for s in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(s, lambda signum, _f: actor.request_stop(signal.Signals(signum).name))

@@ -1,0 +1,117 @@
+"""The actor's side of the sockets: a DEALER to the learner's ingest ROUTER and a SUB to its params PUB.
+
+The handshake follows the ZeroMQ guide's "Lazy Pirate": send HELLO, wait, and on silence close the
+socket, back off and try again, so stale requests never pile up inside a DEALER's queue.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import time
+from collections.abc import Callable
+
+import numpy as np
+import zmq
+
+from common import protocol, wire
+from common.protocol import ProtocolError
+
+
+class LearnerConnection:
+    def __init__(self, host: str, ingest_port: int, params_port: int, log: Callable[[str], None] = print):
+        self.ingest_addr = f"tcp://{host}:{ingest_port}"
+        self.params_addr = f"tcp://{host}:{params_port}"
+        self.log = log
+        self.ctx = zmq.Context()
+        self.dealer: zmq.Socket | None = None
+        self.sub = self.ctx.socket(zmq.SUB)
+        self.sub.setsockopt(zmq.LINGER, 0)
+        self.sub.setsockopt(zmq.RCVHWM, 2)
+        self.sub.setsockopt(zmq.SUBSCRIBE, b"")
+        self.sub.connect(self.params_addr)
+        self.actor_id = -1
+        self.welcome: dict = {}
+
+    def _new_dealer(self) -> None:
+        if self.dealer is not None:
+            self.dealer.close(0)
+        self.dealer = self.ctx.socket(zmq.DEALER)
+        self.dealer.setsockopt(zmq.LINGER, 0)
+        self.dealer.connect(self.ingest_addr)
+
+    def handshake(
+        self, name: str, num_envs: int, timeout: float, max_backoff: float, should_stop: Callable[[], bool]
+    ) -> dict | None:
+        """HELLO until a WELCOME arrives; returns it (None if asked to stop first)."""
+        name = name or f"{socket.gethostname()}-{os.getpid()}"
+        wait = timeout
+        while not should_stop():
+            self._new_dealer()
+            self.send(protocol.message(protocol.HELLO, actor=name, num_envs=num_envs, pid=os.getpid()))
+            deadline = time.monotonic() + wait
+            while time.monotonic() < deadline and not should_stop():
+                if self.dealer.poll(100):
+                    msg = self._recv_single()
+                    if msg is not None and msg["kind"] == protocol.WELCOME:
+                        self.actor_id = protocol.require(msg, "actor_id", int)
+                        self.welcome = msg
+                        return msg
+            self.log(f"actor: no answer from the learner at {self.ingest_addr}; retrying in {wait:.0f}s")
+            time.sleep(min(wait, 1.0))
+            wait = min(wait * 2, max_backoff)
+        return None
+
+    def send(self, msg: dict) -> None:
+        self.dealer.send(wire.encode(msg))
+
+    def request_params(self, have_version: int) -> None:
+        self.send(protocol.message(protocol.PARAM_REQ, actor_id=self.actor_id, have_version=have_version))
+
+    def _recv_single(self) -> dict | None:
+        frames = self.dealer.recv_multipart(copy=False)
+        try:
+            return protocol.parse(frames[0].buffer)
+        except ProtocolError as e:
+            self.log(f"actor: ignoring a bad message from the learner ({e})")
+            return None
+
+    def receive(self) -> tuple[list[dict], tuple[int, dict[str, np.ndarray]] | None]:
+        """Everything waiting on both sockets: replies (ACK, ERROR, HEARTBEAT) and the newest snapshot."""
+        replies, newest = [], None
+        while self.dealer.poll(0):
+            frames = self.dealer.recv_multipart(copy=False)
+            try:
+                head = protocol.parse(frames[0].buffer)
+                if head["kind"] == protocol.PARAMS:
+                    newest = _newer(newest, protocol.parse_params([f.buffer for f in frames]))
+                else:
+                    replies.append(head)
+            except ProtocolError as e:
+                self.log(f"actor: ignoring a bad message from the learner ({e})")
+        while self.sub.poll(0):
+            frames = self.sub.recv_multipart(copy=False)
+            try:
+                newest = _newer(newest, protocol.parse_params([f.buffer for f in frames]))
+            except ProtocolError as e:
+                self.log(f"actor: ignoring a bad snapshot ({e})")
+        return replies, newest
+
+    def wait(self, timeout_ms: int) -> None:
+        """Block until something arrives on either socket, or the timeout."""
+        poller = zmq.Poller()
+        poller.register(self.dealer, zmq.POLLIN)
+        poller.register(self.sub, zmq.POLLIN)
+        poller.poll(timeout_ms)
+
+    def close(self) -> None:
+        if self.dealer is not None:
+            self.dealer.close(0)
+        self.sub.close(0)
+        self.ctx.term()
+
+
+def _newer(a, b):
+    if a is None or b[0] > a[0]:
+        return b
+    return a

@@ -1,0 +1,58 @@
+"""Batched, jitted policy inference on the CPU with the newest parameter snapshot."""
+
+from __future__ import annotations
+
+import jax
+import numpy as np
+
+from common import distribution, featurize, model
+from common.config import ModelConfig
+from common.types import Action, ActionType, Observation, PolicyChoice, SwipeDirection
+
+
+class PolicyRunner:
+    def __init__(self, cfg: ModelConfig, seed: int):
+        self.cfg = cfg
+        self.graphdef, self._template = model.create(cfg, 0)
+        self.params = None
+        self.version = -1
+        self._key = jax.random.key(seed)
+
+        def act(params, features, key):
+            logits, _ = model.apply(self.graphdef, params, features)
+            return distribution.sample(key, logits)
+
+        self._act = jax.jit(act)
+
+    def load(self, version: int, flat: dict[str, np.ndarray]) -> None:
+        """Swap to a snapshot; raises ValueError if it does not fit the model."""
+        self.params = model.flat_to_params(self._template, flat)
+        self.version = version
+
+    def act(self, features: dict[str, np.ndarray]) -> tuple[list[PolicyChoice], np.ndarray]:
+        """Sample one action per row of the batched features; returns choices and behavior log-probs."""
+        self._key, key = jax.random.split(self._key)
+        choice, logp = jax.device_get(self._act(self.params, features, key))
+        choices = [
+            PolicyChoice(int(a), int(e), int(w), int(d))
+            for a, e, w, d in zip(
+                choice["action_type"], choice["element"], choice["word"], choice["direction"], strict=True
+            )
+        ]
+        return choices, np.asarray(logp, np.float32)
+
+
+def to_action(obs: Observation, choice: PolicyChoice, cfg: ModelConfig) -> Action:
+    """Turn the policy's indices into a concrete action on this observation."""
+    kind = ActionType(choice.action_type)
+    if kind == ActionType.TAP:
+        elements = obs.elements[: cfg.max_elements]
+        if choice.element < len(elements):
+            return Action.tap_element(elements[choice.element], obs.screen_size)
+        return Action.tap(0.5, 0.5)
+    if kind == ActionType.TYPE:
+        words = featurize.instruction_words(obs.instruction, cfg)
+        return Action(kind, text=words[choice.word] if choice.word < len(words) else "")
+    if kind == ActionType.SWIPE:
+        return Action(kind, direction=SwipeDirection(choice.direction))
+    return Action(kind)

@@ -1,0 +1,84 @@
+"""Turn an Observation into fixed-shape arrays the policy network reads.
+
+Shapes (one observation; batches add leading axes):
+    instr_tokens [Li] int32   instr_mask [Li] bool   instr_feats [Li, 1] f32 (word is visible on screen)
+    elem_tokens [E, Le] int32 elem_mask [E] bool     elem_feats [E, 10] f32
+elem_feats: box (left, top, right, bottom) / screen size, clickable, checked, focused, scrollable,
+editable, and the share of the element's words that occur in the instruction (the grounding cue).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from common import tokenizer
+from common.config import ModelConfig
+from common.types import Observation
+
+NUM_ELEMENT_FEATURES = 10
+NUM_INSTRUCTION_FEATURES = 1
+
+
+def feature_spec(cfg: ModelConfig) -> dict[str, tuple[tuple[int, ...], str]]:
+    """Name -> (shape, dtype string) of every featurized array; the wire validator checks against it."""
+    li, e, le = cfg.max_instruction_tokens, cfg.max_elements, cfg.max_element_tokens
+    return {
+        "instr_tokens": ((li,), "<i4"),
+        "instr_mask": ((li,), "|b1"),
+        "instr_feats": ((li, NUM_INSTRUCTION_FEATURES), "<f4"),
+        "elem_tokens": ((e, le), "<i4"),
+        "elem_mask": ((e,), "|b1"),
+        "elem_feats": ((e, NUM_ELEMENT_FEATURES), "<f4"),
+    }
+
+
+def instruction_words(instruction: str, cfg: ModelConfig) -> list[str]:
+    """The words the typed-text pointer indexes into."""
+    return tokenizer.words(instruction)[: cfg.max_instruction_tokens]
+
+
+def featurize(obs: Observation, cfg: ModelConfig) -> dict[str, np.ndarray]:
+    li, e, le, v = cfg.max_instruction_tokens, cfg.max_elements, cfg.max_element_tokens, cfg.vocab_size
+    instr_tokens, instr_mask = tokenizer.encode(obs.instruction, li, v)
+    instr_words = set(tokenizer.words(obs.instruction))
+    elements = obs.elements[:e]
+    width, height = obs.screen_size
+    elem_tokens = np.zeros((e, le), np.int32)
+    elem_mask = np.zeros(e, bool)
+    elem_feats = np.zeros((e, NUM_ELEMENT_FEATURES), np.float32)
+    screen_words: set[str] = set()
+    for i, el in enumerate(elements):
+        label_words = tokenizer.words(el.label)
+        screen_words.update(label_words)
+        elem_tokens[i], _ = tokenizer.encode(el.label, le, v)
+        elem_mask[i] = True
+        left, top, right, bottom = el.bounds
+        overlap = sum(w in instr_words for w in label_words) / len(label_words) if label_words else 0.0
+        elem_feats[i] = (
+            left / width,
+            top / height,
+            right / width,
+            bottom / height,
+            el.clickable,
+            el.checked,
+            el.focused,
+            el.scrollable,
+            "EditText" in el.cls,
+            overlap,
+        )
+    instr_feats = np.zeros((li, NUM_INSTRUCTION_FEATURES), np.float32)
+    for i, w in enumerate(instruction_words(obs.instruction, cfg)):
+        instr_feats[i, 0] = w in screen_words
+    return {
+        "instr_tokens": instr_tokens,
+        "instr_mask": instr_mask,
+        "instr_feats": instr_feats,
+        "elem_tokens": elem_tokens,
+        "elem_mask": elem_mask,
+        "elem_feats": elem_feats,
+    }
+
+
+def stack(features: list[dict[str, np.ndarray]]) -> dict[str, np.ndarray]:
+    """Stack per-observation features along a new leading axis."""
+    return {k: np.stack([f[k] for f in features]) for k in features[0]}

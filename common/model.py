@@ -1,0 +1,141 @@
+"""The default policy: a small transformer over instruction words and UI elements (Flax NNX).
+
+Tokens: one summary token, the instruction words (hashed embedding + position + visibility feature) and
+the UI elements (mean of their word embeddings + a projection of box and flags). Heads read the summary
+token for the action type, the swipe direction and the value, and point at elements (tap target) and at
+instruction words (the text to type). See common.distribution for the factorized action distribution.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+
+from common.config import ModelConfig
+from common.featurize import NUM_ELEMENT_FEATURES, NUM_INSTRUCTION_FEATURES
+from common.types import NUM_ACTION_TYPES, NUM_SWIPE_DIRECTIONS
+
+Logits = dict[str, jax.Array]
+
+
+class Block(nnx.Module):
+    """Pre-norm transformer block."""
+
+    def __init__(self, cfg: ModelConfig, rngs: nnx.Rngs):
+        d = cfg.d_model
+        self.norm1 = nnx.LayerNorm(d, rngs=rngs)
+        self.attn = nnx.MultiHeadAttention(
+            num_heads=cfg.num_heads, in_features=d, qkv_features=d, decode=False, rngs=rngs
+        )
+        self.norm2 = nnx.LayerNorm(d, rngs=rngs)
+        self.mlp_in = nnx.Linear(d, cfg.mlp_dim, rngs=rngs)
+        self.mlp_out = nnx.Linear(cfg.mlp_dim, d, rngs=rngs)
+
+    def __call__(self, x: jax.Array, mask: jax.Array) -> jax.Array:
+        x = x + self.attn(self.norm1(x), mask=mask)
+        return x + self.mlp_out(jax.nn.gelu(self.mlp_in(self.norm2(x))))
+
+
+class PhonePolicy(nnx.Module):
+    def __init__(self, cfg: ModelConfig, rngs: nnx.Rngs):
+        d = cfg.d_model
+        self.cfg = cfg
+        self.embed = nnx.Embed(cfg.vocab_size, d, rngs=rngs)
+        self.summary = nnx.Param(jax.random.normal(rngs.params(), (d,)) * 0.02)
+        self.instr_pos = nnx.Param(jax.random.normal(rngs.params(), (cfg.max_instruction_tokens, d)) * 0.02)
+        self.instr_feat = nnx.Linear(NUM_INSTRUCTION_FEATURES, d, rngs=rngs)
+        self.elem_feat = nnx.Linear(NUM_ELEMENT_FEATURES, d, rngs=rngs)
+        self.blocks = nnx.List([Block(cfg, rngs) for _ in range(cfg.num_layers)])
+        self.norm = nnx.LayerNorm(d, rngs=rngs)
+        self.type_head = nnx.Linear(d, NUM_ACTION_TYPES, rngs=rngs)
+        self.direction_head = nnx.Linear(d, NUM_SWIPE_DIRECTIONS, rngs=rngs)
+        self.value_head = nnx.Linear(d, 1, rngs=rngs)
+        self.element_pointer = nnx.Linear(d, 1, rngs=rngs)
+        self.word_pointer = nnx.Linear(d, 1, rngs=rngs)
+
+    def __call__(self, f: dict[str, jax.Array]) -> tuple[Logits, jax.Array]:
+        """Features with one leading batch axis -> (logits per head, value [B])."""
+        li = self.cfg.max_instruction_tokens
+        instr = self.embed(f["instr_tokens"]) + self.instr_pos[...] + self.instr_feat(f["instr_feats"])
+        tok_mask = (f["elem_tokens"] != 0)[..., None]
+        word_sum = jnp.sum(self.embed(f["elem_tokens"]) * tok_mask, axis=-2)
+        elems = word_sum / jnp.maximum(tok_mask.sum(-2), 1) + self.elem_feat(f["elem_feats"])
+        batch = instr.shape[0]
+        summary = jnp.broadcast_to(self.summary[...], (batch, 1, instr.shape[-1]))
+        x = jnp.concatenate([summary, instr, elems], axis=1)
+        valid = jnp.concatenate([jnp.ones((batch, 1), bool), f["instr_mask"], f["elem_mask"]], axis=1)
+        attn_mask = nnx.make_attention_mask(jnp.ones_like(valid), valid)
+        for block in self.blocks:
+            x = block(x, attn_mask)
+        x = self.norm(x)
+        head = x[:, 0]
+        word_logits = self.word_pointer(x[:, 1 : 1 + li])[..., 0]
+        elem_logits = self.element_pointer(x[:, 1 + li :])[..., 0]
+        logits = {
+            "type": self.type_head(head),
+            "element": _mask_logits(elem_logits, f["elem_mask"]),
+            "word": _mask_logits(word_logits, f["instr_mask"]),
+            "direction": self.direction_head(head),
+        }
+        return logits, self.value_head(head)[..., 0]
+
+
+def _mask_logits(logits: jax.Array, mask: jax.Array) -> jax.Array:
+    """Invalid slots get a very low logit; an all-invalid row keeps slot 0 so the softmax stays defined."""
+    mask = jnp.asarray(mask)
+    mask = mask.at[..., 0].set(mask[..., 0] | ~mask.any(-1))
+    return jnp.where(mask, logits, -1e9)
+
+
+def create(cfg: ModelConfig, seed: int) -> tuple[nnx.GraphDef, nnx.State]:
+    """Build the policy and split it into a static graph and its parameter state."""
+    return nnx.split(PhonePolicy(cfg, nnx.Rngs(seed)))
+
+
+def apply(graphdef: nnx.GraphDef, params: nnx.State, features: dict[str, jax.Array]):
+    """Pure forward pass; features may have any number of leading batch axes."""
+    lead = features["instr_mask"].shape[:-1]
+    flat = {k: v.reshape((-1, *v.shape[len(lead) :])) for k, v in features.items()}
+    logits, value = nnx.merge(graphdef, params)(flat)
+    return (
+        {k: v.reshape((*lead, v.shape[-1])) for k, v in logits.items()},
+        value.reshape(lead),
+    )
+
+
+def params_to_flat(params: nnx.State) -> dict[str, np.ndarray]:
+    """Parameter state -> {"blocks/0/attn/query/kernel": array}, the form snapshots travel in."""
+    flat: dict[str, np.ndarray] = {}
+
+    def walk(node, prefix: str) -> None:
+        if isinstance(node, dict):
+            for key in sorted(node, key=str):
+                walk(node[key], f"{prefix}/{key}" if prefix else str(key))
+        else:
+            flat[prefix] = np.asarray(node)
+
+    walk(params.to_pure_dict(), "")
+    return flat
+
+
+def flat_to_params(template: nnx.State, flat: dict[str, np.ndarray]) -> nnx.State:
+    """Inverse of params_to_flat, checked against the template's names, shapes and dtypes."""
+    expected = params_to_flat(template)
+    if set(flat) != set(expected):
+        missing, extra = sorted(set(expected) - set(flat)), sorted(set(flat) - set(expected))
+        raise ValueError(f"parameter names differ: missing {missing[:5]}, unexpected {extra[:5]}")
+    for name, ref in expected.items():
+        got = flat[name]
+        if got.shape != ref.shape or got.dtype != ref.dtype:
+            raise ValueError(f"parameter {name}: got {got.dtype}{got.shape}, expected {ref.dtype}{ref.shape}")
+
+    def build(node, prefix: str):
+        if isinstance(node, dict):
+            return {k: build(v, f"{prefix}/{k}" if prefix else str(k)) for k, v in node.items()}
+        return jnp.asarray(flat[prefix])
+
+    state = jax.tree.map(lambda x: x, template)
+    state.replace_by_pure_dict(build(template.to_pure_dict(), ""))
+    return state

@@ -1,0 +1,237 @@
+"""Messages of the learner <-> actor protocol: builders, validators and the parameter snapshot frames.
+
+Every message is a msgpack map with `v` (PROTOCOL_VERSION) and `kind`. docs/PROTOCOL.md is the
+normative description; this module is its implementation, shared by both sides.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from common import wire
+from common.types import NUM_ACTION_TYPES, NUM_SWIPE_DIRECTIONS
+
+PROTOCOL_VERSION = 1
+
+HELLO, WELCOME, TRAJ, ACK = "HELLO", "WELCOME", "TRAJ", "ACK"
+PARAM_REQ, PARAMS, HEARTBEAT, ERROR = "PARAM_REQ", "PARAMS", "HEARTBEAT", "ERROR"
+KINDS = frozenset({HELLO, WELCOME, TRAJ, ACK, PARAM_REQ, PARAMS, HEARTBEAT, ERROR})
+
+# Per-step arrays of an episode: name -> dtype. Observations carry one more row (the final one).
+STEP_ARRAYS = {
+    "action_type": "<i4",
+    "element": "<i4",
+    "word": "<i4",
+    "direction": "<i4",
+    "behavior_logp": "<f4",
+    "reward": "<f4",
+    "policy_version": "<i4",
+}
+MAX_EPISODES_PER_BATCH = 256
+MAX_TEXT = 256
+
+
+class ProtocolError(ValueError):
+    """A message that breaks the protocol; `code` is the counter name in the learner's `rejected` tally."""
+
+    def __init__(self, code: str, reason: str):
+        super().__init__(f"{code}: {reason}")
+        self.code = code
+        self.reason = reason
+
+
+def message(kind: str, **fields: Any) -> dict[str, Any]:
+    return {"v": PROTOCOL_VERSION, "kind": kind, **fields}
+
+
+def error(code: str, reason: str) -> bytes:
+    return wire.encode(message(ERROR, code=code, reason=reason))
+
+
+def parse(data: bytes | memoryview) -> dict[str, Any]:
+    """Decode one single-frame message and check its envelope (map, version, known kind)."""
+    try:
+        msg = wire.decode(data)
+    except wire.WireError as e:
+        raise ProtocolError("bad_encoding", str(e)) from e
+    if not isinstance(msg, dict):
+        raise ProtocolError("bad_envelope", f"a message must be a map, got {type(msg).__name__}")
+    if msg.get("v") != PROTOCOL_VERSION:
+        raise ProtocolError(
+            "bad_version", f"protocol version {msg.get('v')!r}, this side speaks {PROTOCOL_VERSION}"
+        )
+    if msg.get("kind") not in KINDS:
+        raise ProtocolError("unknown_kind", f"unknown message kind {msg.get('kind')!r}")
+    return msg
+
+
+def require(msg: dict[str, Any], name: str, typ: type | tuple[type, ...]) -> Any:
+    """A required field of the given type (bool is never accepted as an int)."""
+    value = msg.get(name)
+    if not isinstance(value, typ) or (typ is int and isinstance(value, bool)):
+        raise ProtocolError("bad_field", f"{msg.get('kind')} needs field {name!r} of type {_typename(typ)}")
+    return value
+
+
+def _typename(typ: type | tuple[type, ...]) -> str:
+    return "/".join(t.__name__ for t in typ) if isinstance(typ, tuple) else typ.__name__
+
+
+@dataclass
+class Episode:
+    """One validated episode as the learner stores it (arrays are read-only views of the message)."""
+
+    task: str
+    success: bool
+    truncated: bool
+    obs: dict[str, np.ndarray]
+    """Featurized observations, [T + 1, ...]: one per step plus the final one."""
+    steps: dict[str, np.ndarray]
+    """STEP_ARRAYS, [T] each."""
+
+    @property
+    def length(self) -> int:
+        return int(self.steps["reward"].shape[0])
+
+
+def episode_fields(
+    task: str,
+    success: bool,
+    truncated: bool,
+    obs: dict[str, np.ndarray],
+    steps: dict[str, np.ndarray],
+) -> dict[str, Any]:
+    """The wire form of one episode inside TRAJ."""
+    return {
+        "task": task,
+        "success": success,
+        "truncated": truncated,
+        "obs": {k: np.ascontiguousarray(v) for k, v in obs.items()},
+        **{k: np.ascontiguousarray(steps[k], dtype=np.dtype(dt)) for k, dt in STEP_ARRAYS.items()},
+    }
+
+
+def validate_episodes(
+    msg: dict[str, Any],
+    feature_spec: dict[str, tuple[tuple[int, ...], str]],
+    max_steps: int,
+    newest_version: int,
+) -> list[Episode]:
+    """Check every field, dtype, shape, range and number of a TRAJ message; raise ProtocolError on the first fault."""
+    raw = require(msg, "episodes", list)
+    if not 1 <= len(raw) <= MAX_EPISODES_PER_BATCH:
+        raise ProtocolError(
+            "bad_field", f"a TRAJ carries 1 to {MAX_EPISODES_PER_BATCH} episodes, got {len(raw)}"
+        )
+    episodes = []
+    for i, ep in enumerate(raw):
+        if not isinstance(ep, dict):
+            raise ProtocolError("bad_field", f"episode {i} is not a map")
+        task = require(ep, "task", str)[:MAX_TEXT]
+        success = require(ep, "success", bool)
+        truncated = require(ep, "truncated", bool)
+        steps = {name: _array(ep, name, dtype, i) for name, dtype in STEP_ARRAYS.items()}
+        length = steps["reward"].shape[0] if steps["reward"].ndim == 1 else -1
+        if not 1 <= length <= max_steps:
+            raise ProtocolError("bad_array", f"episode {i} has {length} steps, allowed 1 to {max_steps}")
+        for name, arr in steps.items():
+            if arr.shape != (length,):
+                raise ProtocolError(
+                    "bad_array", f"episode {i} {name} has shape {arr.shape}, expected ({length},)"
+                )
+        obs_raw = require(ep, "obs", dict)
+        if set(obs_raw) != set(feature_spec):
+            raise ProtocolError(
+                "bad_field", f"episode {i} obs has keys {sorted(obs_raw)}, expected {sorted(feature_spec)}"
+            )
+        obs = {}
+        for name, (shape, dtype) in feature_spec.items():
+            arr = _array(obs_raw, name, dtype, i)
+            if arr.shape != (length + 1, *shape):
+                raise ProtocolError(
+                    "bad_array",
+                    f"episode {i} obs {name} has shape {arr.shape}, expected {(length + 1, *shape)}",
+                )
+            obs[name] = arr
+        _check_ranges(i, steps, obs, feature_spec, newest_version)
+        episodes.append(Episode(task, success, truncated, obs, steps))
+    return episodes
+
+
+def _array(container: dict[str, Any], name: str, dtype: str, episode: int) -> np.ndarray:
+    arr = container.get(name)
+    if not isinstance(arr, np.ndarray):
+        raise ProtocolError("bad_field", f"episode {episode} needs array {name!r}")
+    if arr.dtype.str != dtype:
+        raise ProtocolError(
+            "bad_array", f"episode {episode} {name} has dtype {arr.dtype.str}, expected {dtype}"
+        )
+    return arr
+
+
+def _check_ranges(i, steps, obs, feature_spec, newest_version) -> None:
+    limits = {
+        "action_type": NUM_ACTION_TYPES,
+        "element": feature_spec["elem_mask"][0][0],
+        "word": feature_spec["instr_mask"][0][0],
+        "direction": NUM_SWIPE_DIRECTIONS,
+    }
+    for name, upper in limits.items():
+        a = steps[name]
+        if a.min() < 0 or a.max() >= upper:
+            raise ProtocolError("bad_array", f"episode {i} {name} outside [0, {upper})")
+    for name in ("behavior_logp", "reward"):
+        if not np.isfinite(steps[name]).all():
+            raise ProtocolError("non_finite", f"episode {i} {name} has NaN or infinity")
+    if steps["behavior_logp"].max() > 1e-3:
+        raise ProtocolError("bad_array", f"episode {i} behavior_logp must be <= 0")
+    versions = steps["policy_version"]
+    if versions.min() < 0 or versions.max() > newest_version:
+        raise ProtocolError("future_version", f"episode {i} policy_version outside [0, {newest_version}]")
+    for name, arr in obs.items():
+        if arr.dtype.kind == "f" and not np.isfinite(arr).all():
+            raise ProtocolError("non_finite", f"episode {i} obs {name} has NaN or infinity")
+    vocab_ok = all(obs[k].min() >= 0 for k in ("instr_tokens", "elem_tokens"))
+    if not vocab_ok:
+        raise ProtocolError("bad_array", f"episode {i} has negative token ids")
+
+
+# ---- parameter snapshots: [header, array bytes...] -------------------------------------------------
+def params_frames(version: int, flat: dict[str, np.ndarray]) -> list[Any]:
+    """PARAMS as frames: a msgpack header then one raw little-endian buffer per array (sent zero-copy)."""
+    names = sorted(flat)
+    arrays = [np.ascontiguousarray(flat[n]) for n in names]
+    header = message(
+        PARAMS,
+        version=version,
+        names=names,
+        dtypes=[a.dtype.str for a in arrays],
+        shapes=[list(a.shape) for a in arrays],
+    )
+    return [wire.encode(header), *(memoryview(a).cast("B") for a in arrays)]
+
+
+def parse_params(frames: list[bytes | memoryview]) -> tuple[int, dict[str, np.ndarray]]:
+    """Inverse of params_frames; raises ProtocolError on any inconsistency."""
+    if not frames:
+        raise ProtocolError("bad_params", "empty PARAMS message")
+    head = parse(frames[0])
+    if head["kind"] != PARAMS:
+        raise ProtocolError("bad_params", f"expected PARAMS, got {head['kind']}")
+    version = require(head, "version", int)
+    names, dtypes, shapes = (require(head, k, list) for k in ("names", "dtypes", "shapes"))
+    if not len(names) == len(dtypes) == len(shapes) == len(frames) - 1:
+        raise ProtocolError("bad_params", "PARAMS header and frame count disagree")
+    flat = {}
+    for name, dtype, shape, buf in zip(names, dtypes, shapes, frames[1:], strict=True):
+        if dtype not in wire.ALLOWED_DTYPES or not all(isinstance(d, int) and d >= 0 for d in shape):
+            raise ProtocolError("bad_params", f"PARAMS array {name!r} has a bad dtype or shape")
+        dt = np.dtype(dtype)
+        if math.prod(shape) * dt.itemsize != len(buf):
+            raise ProtocolError("bad_params", f"PARAMS array {name!r} has {len(buf)} bytes for shape {shape}")
+        flat[str(name)] = np.frombuffer(buf, dtype=dt).reshape(shape)
+    return version, flat

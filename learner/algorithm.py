@@ -1,0 +1,77 @@
+"""The loss of the walking skeleton: advantage actor-critic with truncated importance weights.
+
+Pure functions over padded batches [B, T]. A step t of an episode of length L is valid when t < L.
+The last valid step bootstraps from V(s_L) when the episode was truncated (step limit) and not when it
+ended in a terminal state. A-RIDE (Retrace targets, prioritized replay) replaces this in learner/ later.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import jax
+import jax.numpy as jnp
+
+
+class LossConfig(NamedTuple):
+    gamma: float = 0.95
+    value_coef: float = 0.5
+    entropy_coef: float = 0.01
+    rho_clip: float = 1.0
+    """Importance ratios pi/mu are clipped here for the policy gradient (stale actors)."""
+
+
+def step_mask(length: jax.Array, num_steps: int) -> jax.Array:
+    """[B] lengths -> [B, T] bool, True on real steps."""
+    return jnp.arange(num_steps)[None, :] < length[:, None]
+
+
+def discounted_returns(
+    rewards: jax.Array, values: jax.Array, length: jax.Array, terminal: jax.Array, gamma: float
+) -> jax.Array:
+    """Returns G_t = r_t + gamma * G_{t+1}, with G_L = V(s_L) for a truncated episode and 0 for a terminal one.
+
+    rewards [B, T], values [B, T + 1] (critic on every observation, including the final one),
+    length [B] int, terminal [B] bool. Padded steps get 0.
+    """
+    num_steps = rewards.shape[1]
+    bootstrap = jnp.where(terminal, 0.0, jnp.take_along_axis(values, length[:, None], axis=1)[:, 0])
+
+    def back(carry, t):
+        g = jnp.where(t == length - 1, rewards[:, t] + gamma * bootstrap, rewards[:, t] + gamma * carry)
+        g = jnp.where(t < length, g, 0.0)
+        return g, g
+
+    _, out = jax.lax.scan(back, jnp.zeros(rewards.shape[0]), jnp.arange(num_steps), reverse=True)
+    return out.T
+
+
+def actor_critic_loss(
+    logp: jax.Array,
+    behavior_logp: jax.Array,
+    entropy: jax.Array,
+    values: jax.Array,
+    rewards: jax.Array,
+    length: jax.Array,
+    terminal: jax.Array,
+    cfg: LossConfig,
+) -> tuple[jax.Array, dict[str, jax.Array]]:
+    """Total loss and its parts. logp/behavior_logp/entropy/rewards [B, T]; values [B, T + 1]."""
+    mask = step_mask(length, rewards.shape[1]).astype(jnp.float32)
+    count = jnp.maximum(mask.sum(), 1.0)
+    returns = discounted_returns(rewards, jax.lax.stop_gradient(values), length, terminal, cfg.gamma)
+    v = values[:, :-1]
+    advantage = jax.lax.stop_gradient(returns - v)
+    rho = jax.lax.stop_gradient(jnp.minimum(cfg.rho_clip, jnp.exp(logp - behavior_logp)))
+    policy_loss = -jnp.sum(mask * rho * advantage * logp) / count
+    value_loss = 0.5 * jnp.sum(mask * (returns - v) ** 2) / count
+    mean_entropy = jnp.sum(mask * entropy) / count
+    total = policy_loss + cfg.value_coef * value_loss - cfg.entropy_coef * mean_entropy
+    return total, {
+        "loss": total,
+        "policy_loss": policy_loss,
+        "value_loss": value_loss,
+        "entropy": mean_entropy,
+        "advantage_mean": jnp.sum(mask * advantage) / count,
+        "rho_mean": jnp.sum(mask * rho) / count,
+    }

@@ -1,0 +1,31 @@
+"""Collate validated episodes into one fixed-shape padded batch, so the train step compiles once."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from common.protocol import STEP_ARRAYS, Episode
+
+
+def collate(episodes: list[Episode], max_steps: int) -> dict[str, np.ndarray | dict[str, np.ndarray]]:
+    """Episodes -> {"obs": {name: [B, T + 1, ...]}, step arrays [B, T], "length" [B], "terminal" [B]}.
+
+    T is max_steps; padding is zeros (padded observations have empty masks, padded steps are masked
+    out of the loss by `length`).
+    """
+    b = len(episodes)
+    first = episodes[0]
+    obs = {k: np.zeros((b, max_steps + 1, *v.shape[1:]), v.dtype) for k, v in first.obs.items()}
+    steps = {k: np.zeros((b, max_steps), np.dtype(dt)) for k, dt in STEP_ARRAYS.items()}
+    for i, ep in enumerate(episodes):
+        n = ep.length
+        for k, v in ep.obs.items():
+            obs[k][i, : n + 1] = v
+        for k, v in ep.steps.items():
+            steps[k][i, :n] = v
+    return {
+        "obs": obs,
+        **steps,
+        "length": np.array([ep.length for ep in episodes], np.int32),
+        "terminal": np.array([not ep.truncated for ep in episodes], bool),
+    }

@@ -1,0 +1,169 @@
+"""The learner's two sockets: the ingest ROUTER (handshakes, trajectories, acks, parameter requests)
+and the params PUB (versioned snapshots). All socket work happens in `poll`, on the caller's thread.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import numpy as np
+import zmq
+
+from common import protocol, wire
+from common.protocol import Episode, ProtocolError
+
+
+@dataclass
+class ActorInfo:
+    actor_id: int
+    identity: bytes
+    name: str
+    num_envs: int
+    last_seen: float
+    episodes: int = 0
+
+
+class IngestServer:
+    def __init__(
+        self,
+        bind: str,
+        ingest_port: int,
+        params_port: int,
+        welcome_fields: dict,
+        feature_spec: dict,
+        max_steps: int,
+        on_episodes: Callable[[list[Episode]], None],
+        actor_timeout: float = 15.0,
+    ):
+        self.ctx = zmq.Context()
+        self.router = self.ctx.socket(zmq.ROUTER)
+        self.router.setsockopt(zmq.LINGER, 0)
+        self.router.setsockopt(zmq.ROUTER_HANDOVER, 1)  # a reconnecting actor keeps its identity
+        self.pub = self.ctx.socket(zmq.PUB)
+        self.pub.setsockopt(zmq.LINGER, 0)
+        self.pub.setsockopt(zmq.SNDHWM, 2)  # slow subscribers skip to the newest snapshot
+        self.ingest_port = _bind(self.router, bind, ingest_port)
+        self.params_port = _bind(self.pub, bind, params_port)
+        self.run_id = uuid.uuid4().hex[:12]
+        self.welcome_fields = welcome_fields
+        self.feature_spec = feature_spec
+        self.max_steps = max_steps
+        self.on_episodes = on_episodes
+        self.actor_timeout = actor_timeout
+        self.actors: dict[int, ActorInfo] = {}
+        self.rejected: Counter[str] = Counter()
+        """Refused messages by reason."""
+        self.drops: Counter[str] = Counter()
+        """Replies that could not be sent, by reason."""
+        self.policy_version = -1
+        self._params_frames: list = []
+        self._next_actor_id = 1
+
+    # ---- parameters --------------------------------------------------------------------------------
+    def publish(self, version: int, flat: dict[str, np.ndarray]) -> None:
+        """Publish a snapshot to all subscribers and keep it to answer PARAM_REQ."""
+        self.policy_version = version
+        self._params_frames = protocol.params_frames(version, flat)
+        self.pub.send_multipart(self._params_frames, copy=False)
+
+    # ---- ingest ------------------------------------------------------------------------------------
+    def poll(self, timeout_ms: int, max_messages: int = 1000) -> int:
+        """Handle waiting messages; block up to timeout_ms for the first. Returns how many were handled."""
+        handled = 0
+        while handled < max_messages and self.router.poll(timeout_ms if handled == 0 else 0):
+            frames = self.router.recv_multipart(copy=False)
+            handled += 1
+            identity = frames[0].bytes
+            if len(frames) != 2:
+                self._refuse(identity, "bad_envelope", f"expected one message frame, got {len(frames) - 1}")
+                continue
+            try:
+                self._handle(identity, protocol.parse(frames[1].buffer))
+            except ProtocolError as e:
+                self._refuse(identity, e.code, e.reason)
+        return handled
+
+    def connected_actors(self) -> int:
+        now = time.monotonic()
+        return sum(now - a.last_seen < self.actor_timeout for a in self.actors.values())
+
+    def _handle(self, identity: bytes, msg: dict) -> None:
+        kind = msg["kind"]
+        if kind == protocol.HELLO:
+            self._hello(identity, msg)
+            return
+        actor = self._known_actor(identity, msg)
+        actor.last_seen = time.monotonic()
+        if kind == protocol.TRAJ:
+            seq = protocol.require(msg, "seq", int)
+            episodes = protocol.validate_episodes(msg, self.feature_spec, self.max_steps, self.policy_version)
+            self.on_episodes(episodes)
+            actor.episodes += len(episodes)
+            self._send(identity, protocol.message(protocol.ACK, seq=seq, accepted=len(episodes)))
+        elif kind == protocol.PARAM_REQ:
+            self.router.send_multipart([identity, *self._params_frames], copy=False)
+        elif kind == protocol.HEARTBEAT:
+            self._send(identity, protocol.message(protocol.HEARTBEAT, policy_version=self.policy_version))
+        else:
+            raise ProtocolError("unexpected_kind", f"{kind} is not something an actor sends")
+
+    def _hello(self, identity: bytes, msg: dict) -> None:
+        name = protocol.require(msg, "actor", str)[: protocol.MAX_TEXT]
+        num_envs = protocol.require(msg, "num_envs", int)
+        actor_id = self._next_actor_id
+        self._next_actor_id += 1
+        self.actors[actor_id] = ActorInfo(actor_id, identity, name, num_envs, time.monotonic())
+        self._send(
+            identity,
+            protocol.message(
+                protocol.WELCOME,
+                run_id=self.run_id,
+                actor_id=actor_id,
+                policy_version=self.policy_version,
+                **self.welcome_fields,
+            ),
+        )
+
+    def _known_actor(self, identity: bytes, msg: dict) -> ActorInfo:
+        actor_id = protocol.require(msg, "actor_id", int)
+        actor = self.actors.get(actor_id)
+        if actor is None or actor.identity != identity:
+            raise ProtocolError(
+                "not_welcomed", f"actor_id {actor_id} has not completed the handshake on this socket"
+            )
+        return actor
+
+    def _refuse(self, identity: bytes, code: str, reason: str) -> None:
+        self.rejected[code] += 1
+        self._send_raw(identity, protocol.error(code, reason))
+
+    def _send(self, identity: bytes, msg: dict) -> None:
+        self._send_raw(identity, wire.encode(msg))
+
+    def _send_raw(self, identity: bytes, data: bytes) -> None:
+        try:
+            self.router.send_multipart([identity, data], flags=zmq.NOBLOCK)
+        except zmq.Again:
+            self.drops["reply_dropped"] += 1
+
+    def close(self) -> None:
+        self.router.close(0)
+        self.pub.close(0)
+        self.ctx.term()
+
+
+def _bind(sock: zmq.Socket, host: str, port: int) -> int:
+    if port == 0:
+        return sock.bind_to_random_port(f"tcp://{host}")
+    try:
+        sock.bind(f"tcp://{host}:{port}")
+    except zmq.ZMQError as e:
+        raise SystemExit(
+            f"cannot bind tcp://{host}:{port}: {e}. Is another learner running? Pick other ports with "
+            "--ingest-port/--params-port (0 picks a free one)."
+        ) from e
+    return port

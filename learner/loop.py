@@ -1,0 +1,201 @@
+"""The learner's whole training loop, readable in one sitting.
+
+bind sockets -> publish version 0 -> (start local actors) -> repeat:
+    take in messages (trajectories go into the queue, ACKed once stored)
+    when a batch is ready: collate -> jitted train step -> every K updates publish a new version
+    every few seconds: a metrics.jsonl line and a progress print
+until the time limit, the update limit, or Ctrl-C / SIGTERM; then stop actors and close sockets.
+"""
+
+from __future__ import annotations
+
+import json
+import signal
+import time
+from collections import Counter, deque
+
+import jax
+import numpy as np
+from rich.console import Console
+
+from common import featurize, model
+from common.protocol import Episode
+from learner.algorithm import LossConfig, step_mask
+from learner.batch import collate
+from learner.config import LearnerConfig
+from learner.ingest import IngestServer
+from learner.local_actors import LocalActors
+from learner.metrics import MetricsWriter
+from learner.train_step import make_optimizer, make_train_step
+
+
+class EpisodeQueue:
+    """Episodes waiting for training, oldest first; bounded, and every overflow is counted."""
+
+    def __init__(self, capacity: int):
+        self.items: deque[Episode] = deque()
+        self.capacity = capacity
+        self.dropped = 0
+
+    def extend(self, episodes: list[Episode]) -> None:
+        self.items.extend(episodes)
+        while len(self.items) > self.capacity:
+            self.items.popleft()
+            self.dropped += 1
+
+    def take(self, n: int) -> list[Episode]:
+        return [self.items.popleft() for _ in range(n)]
+
+
+class _Stop:
+    def __init__(self):
+        self.requested = False
+        self.reason = ""
+
+    def __call__(self, signum, _frame):
+        self.requested, self.reason = True, signal.Signals(signum).name
+
+
+def run(cfg: LearnerConfig, console: Console | None = None) -> dict:
+    """Train until a stop condition; returns the last metrics record."""
+    console = console or Console(stderr=True)
+    start = time.monotonic()
+    stop = _Stop()
+    old_handlers = {s: signal.signal(s, stop) for s in (signal.SIGINT, signal.SIGTERM)}
+
+    graphdef, params = model.create(cfg.model, cfg.seed)
+    optimizer = make_optimizer(cfg.learning_rate, cfg.max_grad_norm)
+    opt_state = optimizer.init(params)
+    train_step = make_train_step(graphdef, optimizer, LossConfig(cfg.gamma, cfg.value_coef, cfg.entropy_coef))
+
+    queue = EpisodeQueue(cfg.queue_capacity)
+    recent_success: deque[bool] = deque(maxlen=100)
+    recent_by_task: dict[str, deque[bool]] = {}
+    totals = Counter()
+
+    def on_episodes(episodes: list[Episode]) -> None:
+        queue.extend(episodes)
+        for ep in episodes:
+            recent_success.append(ep.success)
+            recent_by_task.setdefault(ep.task, deque(maxlen=100)).append(ep.success)
+            totals["episodes"] += 1
+            totals["env_steps"] += ep.length
+
+    server = IngestServer(
+        cfg.bind,
+        cfg.ingest_port,
+        cfg.params_port,
+        welcome_fields={"model": cfg.model.to_dict(), "max_steps": cfg.max_steps},
+        feature_spec=featurize.feature_spec(cfg.model),
+        max_steps=cfg.max_steps,
+        on_episodes=on_episodes,
+        actor_timeout=cfg.actor_timeout,
+    )
+    writer = MetricsWriter(cfg.run_dir)
+    endpoints = {"ingest_port": server.ingest_port, "params_port": server.params_port, "bind": cfg.bind}
+    (cfg.run_dir / "endpoints.json").write_text(json.dumps(endpoints))
+    version = 0
+    server.publish(version, model.params_to_flat(params))
+    console.print(
+        f"learner: ingest tcp://{cfg.bind}:{server.ingest_port}, params tcp://{cfg.bind}:{server.params_port}, "
+        f"run dir {cfg.run_dir}"
+    )
+    actors = None
+    if cfg.local_actors:
+        actors = LocalActors(
+            cfg.local_actors,
+            server.ingest_port,
+            server.params_port,
+            cfg.envs_per_actor,
+            cfg.seed,
+            cfg.run_dir,
+        )
+        console.print(
+            f"learner: started {cfg.local_actors} local actor(s), logs in {cfg.run_dir}/actor-*.log"
+        )
+
+    update = 0
+    last_log = time.monotonic()
+    last: dict = {}
+    train_metrics: dict = {}
+    lag_mean = 0.0
+    timing = Counter()
+
+    def record() -> dict:
+        by_task = {k: float(np.mean(v)) for k, v in sorted(recent_by_task.items()) if v}
+        return {
+            "wall": round(time.monotonic() - start, 3),
+            "update": update,
+            "env_steps": totals["env_steps"],
+            "episodes": totals["episodes"],
+            "success_rate": float(np.mean(recent_success)) if recent_success else 0.0,
+            "success_by_task": by_task,
+            "policy_version": version,
+            "policy_lag_mean": lag_mean,
+            "actors": server.connected_actors(),
+            "replay_size": len(queue.items),
+            "rejected": sum(server.rejected.values()),
+            "rejected_by_reason": dict(server.rejected),
+            "dropped_episodes": queue.dropped,
+            **{f"train/{k}": float(v) for k, v in train_metrics.items()},
+            **{f"time/{k}": round(v, 3) for k, v in timing.items()},
+        }
+
+    try:
+        while True:
+            if stop.requested:
+                break
+            elapsed = time.monotonic() - start
+            if cfg.time_limit and elapsed >= cfg.time_limit:
+                stop.reason = "time limit"
+                break
+            if cfg.max_updates and update >= cfg.max_updates:
+                stop.reason = "update limit"
+                break
+            t0 = time.monotonic()
+            server.poll(0 if len(queue.items) >= cfg.batch_size else 50)
+            timing["ingest_s"] += time.monotonic() - t0
+            if len(queue.items) >= cfg.batch_size:
+                t0 = time.monotonic()
+                batch = collate(queue.take(cfg.batch_size), cfg.max_steps)
+                mask = np.asarray(step_mask(batch["length"], cfg.max_steps))
+                lag_mean = float(np.mean((version - batch["policy_version"])[mask]))
+                params, opt_state, metrics = train_step(params, opt_state, batch)
+                train_metrics = jax.device_get(metrics)
+                update += 1
+                timing["train_s"] += time.monotonic() - t0
+                if update % cfg.publish_every == 0:
+                    t0 = time.monotonic()
+                    version += 1
+                    server.publish(version, model.params_to_flat(params))
+                    timing["publish_s"] += time.monotonic() - t0
+            if time.monotonic() - last_log >= cfg.log_every:
+                last_log = time.monotonic()
+                last = record()
+                writer.write(last)
+                _print_progress(console, last)
+    finally:
+        last = record()
+        last["stopped"] = stop.reason or "error"
+        writer.write(last)
+        writer.close()
+        if actors is not None:
+            actors.stop()
+        server.close()
+        for s, h in old_handlers.items():
+            signal.signal(s, h)
+        console.print(
+            f"learner: stopped ({last['stopped']}) after {update} updates, {totals['episodes']} episodes"
+        )
+    return last
+
+
+def _print_progress(console: Console, m: dict) -> None:
+    tasks = " ".join(f"{k}={v:.2f}" for k, v in m["success_by_task"].items())
+    console.print(
+        f"[{m['wall']:7.1f}s] update {m['update']:5d}  v{m['policy_version']:<4d} "
+        f"episodes {m['episodes']:6d}  steps {m['env_steps']:7d}  success {m['success_rate']:.2f}  "
+        f"lag {m['policy_lag_mean']:.2f}  actors {m['actors']}  queue {m['replay_size']}  "
+        f"rejected {m['rejected']}  [{tasks}]",
+        highlight=False,
+    )

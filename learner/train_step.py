@@ -1,0 +1,52 @@
+"""One jitted update: forward over the padded batch, actor-critic loss, optax AdamW with clipping."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import jax
+import optax
+from flax import nnx
+
+from common import distribution, model
+from learner.algorithm import LossConfig, actor_critic_loss
+
+
+def make_optimizer(learning_rate: float, max_grad_norm: float, weight_decay: float = 0.0):
+    return optax.chain(
+        optax.clip_by_global_norm(max_grad_norm),
+        optax.adamw(learning_rate, weight_decay=weight_decay),
+    )
+
+
+def make_train_step(
+    graphdef: nnx.GraphDef, optimizer: optax.GradientTransformation, loss_cfg: LossConfig
+) -> Callable[[Any, Any, dict], tuple[Any, Any, dict]]:
+    """Returns jitted step(params, opt_state, batch) -> (params, opt_state, metrics); params are donated."""
+
+    def loss_fn(params, batch):
+        logits, values = model.apply(graphdef, params, batch["obs"])
+        step_logits = {k: v[:, :-1] for k, v in logits.items()}
+        choice = {k: batch[k] for k in distribution.CHOICE_KEYS}
+        logp = distribution.log_prob(step_logits, choice)
+        entropy = distribution.entropy(step_logits)
+        return actor_critic_loss(
+            logp,
+            batch["behavior_logp"],
+            entropy,
+            values,
+            batch["reward"],
+            batch["length"],
+            batch["terminal"],
+            loss_cfg,
+        )
+
+    def step(params, opt_state, batch):
+        grads, metrics = jax.grad(loss_fn, has_aux=True)(params, batch)
+        updates, opt_state = optimizer.update(grads, opt_state, params)
+        params = optax.apply_updates(params, updates)
+        metrics["grad_norm"] = optax.global_norm(grads)
+        return params, opt_state, metrics
+
+    return jax.jit(step, donate_argnums=(0, 1))
