@@ -93,7 +93,9 @@ def run(cfg: LearnerConfig, console: Console | None = None) -> dict:
     )
     writer = MetricsWriter(cfg.run_dir)
     endpoints = {"ingest_port": server.ingest_port, "params_port": server.params_port, "bind": cfg.bind}
-    (cfg.run_dir / "endpoints.json").write_text(json.dumps(endpoints))
+    tmp = cfg.run_dir / "endpoints.json.tmp"
+    tmp.write_text(json.dumps(endpoints))
+    tmp.replace(cfg.run_dir / "endpoints.json")  # atomic: readers never see half a file
     version = 0
     server.publish(version, model.params_to_flat(params))
     console.print(

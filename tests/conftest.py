@@ -1,0 +1,76 @@
+"""Shared test helpers: free ports, a learner subprocess, and cleanup of every process a test starts."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+ACTOR_ENV = {
+    **os.environ,
+    "JAX_PLATFORMS": "cpu",
+    "XLA_FLAGS": "--xla_cpu_multi_thread_eigen=false intra_op_parallelism_threads=1",
+}
+
+
+class LearnerProcess:
+    """`python -m learner` in a subprocess on free loopback ports; endpoints come from RUN_DIR/endpoints.json."""
+
+    def __init__(self, run_dir: Path, *args: str):
+        self.run_dir = run_dir
+        self.log_path = run_dir / "learner.log"
+        run_dir.mkdir(parents=True, exist_ok=True)
+        self._log = self.log_path.open("wb")
+        cmd = [sys.executable, "-m", "learner", "--run-dir", str(run_dir), "--ingest-port", "0", "--params-port", "0"]
+        self.proc = subprocess.Popen([*cmd, *args], cwd=ROOT, stdout=self._log, stderr=subprocess.STDOUT, env=ACTOR_ENV)
+        endpoints = run_dir / "endpoints.json"
+        deadline = time.monotonic() + 60
+        while not endpoints.exists():
+            if self.proc.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError(f"learner did not start:\n{self.log()}")
+            time.sleep(0.1)
+        ports = json.loads(endpoints.read_text())
+        self.ingest = f"tcp://127.0.0.1:{ports['ingest_port']}"
+        self.params = f"tcp://127.0.0.1:{ports['params_port']}"
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace")
+
+    def metrics(self) -> list[dict]:
+        path = self.run_dir / "metrics.jsonl"
+        if not path.exists():
+            return []
+        return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+    def stop(self, timeout: float = 30) -> int:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+        try:
+            rc = self.proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            rc = self.proc.wait()
+        self._log.close()
+        return rc
+
+
+@pytest.fixture
+def learner_process(tmp_path):
+    """Factory: start a learner with extra CLI args; every learner started is stopped at teardown."""
+    started: list[LearnerProcess] = []
+
+    def start(*args: str) -> LearnerProcess:
+        proc = LearnerProcess(tmp_path / f"run{len(started)}", *args)
+        started.append(proc)
+        return proc
+
+    yield start
+    for proc in started:
+        proc.stop()
