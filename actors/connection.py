@@ -112,6 +112,7 @@ class LearnerConnection:
 
 
 def _newer(a, b):
-    if a is None or b[0] > a[0]:
+    """The newer of two snapshots; at equal versions the later arrival wins (it may be a resend)."""
+    if a is None or b[0] >= a[0]:
         return b
     return a

@@ -116,7 +116,7 @@ def params_to_flat(params: nnx.State) -> dict[str, np.ndarray]:
         else:
             flat[prefix] = np.asarray(node)
 
-    walk(params.to_pure_dict(), "")
+    walk(nnx.to_pure_dict(params), "")
     return flat
 
 
@@ -137,5 +137,5 @@ def flat_to_params(template: nnx.State, flat: dict[str, np.ndarray]) -> nnx.Stat
         return jnp.asarray(flat[prefix])
 
     state = jax.tree.map(lambda x: x, template)
-    state.replace_by_pure_dict(build(template.to_pure_dict(), ""))
+    nnx.replace_by_pure_dict(state, build(nnx.to_pure_dict(template), ""))
     return state

@@ -80,6 +80,9 @@ def run(cfg: LearnerConfig, console: Console | None = None) -> dict:
             recent_by_task.setdefault(ep.task, deque(maxlen=100)).append(ep.success)
             totals["episodes"] += 1
             totals["env_steps"] += ep.length
+            totals["behavior_version_max"] = max(
+                totals["behavior_version_max"], int(ep.steps["policy_version"].max())
+            )
 
     server = IngestServer(
         cfg.bind,
@@ -134,6 +137,7 @@ def run(cfg: LearnerConfig, console: Console | None = None) -> dict:
             "success_by_task": by_task,
             "policy_version": version,
             "policy_lag_mean": lag_mean,
+            "behavior_version_max": totals["behavior_version_max"],
             "actors": server.connected_actors(),
             "replay_size": len(queue.items),
             "rejected": sum(server.rejected.values()),
@@ -193,11 +197,11 @@ def run(cfg: LearnerConfig, console: Console | None = None) -> dict:
 
 
 def _print_progress(console: Console, m: dict) -> None:
-    tasks = " ".join(f"{k}={v:.2f}" for k, v in m["success_by_task"].items())
+    tasks = " ".join(f"{k} {v:.2f}" for k, v in m["success_by_task"].items())
     console.print(
-        f"[{m['wall']:7.1f}s] update {m['update']:5d}  v{m['policy_version']:<4d} "
-        f"episodes {m['episodes']:6d}  steps {m['env_steps']:7d}  success {m['success_rate']:.2f}  "
-        f"lag {m['policy_lag_mean']:.2f}  actors {m['actors']}  queue {m['replay_size']}  "
-        f"rejected {m['rejected']}  [{tasks}]",
+        f"{m['wall']:6.1f}s upd {m['update']:5d} v{m['policy_version']:<4d} eps {m['episodes']:6d} "
+        f"success {m['success_rate']:.2f} lag {m['policy_lag_mean']:.1f} actors {m['actors']} "
+        f"queue {m['replay_size']} rej {m['rejected']} | {tasks}",
         highlight=False,
+        soft_wrap=True,
     )

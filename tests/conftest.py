@@ -28,8 +28,20 @@ class LearnerProcess:
         self.log_path = run_dir / "learner.log"
         run_dir.mkdir(parents=True, exist_ok=True)
         self._log = self.log_path.open("wb")
-        cmd = [sys.executable, "-m", "learner", "--run-dir", str(run_dir), "--ingest-port", "0", "--params-port", "0"]
-        self.proc = subprocess.Popen([*cmd, *args], cwd=ROOT, stdout=self._log, stderr=subprocess.STDOUT, env=ACTOR_ENV)
+        cmd = [
+            sys.executable,
+            "-m",
+            "learner",
+            "--run-dir",
+            str(run_dir),
+            "--ingest-port",
+            "0",
+            "--params-port",
+            "0",
+        ]
+        self.proc = subprocess.Popen(
+            [*cmd, *args], cwd=ROOT, stdout=self._log, stderr=subprocess.STDOUT, env=ACTOR_ENV
+        )
         endpoints = run_dir / "endpoints.json"
         deadline = time.monotonic() + 60
         while not endpoints.exists():

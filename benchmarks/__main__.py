@@ -1,0 +1,30 @@
+"""`python -m benchmarks NAME [--quick] [--json PATH]`: run a benchmark, print a table, write JSON."""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+
+from benchmarks.report import emit
+
+BENCHMARKS = {
+    "wire": "benchmarks.wire",
+    "learner_step": "benchmarks.learner_step",
+}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("name", choices=[*BENCHMARKS, "all"], help="which benchmark to run")
+    parser.add_argument("--quick", action="store_true", help="fewer repeats and smaller sizes")
+    parser.add_argument("--json", help="write the results here (with 'all': a prefix, NAME.json appended)")
+    args = parser.parse_args()
+    names = list(BENCHMARKS) if args.name == "all" else [args.name]
+    for name in names:
+        rows = importlib.import_module(BENCHMARKS[name]).run(args.quick)
+        path = args.json if len(names) == 1 else (f"{args.json}{name}.json" if args.json else None)
+        emit(name, rows, path)
+
+
+if __name__ == "__main__":
+    main()

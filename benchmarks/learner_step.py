@@ -1,0 +1,104 @@
+"""The learner's train step and the actor's batched inference, per call and per sample.
+
+Reference in the same process: a plain jitted matmul chain with the model's width, so the table also
+says what fraction of this machine's dense throughput the step reaches (ratios survive noisy machines).
+"""
+
+from __future__ import annotations
+
+import time
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from actors.envs.standin import StandInPhoneEnv
+from actors.policy_runner import PolicyRunner
+from benchmarks.report import best_seconds
+from common import featurize, model, protocol
+from common.config import ModelConfig
+from learner.algorithm import LossConfig
+from learner.batch import collate
+from learner.train_step import make_optimizer, make_train_step
+
+
+def _episodes(cfg: ModelConfig, n: int, steps: int) -> list[protocol.Episode]:
+    env = StandInPhoneEnv(max_steps=steps)
+    out = []
+    for i in range(n):
+        obs, _ = env.reset(seed=i)
+        feats = featurize.stack([featurize.featurize(obs, cfg)] * (steps + 1))
+        arrays = {k: np.zeros(steps, np.dtype(dt)) for k, dt in protocol.STEP_ARRAYS.items()}
+        arrays["behavior_logp"][:] = -2.0
+        out.append(protocol.Episode("open_app", False, True, feats, arrays))
+    return out
+
+
+def _matmul_gflops(d: int, repeats: int) -> float:
+    kx, kw = jax.random.split(jax.random.key(0))
+    x = jax.random.normal(kx, (4096, d), jnp.float32)
+    w = jax.random.normal(kw, (d, d), jnp.float32) / d
+    f = jax.jit(lambda x, w: jnp.tanh(jnp.tanh(x @ w) @ w) @ w)
+    f(x, w).block_until_ready()
+    sec = best_seconds(lambda: f(x, w).block_until_ready(), repeats, inner=20)
+    return 3 * 2 * 4096 * d * d / sec / 1e9
+
+
+def run(quick: bool) -> list[dict]:
+    cfg = ModelConfig()
+    repeats = 3 if quick else 10
+    steps, batch = 8, 32
+    graphdef, params = model.create(cfg, 0)
+    optimizer = make_optimizer(1e-3, 1.0)
+    opt_state = optimizer.init(params)
+    train_step = make_train_step(graphdef, optimizer, LossConfig())
+    data = collate(_episodes(cfg, batch, steps), steps)
+    t0 = time.perf_counter()
+    cost = train_step.lower(params, opt_state, data).compile().cost_analysis()
+    compile_s = time.perf_counter() - t0
+    cost = cost[0] if isinstance(cost, list) else cost
+    step_gflop = float(cost.get("flops", 0.0)) / 1e9
+    params, opt_state, _ = train_step(params, opt_state, data)
+    jax.block_until_ready(params)
+    state = [params, opt_state]
+
+    def one_update():
+        state[0], state[1], m = train_step(state[0], state[1], data)
+        jax.block_until_ready(m)
+
+    step_s = best_seconds(one_update, repeats, inner=3)
+    ref_gflops = _matmul_gflops(cfg.d_model, repeats)
+    rows = [
+        {
+            "path": "learner train step",
+            "batch": f"{batch} eps x {steps + 1} obs",
+            "ms_per_call": step_s * 1e3,
+            "samples_per_s": batch * steps / step_s,
+            "compile_s": compile_s,
+            "step_gflops": step_gflop / step_s,
+            "ref_matmul_gflops": ref_gflops,
+            "vs_matmul": step_gflop / step_s / ref_gflops,
+        }
+    ]
+    runner = PolicyRunner(cfg, 0)
+    runner.load(0, model.params_to_flat(state[0]))
+    for n in (1, 16) if quick else (1, 16, 64):
+        env = StandInPhoneEnv()
+        feats = featurize.stack([featurize.featurize(env.reset(seed=i)[0], cfg) for i in range(n)])
+        t0 = time.perf_counter()
+        runner.act(feats)
+        compile_s = time.perf_counter() - t0
+        act_s = best_seconds(lambda f=feats: runner.act(f), repeats, inner=10)
+        obs = env.reset(seed=0)[0]
+        feat_s = best_seconds(lambda o=obs: featurize.featurize(o, cfg), repeats, inner=50)
+        rows.append(
+            {
+                "path": "actor batched inference",
+                "batch": f"{n} envs",
+                "ms_per_call": act_s * 1e3,
+                "samples_per_s": n / act_s,
+                "compile_s": compile_s,
+                "featurize_ms_per_obs": feat_s * 1e3,
+            }
+        )
+    return rows

@@ -1,0 +1,56 @@
+"""Timing helpers and the table + JSON output every benchmark shares."""
+
+from __future__ import annotations
+
+import json
+import platform
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+from rich.console import Console
+from rich.table import Table
+
+
+def best_seconds(fn: Callable[[], object], repeats: int, inner: int = 1) -> float:
+    """Best-of-`repeats` wall time of `inner` calls, per call (the least disturbed run on a noisy machine)."""
+    best = float("inf")
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        for _ in range(inner):
+            fn()
+        best = min(best, (time.perf_counter() - t0) / inner)
+    return best
+
+
+def machine() -> dict:
+    import os
+
+    import jax
+
+    return {
+        "platform": platform.platform(),
+        "python": platform.python_version(),
+        "cpus": os.cpu_count(),
+        "jax": jax.__version__,
+        "devices": [str(d) for d in jax.devices()],
+    }
+
+
+def emit(name: str, rows: list[dict], json_path: str | None) -> dict:
+    """Print rows as a table and write {"benchmark", "machine", "rows"} as JSON."""
+    table = Table(title=name)
+    columns = list(dict.fromkeys(k for row in rows for k in row))
+    for key in columns:
+        table.add_column(key)
+    for row in rows:
+        table.add_row(*(_cell(row.get(k, "")) for k in columns))
+    Console(width=200).print(table)
+    result = {"benchmark": name, "machine": machine(), "rows": rows}
+    if json_path:
+        Path(json_path).write_text(json.dumps(result, indent=2))
+    return result
+
+
+def _cell(value: object) -> str:
+    return f"{value:.4g}" if isinstance(value, float) else str(value)

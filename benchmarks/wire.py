@@ -1,0 +1,62 @@
+"""Encode/decode throughput of real TRAJ batches and parameter snapshots, against a memcpy of the same bytes."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from actors.envs.standin import StandInPhoneEnv
+from benchmarks.report import best_seconds
+from common import featurize, model, protocol, wire
+from common.config import ModelConfig
+
+
+def _traj_message(episodes: int, cfg: ModelConfig, steps: int = 8) -> dict:
+    env = StandInPhoneEnv(max_steps=steps)
+    rng = np.random.default_rng(0)
+    eps = []
+    for i in range(episodes):
+        obs, _ = env.reset(seed=i)
+        feats = featurize.stack([featurize.featurize(obs, cfg)] * (steps + 1))
+        step_arrays = {k: np.zeros(steps, np.dtype(dt)) for k, dt in protocol.STEP_ARRAYS.items()}
+        step_arrays["behavior_logp"] = -rng.random(steps).astype(np.float32)
+        eps.append(protocol.episode_fields("open_app", False, True, feats, step_arrays))
+    return protocol.message(protocol.TRAJ, actor_id=1, seq=1, episodes=eps)
+
+
+def run(quick: bool) -> list[dict]:
+    cfg = ModelConfig()
+    repeats = 3 if quick else 10
+    rows = []
+    msg = _traj_message(16 if quick else 64, cfg)
+    data = wire.encode(msg)
+    buf = np.frombuffer(data, np.uint8)
+    memcpy = best_seconds(lambda: buf.copy(), repeats, inner=20)
+    enc = best_seconds(lambda: wire.encode(msg), repeats)
+    dec = best_seconds(lambda: protocol.parse(data), repeats)
+    gb = len(data) / 1e9
+    rows.append(_row("traj_batch", len(data), gb / enc, gb / dec, gb / memcpy))
+
+    _, params = model.create(cfg, 0)
+    flat = model.params_to_flat(params)
+    size = sum(a.nbytes for a in flat.values())
+    blob = np.frombuffer(b"".join(a.tobytes() for a in flat.values()), np.uint8)
+    memcpy = best_seconds(lambda: blob.copy(), repeats, inner=20)
+    frames = protocol.params_frames(0, flat)
+    raw = [bytes(f) for f in frames]
+    enc = best_seconds(lambda: protocol.params_frames(0, flat), repeats, inner=5)
+    dec = best_seconds(lambda: protocol.parse_params(raw), repeats, inner=5)
+    gb = size / 1e9
+    rows.append(_row("params_snapshot", size, gb / enc, gb / dec, gb / memcpy))
+    return rows
+
+
+def _row(what: str, nbytes: int, encode_gbps: float, decode_gbps: float, memcpy_gbps: float) -> dict:
+    return {
+        "payload": what,
+        "bytes": nbytes,
+        "encode_gbps": encode_gbps,
+        "decode_gbps": decode_gbps,
+        "memcpy_gbps": memcpy_gbps,
+        "encode_vs_memcpy": encode_gbps / memcpy_gbps,
+        "decode_vs_memcpy": decode_gbps / memcpy_gbps,
+    }

@@ -1,0 +1,48 @@
+"""The whole system: `python -m learner --local-actors 2` trains the real model from two real actor processes."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+
+
+@pytest.mark.timeout(240)
+def test_learner_and_two_actors_train_and_success_rises(learner_process):
+    learner = learner_process(
+        "--local-actors",
+        "2",
+        "--envs-per-actor",
+        "8",
+        "--max-updates",
+        "90",
+        "--log-every",
+        "1",
+        "--seed",
+        "1",
+    )
+    rc = learner.proc.wait(timeout=220)
+    log = learner.log()
+    assert rc == 0, log
+    metrics = learner.metrics()
+    final = metrics[-1]
+    assert final["stopped"] == "update limit"
+    assert final["update"] == 90
+    # Trajectories flowed from both actors.
+    assert final["episodes"] > 500 and final["env_steps"] > final["episodes"]
+    assert max(m["actors"] for m in metrics) == 2
+    assert final["rejected"] == 0
+    # The actors swapped to newer parameters: the learner received steps taken with late versions.
+    assert final["policy_version"] == 45
+    assert final["behavior_version_max"] >= 30
+    for i in range(2):
+        actor_log = (learner.run_dir / f"actor-{i}.log").read_text()
+        swaps = [int(n) for n in re.findall(r"'param_swaps': (\d+)", actor_log)]
+        assert swaps and max(swaps) >= 10, actor_log
+        assert "stopped (SIGTERM)" in actor_log
+    # Success rose clearly above where it started.
+    started = next(m["success_rate"] for m in metrics if m["episodes"] >= 100)
+    assert started < 0.15, metrics[:5]
+    assert final["success_rate"] >= max(0.3, started + 0.2), [m["success_rate"] for m in metrics]
+    # Nothing left behind: the local actors were stopped and reaped by the learner.
+    assert learner.proc.returncode == 0

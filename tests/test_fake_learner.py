@@ -1,0 +1,185 @@
+"""A fake learner (a ROUTER and a PUB owned by the test) drives the real `python -m actors` process."""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pytest
+import zmq
+
+from common import featurize, model, protocol, wire
+from common.config import ModelConfig
+from tests.conftest import ACTOR_ENV, ROOT
+
+TINY = ModelConfig(vocab_size=256, d_model=16, num_heads=2, num_layers=1, mlp_dim=32)
+MAX_STEPS = 5
+
+
+class FakeLearner:
+    def __init__(self, ingest_port: int | None = None):
+        self.ctx = zmq.Context()
+        self.router = self.ctx.socket(zmq.ROUTER)
+        self.pub = self.ctx.socket(zmq.PUB)
+        for s in (self.router, self.pub):
+            s.setsockopt(zmq.LINGER, 0)
+        if ingest_port is None:
+            self.ingest_port = self.router.bind_to_random_port("tcp://127.0.0.1")
+        else:
+            self.router.bind(f"tcp://127.0.0.1:{ingest_port}")
+            self.ingest_port = ingest_port
+        self.params_port = self.pub.bind_to_random_port("tcp://127.0.0.1")
+        _, self.params = model.create(TINY, 0)
+
+    def recv(self, timeout: float = 60.0) -> tuple[bytes, dict]:
+        assert self.router.poll(int(timeout * 1000)), "the actor sent nothing"
+        identity, data = self.router.recv_multipart()
+        return identity, protocol.parse(data)
+
+    def recv_kind(self, kind: str, timeout: float = 60.0) -> tuple[bytes, dict]:
+        """Next message of this kind, skipping heartbeats."""
+        deadline = time.monotonic() + timeout
+        while True:
+            identity, msg = self.recv(max(0.1, deadline - time.monotonic()))
+            if msg["kind"] == kind:
+                return identity, msg
+            assert msg["kind"] == protocol.HEARTBEAT, f"unexpected {msg['kind']} while waiting for {kind}"
+
+    def reply(self, identity: bytes, kind: str, **fields) -> None:
+        self.router.send_multipart([identity, wire.encode(protocol.message(kind, **fields))])
+
+    def welcome(self, identity: bytes, actor_id: int = 7) -> None:
+        self.reply(
+            identity, protocol.WELCOME, run_id="fake", actor_id=actor_id, policy_version=0,
+            model=TINY.to_dict(), max_steps=MAX_STEPS,
+        )  # fmt: skip
+
+    def params_frames(self, version: int) -> list:
+        return protocol.params_frames(version, model.params_to_flat(self.params))
+
+    def close(self) -> None:
+        self.router.close(0)
+        self.pub.close(0)
+        self.ctx.term()
+
+
+def start_actor(ingest_port: int, params_port: int, *extra: str) -> subprocess.Popen:
+    cmd = [
+        sys.executable, "-m", "actors", "--host", "127.0.0.1", "--ingest-port", str(ingest_port),
+        "--params-port", str(params_port), "--num-envs", "3", "--seed", "5", "--heartbeat-every", "0.5", *extra,
+    ]  # fmt: skip
+    return subprocess.Popen(cmd, cwd=ROOT, env=ACTOR_ENV, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+
+
+@pytest.fixture
+def fake_learner():
+    learner = FakeLearner()
+    yield learner
+    learner.close()
+
+
+@pytest.fixture
+def actor_procs():
+    procs: list[subprocess.Popen] = []
+    yield procs
+    for p in procs:
+        if p.poll() is None:
+            p.kill()
+        p.wait()
+
+
+def stop_and_read(proc: subprocess.Popen) -> tuple[int, str]:
+    proc.send_signal(signal.SIGTERM)
+    out, _ = proc.communicate(timeout=30)
+    return proc.returncode, out.decode(errors="replace")
+
+
+def test_actor_handshakes_requests_params_and_streams_valid_episodes(fake_learner, actor_procs):
+    proc = start_actor(fake_learner.ingest_port, fake_learner.params_port)
+    actor_procs.append(proc)
+    identity, hello = fake_learner.recv_kind(protocol.HELLO)
+    assert hello["num_envs"] == 3 and isinstance(hello["actor"], str)
+    fake_learner.welcome(identity)
+
+    # A late joiner asks for parameters at once instead of waiting for the next publish.
+    _, req = fake_learner.recv_kind(protocol.PARAM_REQ)
+    assert req["actor_id"] == 7 and req["have_version"] == -1
+    fake_learner.router.send_multipart([identity, *fake_learner.params_frames(0)])
+
+    spec = featurize.feature_spec(TINY)
+    _, traj = fake_learner.recv_kind(protocol.TRAJ)
+    episodes = protocol.validate_episodes(traj, spec, MAX_STEPS, newest_version=0)
+    assert traj["actor_id"] == 7 and traj["seq"] == 1
+    for ep in episodes:
+        assert ep.length <= MAX_STEPS
+        assert ep.truncated == (not ep.success and ep.length == MAX_STEPS)
+        assert (ep.steps["policy_version"] == 0).all()
+        assert np.all(ep.steps["behavior_logp"] <= 0)
+        assert ep.steps["reward"].sum() == float(ep.success)
+    fake_learner.reply(identity, protocol.ACK, seq=traj["seq"], accepted=len(episodes))
+
+    # Publish a newer snapshot on the PUB: the actor swaps and later steps carry the new version.
+    deadline = time.monotonic() + 60
+    seen_v3 = False
+    while time.monotonic() < deadline and not seen_v3:
+        fake_learner.pub.send_multipart(fake_learner.params_frames(3))
+        _, traj = fake_learner.recv_kind(protocol.TRAJ)
+        eps = protocol.validate_episodes(traj, spec, MAX_STEPS, newest_version=3)
+        seen_v3 = any((ep.steps["policy_version"] == 3).any() for ep in eps)
+    assert seen_v3, "the actor never acted with the published version 3"
+    rc, out = stop_and_read(proc)
+    assert rc == 0, out
+    assert "stopped (SIGTERM)" in out
+
+
+def test_actor_waits_for_a_learner_that_is_not_there_yet(actor_procs):
+    import socket
+
+    with socket.socket() as s:  # a free port nobody listens on yet
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    proc = start_actor(port, port + 1 if port < 65535 else port - 1, "--handshake-timeout", "0.5")
+    actor_procs.append(proc)
+    time.sleep(4)
+    assert proc.poll() is None, "the actor gave up instead of retrying"
+    learner = FakeLearner(ingest_port=port)
+    try:
+        identity, _ = learner.recv_kind(protocol.HELLO, timeout=30)
+        learner.welcome(identity, actor_id=1)
+        _, req = learner.recv_kind(protocol.PARAM_REQ)
+        assert req["actor_id"] == 1
+    finally:
+        learner.close()
+    rc, out = stop_and_read(proc)
+    assert rc == 0, out
+    assert "no answer from the learner" in out and "retrying" in out
+
+
+def test_actor_survives_error_replies_and_bad_snapshots(fake_learner, actor_procs):
+    proc = start_actor(fake_learner.ingest_port, fake_learner.params_port)
+    actor_procs.append(proc)
+    identity, _ = fake_learner.recv_kind(protocol.HELLO)
+    fake_learner.welcome(identity)
+    fake_learner.recv_kind(protocol.PARAM_REQ)
+    # A snapshot of the wrong shape must be refused, and garbage ignored, before a good one arrives.
+    bad = {k: np.zeros((1,), np.float32) for k in model.params_to_flat(fake_learner.params)}
+    fake_learner.router.send_multipart([identity, *protocol.params_frames(0, bad)])
+    fake_learner.router.send_multipart([identity, b"\xc1 not msgpack"])
+    time.sleep(2)  # the actor polls every 0.2 s while it waits for usable parameters
+    assert proc.poll() is None
+    fake_learner.router.send_multipart([identity, *fake_learner.params_frames(0)])
+    _, traj = fake_learner.recv_kind(protocol.TRAJ)
+    fake_learner.reply(identity, protocol.ERROR, code="bad_array", reason="test")
+    sent_error = time.monotonic()
+    while True:  # keep streaming well after the ERROR reached the actor
+        _, traj2 = fake_learner.recv_kind(protocol.TRAJ)
+        if time.monotonic() - sent_error > 1.5:
+            break
+    assert traj2["seq"] > traj["seq"], "the actor stopped streaming after an ERROR"
+    rc, out = stop_and_read(proc)
+    assert rc == 0, out
+    assert "does not fit the model" in out and "bad_snapshots" in out
+    assert "learner refused a message: bad_array" in out
