@@ -1,0 +1,59 @@
+"""The learner stops cleanly on signals and limits, and never leaves actor processes behind."""
+
+from __future__ import annotations
+
+import signal
+import time
+from pathlib import Path
+
+import pytest
+
+
+def actor_children(learner_pid: int) -> list[int]:
+    """PIDs of `python -m actors` processes started with --parent-pid learner_pid."""
+    marker = f"--parent-pid\0{learner_pid}\0".encode()
+    pids = []
+    for proc in Path("/proc").iterdir():
+        if proc.name.isdigit():
+            try:
+                cmdline = (proc / "cmdline").read_bytes() + b"\0"
+            except OSError:
+                continue
+            if b"actors" in cmdline and marker in cmdline:
+                pids.append(int(proc.name))
+    return pids
+
+
+def wait_for(predicate, timeout: float, what: str) -> None:
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.2)
+
+
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
+def test_signal_stops_learner_and_its_actors(learner_process, sig):
+    learner = learner_process("--local-actors", "1", "--envs-per-actor", "2", "--log-every", "0.5")
+    wait_for(lambda: any(m["episodes"] > 0 for m in learner.metrics()), 90, "episodes from the local actor")
+    assert len(actor_children(learner.proc.pid)) == 1
+    learner.proc.send_signal(sig)
+    assert learner.proc.wait(timeout=30) == 0, learner.log()
+    assert learner.metrics()[-1]["stopped"] == sig.name
+    assert actor_children(learner.proc.pid) == []
+
+
+def test_time_limit_exits_zero(learner_process):
+    learner = learner_process("--time-limit", "3", "--log-every", "0.5")
+    assert learner.proc.wait(timeout=60) == 0, learner.log()
+    final = learner.metrics()[-1]
+    assert final["stopped"] == "time limit"
+    assert 3 <= final["wall"] < 20
+
+
+def test_actors_exit_when_the_learner_is_killed(learner_process):
+    learner = learner_process("--local-actors", "1", "--envs-per-actor", "2", "--log-every", "0.5")
+    wait_for(lambda: len(actor_children(learner.proc.pid)) == 1, 30, "the local actor to start")
+    pid = learner.proc.pid
+    learner.proc.kill()
+    learner.proc.wait()
+    wait_for(lambda: actor_children(pid) == [], 30, "the orphaned actor to exit")
