@@ -42,6 +42,8 @@ class Actor:
         self.log = log
         self.stats = Counter()
         self._stop_reason = ""
+        self._rejoin = False
+        """Set when the learner answers not_welcomed (it restarted or expired us): handshake again."""
 
     def request_stop(self, reason: str) -> None:
         self._stop_reason = reason
@@ -55,12 +57,14 @@ class Actor:
         cfg = self.cfg
         conn = LearnerConnection(cfg.host, cfg.ingest_port, cfg.params_port, self.log)
         try:
-            welcome = conn.handshake(
-                cfg.name, cfg.num_envs, cfg.handshake_timeout, cfg.max_backoff, self._should_stop
-            )
-            if welcome is None:
-                return self.stats
-            self._loop(conn, welcome)
+            while not self._should_stop():
+                welcome = conn.handshake(
+                    cfg.name, cfg.num_envs, cfg.handshake_timeout, cfg.max_backoff, self._should_stop
+                )
+                if welcome is None:
+                    break
+                self._rejoin = False
+                self._loop(conn, welcome)  # returns on stop, or when the learner no longer knows us
         finally:
             conn.close()
             self.log(f"actor: stopped ({self._stop_reason}); {dict(self.stats)}")
@@ -80,12 +84,18 @@ class Actor:
             return
 
         envs = [StandInPhoneEnv(max_steps=max_steps) for _ in range(cfg.num_envs)]
-        observations = [env.reset(seed=cfg.seed * 100_003 + i)[0] for i, env in enumerate(envs)]
+        first_seed = cfg.seed * 100_003 + self.stats["rejoins"] * 1009
+        observations = [env.reset(seed=first_seed + i)[0] for i, env in enumerate(envs)]
         records = [_EpisodeRecord(env.task.family) for env in envs]
         seq = 0
         last_beat = last_status = time.monotonic()
         while not self._should_stop():
             self._take_in(conn, runner)
+            if self._rejoin:
+                self.stats["rejoins"] += 1
+                self.stats["episodes_abandoned"] += sum(bool(r.features) for r in records)
+                self.log(f"actor {conn.actor_id}: the learner no longer knows this actor; joining again")
+                return
             features = [featurize.featurize(o, model_cfg) for o in observations]
             choices, logps = runner.act(featurize.stack(features))
             finished = []
@@ -130,6 +140,7 @@ class Actor:
                 self.stats["episodes_acked"] += int(msg.get("accepted", 0))
             elif msg["kind"] == protocol.ERROR:
                 self.stats["errors"] += 1
+                self._rejoin |= msg.get("code") == "not_welcomed"
                 self.log(f"actor: learner refused a message: {msg.get('code')}: {msg.get('reason')}")
         if newest is not None and newest[0] > runner.version:
             try:

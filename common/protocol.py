@@ -60,20 +60,28 @@ def parse(data: bytes | memoryview) -> dict[str, Any]:
         raise ProtocolError("bad_encoding", str(e)) from e
     if not isinstance(msg, dict):
         raise ProtocolError("bad_envelope", f"a message must be a map, got {type(msg).__name__}")
-    if msg.get("v") != PROTOCOL_VERSION:
+    version = msg.get("v")
+    if type(version) is not int or version != PROTOCOL_VERSION:
         raise ProtocolError(
-            "bad_version", f"protocol version {msg.get('v')!r}, this side speaks {PROTOCOL_VERSION}"
+            "bad_version", f"protocol version {_short(version)}, this side speaks {PROTOCOL_VERSION}"
         )
-    if msg.get("kind") not in KINDS:
-        raise ProtocolError("unknown_kind", f"unknown message kind {msg.get('kind')!r}")
+    kind = msg.get("kind")
+    if not isinstance(kind, str) or kind not in KINDS:
+        raise ProtocolError("unknown_kind", f"unknown message kind {_short(kind)}")
     return msg
 
 
-def require(msg: dict[str, Any], name: str, typ: type | tuple[type, ...]) -> Any:
-    """A required field of the given type (bool is never accepted as an int)."""
+def _short(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+def require(msg: dict[str, Any], name: str, typ: type | tuple[type, ...], where: str | None = None) -> Any:
+    """A required field of the given type (bool is never accepted as an int); `where` names the container."""
     value = msg.get(name)
     if not isinstance(value, typ) or (typ is int and isinstance(value, bool)):
-        raise ProtocolError("bad_field", f"{msg.get('kind')} needs field {name!r} of type {_typename(typ)}")
+        where = where or str(msg.get("kind"))
+        raise ProtocolError("bad_field", f"{where} needs field {name!r} of type {_typename(typ)}")
     return value
 
 
@@ -120,6 +128,7 @@ def validate_episodes(
     feature_spec: dict[str, tuple[tuple[int, ...], str]],
     max_steps: int,
     newest_version: int,
+    vocab_size: int,
 ) -> list[Episode]:
     """Check every field, dtype, shape, range and number of a TRAJ message; raise ProtocolError on the first fault."""
     raw = require(msg, "episodes", list)
@@ -131,9 +140,10 @@ def validate_episodes(
     for i, ep in enumerate(raw):
         if not isinstance(ep, dict):
             raise ProtocolError("bad_field", f"episode {i} is not a map")
-        task = require(ep, "task", str)[:MAX_TEXT]
-        success = require(ep, "success", bool)
-        truncated = require(ep, "truncated", bool)
+        where = f"episode {i}"
+        task = require(ep, "task", str, where)[:MAX_TEXT]
+        success = require(ep, "success", bool, where)
+        truncated = require(ep, "truncated", bool, where)
         steps = {name: _array(ep, name, dtype, i) for name, dtype in STEP_ARRAYS.items()}
         length = steps["reward"].shape[0] if steps["reward"].ndim == 1 else -1
         if not 1 <= length <= max_steps:
@@ -143,7 +153,7 @@ def validate_episodes(
                 raise ProtocolError(
                     "bad_array", f"episode {i} {name} has shape {arr.shape}, expected ({length},)"
                 )
-        obs_raw = require(ep, "obs", dict)
+        obs_raw = require(ep, "obs", dict, where)
         if set(obs_raw) != set(feature_spec):
             raise ProtocolError(
                 "bad_field", f"episode {i} obs has keys {sorted(obs_raw)}, expected {sorted(feature_spec)}"
@@ -157,7 +167,7 @@ def validate_episodes(
                     f"episode {i} obs {name} has shape {arr.shape}, expected {(length + 1, *shape)}",
                 )
             obs[name] = arr
-        _check_ranges(i, steps, obs, feature_spec, newest_version)
+        _check_ranges(i, steps, obs, feature_spec, newest_version, vocab_size)
         episodes.append(Episode(task, success, truncated, obs, steps))
     return episodes
 
@@ -173,7 +183,7 @@ def _array(container: dict[str, Any], name: str, dtype: str, episode: int) -> np
     return arr
 
 
-def _check_ranges(i, steps, obs, feature_spec, newest_version) -> None:
+def _check_ranges(i, steps, obs, feature_spec, newest_version, vocab_size) -> None:
     limits = {
         "action_type": NUM_ACTION_TYPES,
         "element": feature_spec["elem_mask"][0][0],
@@ -190,21 +200,23 @@ def _check_ranges(i, steps, obs, feature_spec, newest_version) -> None:
     if steps["behavior_logp"].max() > 1e-3:
         raise ProtocolError("bad_array", f"episode {i} behavior_logp must be <= 0")
     versions = steps["policy_version"]
-    if versions.min() < 0 or versions.max() > newest_version:
-        raise ProtocolError("future_version", f"episode {i} policy_version outside [0, {newest_version}]")
+    if versions.min() < 0:
+        raise ProtocolError("bad_array", f"episode {i} has a negative policy_version")
+    if versions.max() > newest_version:
+        raise ProtocolError("future_version", f"episode {i} policy_version is newer than {newest_version}")
     for name, arr in obs.items():
         if arr.dtype.kind == "f" and not np.isfinite(arr).all():
             raise ProtocolError("non_finite", f"episode {i} obs {name} has NaN or infinity")
-    vocab_ok = all(obs[k].min() >= 0 for k in ("instr_tokens", "elem_tokens"))
-    if not vocab_ok:
-        raise ProtocolError("bad_array", f"episode {i} has negative token ids")
+    for name in ("instr_tokens", "elem_tokens"):
+        if obs[name].min() < 0 or obs[name].max() >= vocab_size:
+            raise ProtocolError("bad_array", f"episode {i} {name} has ids outside [0, {vocab_size})")
 
 
 # ---- parameter snapshots: [header, array bytes...] -------------------------------------------------
 def params_frames(version: int, flat: dict[str, np.ndarray]) -> list[Any]:
     """PARAMS as frames: a msgpack header then one raw little-endian buffer per array (sent zero-copy)."""
     names = sorted(flat)
-    arrays = [np.ascontiguousarray(flat[n]) for n in names]
+    arrays = [np.asarray(flat[n], order="C") for n in names]
     header = message(
         PARAMS,
         version=version,
@@ -212,7 +224,7 @@ def params_frames(version: int, flat: dict[str, np.ndarray]) -> list[Any]:
         dtypes=[a.dtype.str for a in arrays],
         shapes=[list(a.shape) for a in arrays],
     )
-    return [wire.encode(header), *(memoryview(a).cast("B") for a in arrays)]
+    return [wire.encode(header), *(memoryview(a.reshape(-1).view(np.uint8)) for a in arrays)]
 
 
 def parse_params(frames: list[bytes | memoryview]) -> tuple[int, dict[str, np.ndarray]]:
@@ -228,7 +240,12 @@ def parse_params(frames: list[bytes | memoryview]) -> tuple[int, dict[str, np.nd
         raise ProtocolError("bad_params", "PARAMS header and frame count disagree")
     flat = {}
     for name, dtype, shape, buf in zip(names, dtypes, shapes, frames[1:], strict=True):
-        if dtype not in wire.ALLOWED_DTYPES or not all(isinstance(d, int) and d >= 0 for d in shape):
+        if (
+            not isinstance(dtype, str)
+            or dtype not in wire.ALLOWED_DTYPES
+            or not isinstance(shape, list)
+            or not all(isinstance(d, int) and not isinstance(d, bool) and d >= 0 for d in shape)
+        ):
             raise ProtocolError("bad_params", f"PARAMS array {name!r} has a bad dtype or shape")
         dt = np.dtype(dtype)
         if math.prod(shape) * dt.itemsize != len(buf):

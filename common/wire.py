@@ -80,6 +80,23 @@ def unpack_array(payload: bytes) -> np.ndarray:
     return np.frombuffer(payload, dtype=dtype, count=count, offset=pos).reshape(shape)
 
 
+def _no_timestamps(values):
+    """msgpack decodes ext -1 to a Timestamp before ext_hook sees it; the protocol allows only ext 1."""
+    for value in values:
+        if isinstance(value, msgpack.Timestamp):
+            raise WireError("msgpack ext type -1 (timestamp) is not allowed")
+
+
+def _check_map(pairs: list[tuple[Any, Any]]) -> dict:
+    _no_timestamps(v for _, v in pairs)
+    return dict(pairs)
+
+
+def _check_list(items: list) -> list:
+    _no_timestamps(items)
+    return items
+
+
 def _ext_hook(code: int, data: bytes) -> Any:
     if code != ARRAY_EXT_CODE:
         raise WireError(f"unknown msgpack ext code {code}")
@@ -96,9 +113,11 @@ def decode(data: bytes | memoryview, max_bytes: int = MAX_MESSAGE_BYTES) -> Any:
     if len(data) > max_bytes:
         raise WireError(f"message of {len(data)} bytes exceeds the limit of {max_bytes}")
     try:
-        return msgpack.unpackb(
+        value = msgpack.unpackb(
             data,
             ext_hook=_ext_hook,
+            object_pairs_hook=_check_map,
+            list_hook=_check_list,
             raw=False,
             strict_map_key=True,
             max_bin_len=max_bytes,
@@ -107,6 +126,8 @@ def decode(data: bytes | memoryview, max_bytes: int = MAX_MESSAGE_BYTES) -> Any:
             max_map_len=_MAX_CONTAINER_LEN,
             max_ext_len=max_bytes,
         )
+        _no_timestamps([value])
+        return value
     except WireError:
         raise
     except Exception as e:  # msgpack raises many types (ExtraData, FormatError, ValueError, ...)

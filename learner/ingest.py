@@ -35,6 +35,7 @@ class IngestServer:
         params_port: int,
         welcome_fields: dict,
         feature_spec: dict,
+        vocab_size: int,
         max_steps: int,
         on_episodes: Callable[[list[Episode]], None],
         actor_timeout: float = 15.0,
@@ -42,7 +43,7 @@ class IngestServer:
         self.ctx = zmq.Context()
         self.router = self.ctx.socket(zmq.ROUTER)
         self.router.setsockopt(zmq.LINGER, 0)
-        self.router.setsockopt(zmq.ROUTER_HANDOVER, 1)  # a reconnecting actor keeps its identity
+        self.router.setsockopt(zmq.MAXMSGSIZE, wire.MAX_MESSAGE_BYTES)  # refuse floods before buffering them
         self.pub = self.ctx.socket(zmq.PUB)
         self.pub.setsockopt(zmq.LINGER, 0)
         self.pub.setsockopt(zmq.SNDHWM, 2)  # slow subscribers skip to the newest snapshot
@@ -51,6 +52,7 @@ class IngestServer:
         self.run_id = uuid.uuid4().hex[:12]
         self.welcome_fields = welcome_fields
         self.feature_spec = feature_spec
+        self.vocab_size = vocab_size
         self.max_steps = max_steps
         self.on_episodes = on_episodes
         self.actor_timeout = actor_timeout
@@ -85,11 +87,16 @@ class IngestServer:
                 self._handle(identity, protocol.parse(frames[1].buffer))
             except ProtocolError as e:
                 self._refuse(identity, e.code, e.reason)
+            except Exception as e:  # a validator gap must cost one message, never the learner
+                self._refuse(identity, "invalid", f"{type(e).__name__}: {e}")
         return handled
 
     def connected_actors(self) -> int:
+        """Actors heard from within actor_timeout; silent ones are forgotten (they must HELLO again)."""
         now = time.monotonic()
-        return sum(now - a.last_seen < self.actor_timeout for a in self.actors.values())
+        for actor_id in [i for i, a in self.actors.items() if now - a.last_seen >= self.actor_timeout]:
+            del self.actors[actor_id]
+        return len(self.actors)
 
     def _handle(self, identity: bytes, msg: dict) -> None:
         kind = msg["kind"]
@@ -100,7 +107,9 @@ class IngestServer:
         actor.last_seen = time.monotonic()
         if kind == protocol.TRAJ:
             seq = protocol.require(msg, "seq", int)
-            episodes = protocol.validate_episodes(msg, self.feature_spec, self.max_steps, self.policy_version)
+            episodes = protocol.validate_episodes(
+                msg, self.feature_spec, self.max_steps, self.policy_version, self.vocab_size
+            )
             self.on_episodes(episodes)
             actor.episodes += len(episodes)
             self._send(identity, protocol.message(protocol.ACK, seq=seq, accepted=len(episodes)))
@@ -114,6 +123,8 @@ class IngestServer:
     def _hello(self, identity: bytes, msg: dict) -> None:
         name = protocol.require(msg, "actor", str)[: protocol.MAX_TEXT]
         num_envs = protocol.require(msg, "num_envs", int)
+        if num_envs < 1:
+            raise ProtocolError("bad_field", f"HELLO num_envs must be at least 1, got {num_envs}")
         actor_id = self._next_actor_id
         self._next_actor_id += 1
         self.actors[actor_id] = ActorInfo(actor_id, identity, name, num_envs, time.monotonic())

@@ -90,6 +90,7 @@ def run(cfg: LearnerConfig, console: Console | None = None) -> dict:
         cfg.params_port,
         welcome_fields={"model": cfg.model.to_dict(), "max_steps": cfg.max_steps},
         feature_spec=featurize.feature_spec(cfg.model),
+        vocab_size=cfg.model.vocab_size,
         max_steps=cfg.max_steps,
         on_episodes=on_episodes,
         actor_timeout=cfg.actor_timeout,
@@ -129,6 +130,7 @@ def run(cfg: LearnerConfig, console: Console | None = None) -> dict:
     def record() -> dict:
         by_task = {k: float(np.mean(v)) for k, v in sorted(recent_by_task.items()) if v}
         return {
+            "run_id": server.run_id,
             "wall": round(time.monotonic() - start, 3),
             "update": update,
             "env_steps": totals["env_steps"],

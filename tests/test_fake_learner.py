@@ -111,7 +111,7 @@ def test_actor_handshakes_requests_params_and_streams_valid_episodes(fake_learne
 
     spec = featurize.feature_spec(TINY)
     _, traj = fake_learner.recv_kind(protocol.TRAJ)
-    episodes = protocol.validate_episodes(traj, spec, MAX_STEPS, newest_version=0)
+    episodes = protocol.validate_episodes(traj, spec, MAX_STEPS, newest_version=0, vocab_size=TINY.vocab_size)
     assert traj["actor_id"] == 7 and traj["seq"] == 1
     for ep in episodes:
         assert ep.length <= MAX_STEPS
@@ -127,7 +127,7 @@ def test_actor_handshakes_requests_params_and_streams_valid_episodes(fake_learne
     while time.monotonic() < deadline and not seen_v3:
         fake_learner.pub.send_multipart(fake_learner.params_frames(3))
         _, traj = fake_learner.recv_kind(protocol.TRAJ)
-        eps = protocol.validate_episodes(traj, spec, MAX_STEPS, newest_version=3)
+        eps = protocol.validate_episodes(traj, spec, MAX_STEPS, newest_version=3, vocab_size=TINY.vocab_size)
         seen_v3 = any((ep.steps["policy_version"] == 3).any() for ep in eps)
     assert seen_v3, "the actor never acted with the published version 3"
     rc, out = stop_and_read(proc)
@@ -183,3 +183,34 @@ def test_actor_survives_error_replies_and_bad_snapshots(fake_learner, actor_proc
     assert rc == 0, out
     assert "does not fit the model" in out and "bad_snapshots" in out
     assert "learner refused a message: bad_array" in out
+
+
+def test_actor_joins_again_when_the_learner_forgets_it(fake_learner, actor_procs):
+    proc = start_actor(fake_learner.ingest_port, fake_learner.params_port)
+    actor_procs.append(proc)
+    identity, _ = fake_learner.recv_kind(protocol.HELLO)
+    fake_learner.welcome(identity, actor_id=7)
+    fake_learner.recv_kind(protocol.PARAM_REQ)
+    fake_learner.router.send_multipart([identity, *fake_learner.params_frames(4)])
+    _, traj = fake_learner.recv_kind(protocol.TRAJ)
+    assert traj["actor_id"] == 7
+    # As after a learner restart: the actor id is unknown now. The actor must HELLO again.
+    fake_learner.reply(identity, protocol.ERROR, code="not_welcomed", reason="unknown actor")
+    deadline = time.monotonic() + 60
+    while True:
+        identity, msg = fake_learner.recv(max(0.1, deadline - time.monotonic()))
+        if msg["kind"] == protocol.HELLO:
+            break
+    fake_learner.welcome(identity, actor_id=8)
+    _, req = fake_learner.recv_kind(protocol.PARAM_REQ)
+    assert req["actor_id"] == 8 and req["have_version"] == -1
+    fake_learner.router.send_multipart([identity, *fake_learner.params_frames(0)])
+    _, traj = fake_learner.recv_kind(protocol.TRAJ)
+    assert traj["actor_id"] == 8
+    eps = protocol.validate_episodes(traj, featurize.feature_spec(TINY), MAX_STEPS, 0, TINY.vocab_size)
+    assert all((ep.steps["policy_version"] == 0).all() for ep in eps), (
+        "old-run versions leaked into the new run"
+    )
+    rc, out = stop_and_read(proc)
+    assert rc == 0, out
+    assert "joining again" in out and "'rejoins': 1" in out

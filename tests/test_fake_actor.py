@@ -1,0 +1,566 @@
+"""A fake actor, written from docs/PROTOCOL.md alone, drives the real learner over real ZeroMQ sockets.
+
+Nothing here imports `actors`, `common` or `learner`: the few pieces of the wire format the fake actor
+needs (msgpack maps, the array ext type, PARAMS frames) are implemented below with msgpack, numpy and
+zmq, exactly as an actor in another language would have to. If the learner drifts from the document,
+these tests fail.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import struct
+import time
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import msgpack
+import numpy as np
+import pytest
+import zmq
+
+pytestmark = pytest.mark.timeout(300)
+
+# ---- the wire format, from docs/PROTOCOL.md ------------------------------------------------------------
+PROTOCOL_VERSION = 1
+ARRAY_EXT_CODE = 1
+NUM_ACTION_TYPES = 7  # TAP SWIPE TYPE PRESS_BACK PRESS_HOME PRESS_ENTER STATUS_COMPLETE
+NUM_SWIPE_DIRECTIONS = 4  # UP DOWN LEFT RIGHT
+NUM_ELEMENT_FEATURES = 10
+NUM_INSTRUCTION_FEATURES = 1
+STEP_DTYPES = {
+    "action_type": "<i4",
+    "element": "<i4",
+    "word": "<i4",
+    "direction": "<i4",
+    "behavior_logp": "<f4",
+    "reward": "<f4",
+    "policy_version": "<i4",
+}
+MODEL_FIELDS = {
+    "vocab_size",
+    "max_instruction_tokens",
+    "max_elements",
+    "max_element_tokens",
+    "d_model",
+    "num_heads",
+    "num_layers",
+    "mlp_dim",
+}
+CONTRACT_FIELDS = {
+    "wall": (int, float),
+    "update": int,
+    "env_steps": int,
+    "episodes": int,
+    "success_rate": (int, float),
+    "policy_version": int,
+    "policy_lag_mean": (int, float),
+    "actors": int,
+    "replay_size": int,
+    "rejected": int,
+}
+
+REPLY_TIMEOUT = 120.0
+"""Seconds to wait for a reply. Generous: the learner does not read its socket while it compiles its
+first train step (several seconds on a small CPU), and a passing test never waits this long."""
+
+
+def pack_array(array: np.ndarray) -> msgpack.ExtType:
+    """Ext 1: u8 len(dtype), dtype ASCII, u8 ndim, ndim x u64 LE dims, raw C-order little-endian bytes."""
+    array = np.ascontiguousarray(array)
+    dtype = array.dtype.str
+    head = struct.pack("<B", len(dtype)) + dtype.encode("ascii")
+    head += struct.pack(f"<B{array.ndim}Q", array.ndim, *array.shape)
+    return msgpack.ExtType(ARRAY_EXT_CODE, head + array.tobytes())
+
+
+def _unpack_array(code: int, data: bytes) -> Any:
+    assert code == ARRAY_EXT_CODE, f"unexpected ext code {code}"
+    n = data[0]
+    dtype = np.dtype(data[1 : 1 + n].decode("ascii"))
+    ndim = data[1 + n]
+    shape = struct.unpack_from(f"<{ndim}Q", data, 2 + n)
+    return np.frombuffer(data, dtype, offset=2 + n + 8 * ndim).reshape(shape)
+
+
+def encode(msg: Any) -> bytes:
+    def default(obj: Any) -> Any:
+        if isinstance(obj, np.ndarray):
+            return pack_array(obj)
+        raise TypeError(type(obj).__name__)
+
+    return msgpack.packb(msg, default=default, use_bin_type=True)
+
+
+def decode(data: bytes) -> Any:
+    return msgpack.unpackb(data, raw=False, ext_hook=_unpack_array)
+
+
+def message(kind: str, **fields: Any) -> dict[str, Any]:
+    return {"v": PROTOCOL_VERSION, "kind": kind, **fields}
+
+
+def parse_params(frames: list[bytes]) -> tuple[int, dict[str, np.ndarray]]:
+    """PARAMS: a msgpack header frame, then one raw frame per array in the order of header["names"]."""
+    head = decode(frames[0])
+    assert head["v"] == PROTOCOL_VERSION and head["kind"] == "PARAMS", head
+    names, dtypes, shapes = head["names"], head["dtypes"], head["shapes"]
+    assert len(names) == len(dtypes) == len(shapes) == len(frames) - 1
+    assert names == sorted(names)
+    arrays = {}
+    for name, dtype, shape, buf in zip(names, dtypes, shapes, frames[1:], strict=True):
+        dt = np.dtype(dtype)
+        assert dt.byteorder != ">", dtype
+        assert len(buf) == math.prod(shape) * dt.itemsize, (name, dtype, shape, len(buf))
+        arrays[name] = np.frombuffer(buf, dt).reshape(shape)
+    return head["version"], arrays
+
+
+# ---- episodes shaped by the model config in WELCOME ------------------------------------------------------
+def make_episode(
+    model: dict[str, int], length: int, rng: np.random.Generator, *, success: bool = False, version: int = 0
+) -> dict[str, Any]:
+    """A random but valid episode of `length` steps: observations have length + 1 rows."""
+    li, e, le = model["max_instruction_tokens"], model["max_elements"], model["max_element_tokens"]
+    vocab, rows = model["vocab_size"], length + 1
+    instr_mask = np.arange(li)[None, :] < rng.integers(1, li + 1, size=(rows, 1))
+    elem_mask = np.arange(e)[None, :] < rng.integers(1, e + 1, size=(rows, 1))
+    words_per_elem = rng.integers(1, le + 1, size=(rows, e, 1))
+    elem_words = (np.arange(le)[None, None, :] < words_per_elem) & elem_mask[..., None]
+    obs = {
+        "instr_tokens": np.where(instr_mask, rng.integers(1, vocab, size=(rows, li)), 0).astype("<i4"),
+        "instr_mask": instr_mask,
+        "instr_feats": (rng.random((rows, li, NUM_INSTRUCTION_FEATURES)) < 0.5).astype("<f4"),
+        "elem_tokens": np.where(elem_words, rng.integers(1, vocab, size=(rows, e, le)), 0).astype("<i4"),
+        "elem_mask": elem_mask,
+        "elem_feats": (rng.random((rows, e, NUM_ELEMENT_FEATURES)) * elem_mask[..., None]).astype("<f4"),
+    }
+    steps = {
+        "action_type": rng.integers(0, NUM_ACTION_TYPES, size=length),
+        "element": rng.integers(0, e, size=length),
+        "word": rng.integers(0, li, size=length),
+        "direction": rng.integers(0, NUM_SWIPE_DIRECTIONS, size=length),
+        "behavior_logp": -rng.exponential(2.0, size=length),
+        "reward": np.arange(length) == length - 1 if success else np.zeros(length),
+        "policy_version": np.full(length, version),
+    }
+    return {
+        "task": "fake_task",
+        "success": success,
+        "truncated": not success,
+        "obs": obs,
+        **{name: np.asarray(steps[name]).astype(dtype) for name, dtype in STEP_DTYPES.items()},
+    }
+
+
+# ---- the fake actor --------------------------------------------------------------------------------------
+class FakeActor:
+    """A DEALER to the learner's ingest ROUTER and a SUB (subscribed to everything) to its params PUB."""
+
+    def __init__(self, learner, name: str = "fake"):
+        self.learner = learner
+        self.name = name
+        self.ctx = zmq.Context()
+        self.dealer: zmq.Socket | None = None
+        self.connect()
+        self.sub = self.ctx.socket(zmq.SUB)
+        self.sub.setsockopt(zmq.LINGER, 0)
+        self.sub.setsockopt(zmq.SUBSCRIBE, b"")
+        self.sub.connect(learner.params)
+        self.welcome: dict[str, Any] = {}
+        self.actor_id = -1
+        self.seq = 0
+
+    def connect(self, routing_id: bytes | None = None) -> None:
+        """(Re)open the DEALER: a new connection, which needs a new HELLO unless its routing id is fixed."""
+        if self.dealer is not None:
+            self.dealer.close(0)
+        self.dealer = self.ctx.socket(zmq.DEALER)
+        self.dealer.setsockopt(zmq.LINGER, 0)
+        if routing_id is not None:
+            self.dealer.setsockopt(zmq.ROUTING_ID, routing_id)
+        self.dealer.connect(self.learner.ingest)
+
+    @property
+    def model(self) -> dict[str, int]:
+        return self.welcome["model"]
+
+    def send(self, msg: dict[str, Any]) -> None:
+        self.dealer.send(encode(msg))
+
+    def recv_frames(self, timeout: float = REPLY_TIMEOUT) -> list[bytes]:
+        deadline = time.monotonic() + timeout
+        while not self.dealer.poll(100):
+            _check_alive(self.learner, f"{self.name} waiting for a reply")
+            if time.monotonic() > deadline:
+                pytest.fail(f"{self.name}: no reply within {timeout}s\n{self.learner.log()[-3000:]}")
+        return self.dealer.recv_multipart()
+
+    def recv(self, timeout: float = REPLY_TIMEOUT) -> dict[str, Any]:
+        frames = self.recv_frames(timeout)
+        assert len(frames) == 1, f"expected a single-frame reply, got {len(frames)} frames"
+        msg = decode(frames[0])
+        assert isinstance(msg, dict) and msg.get("v") == PROTOCOL_VERSION, msg
+        return msg
+
+    def request(self, msg: dict[str, Any]) -> dict[str, Any]:
+        self.send(msg)
+        return self.recv()
+
+    def hello(self) -> dict[str, Any]:
+        reply = self.request(message("HELLO", actor=self.name, num_envs=4, pid=12345))
+        assert reply["kind"] == "WELCOME", reply
+        self.welcome, self.actor_id = reply, reply["actor_id"]
+        return reply
+
+    def episodes(self, n: int, rng: np.random.Generator, **kw: Any) -> list[dict[str, Any]]:
+        max_steps = self.welcome["max_steps"]
+        return [make_episode(self.model, int(rng.integers(1, max_steps + 1)), rng, **kw) for _ in range(n)]
+
+    def traj(self, episodes: list[dict[str, Any]], actor_id: int | None = None) -> tuple[int, dict[str, Any]]:
+        """Send one TRAJ and return (seq, reply)."""
+        self.seq += 1
+        aid = self.actor_id if actor_id is None else actor_id
+        return self.seq, self.request(message("TRAJ", actor_id=aid, seq=self.seq, episodes=episodes))
+
+    def params_reply(self, have_version: int = -1) -> tuple[int, dict[str, np.ndarray]]:
+        self.send(message("PARAM_REQ", actor_id=self.actor_id, have_version=have_version))
+        return parse_params(self.recv_frames())
+
+    def next_snapshot(self, newer_than: int, timeout: float = REPLY_TIMEOUT) -> tuple[int, dict]:
+        """The first snapshot on the SUB whose version is above `newer_than`."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.sub.poll(100):
+                version, arrays = parse_params(self.sub.recv_multipart())
+                if version > newer_than:
+                    return version, arrays
+            _check_alive(self.learner, "a snapshot")
+        pytest.fail(f"no snapshot newer than v{newer_than} on the SUB within {timeout}s")
+
+    def close(self) -> None:
+        self.dealer.close(0)
+        self.sub.close(0)
+        self.ctx.term()
+
+
+@pytest.fixture
+def fake_actor():
+    """Factory: FakeActor(learner, name); every actor made is closed at teardown."""
+    made: list[FakeActor] = []
+
+    def make(learner, name: str = "fake") -> FakeActor:
+        actor = FakeActor(learner, name)
+        made.append(actor)
+        return actor
+
+    yield make
+    for actor in made:
+        actor.close()
+
+
+def read_metrics(run_dir: Path) -> list[dict[str, Any]]:
+    """Complete lines of RUN_DIR/metrics.jsonl (a line still being written is skipped)."""
+    path = run_dir / "metrics.jsonl"
+    if not path.exists():
+        return []
+    text = path.read_text()
+    return [json.loads(line) for line in text[: text.rfind("\n") + 1].splitlines() if line.strip()]
+
+
+def wait_for_metrics(learner, predicate, timeout: float = REPLY_TIMEOUT, what: str = "") -> dict[str, Any]:
+    """The newest metrics line satisfying `predicate`, polling until `timeout`."""
+    deadline = time.monotonic() + timeout
+    while True:
+        lines = read_metrics(learner.run_dir)
+        if lines and predicate(lines[-1]):
+            return lines[-1]
+        _check_alive(learner, what)
+        if time.monotonic() > deadline:
+            last = lines[-1] if lines else None
+            pytest.fail(
+                f"no metrics line with {what} within {timeout}s; last: {last}\n{learner.log()[-3000:]}"
+            )
+        time.sleep(0.1)
+
+
+def _check_alive(learner, waiting_for: str) -> None:
+    if learner.proc.poll() is not None:
+        pytest.fail(
+            f"learner exited ({learner.proc.returncode}) during {waiting_for}:\n{learner.log()[-3000:]}"
+        )
+
+
+# ---- tests -----------------------------------------------------------------------------------------------
+def test_handshake_welcome_carries_run_and_model(learner_process, fake_actor):
+    learner = learner_process("--max-steps", "5", "--model.max-elements", "7", "--model.vocab-size", "321")
+    a, b = fake_actor(learner, "a"), fake_actor(learner, "b")
+
+    welcome = a.hello()
+    assert welcome["v"] == PROTOCOL_VERSION and welcome["kind"] == "WELCOME"
+    assert isinstance(welcome["actor_id"], int) and welcome["actor_id"] >= 1
+    assert isinstance(welcome["run_id"], str) and welcome["run_id"]
+    assert welcome["max_steps"] == 5
+    assert welcome["policy_version"] == 0  # version 0 is published before any actor is served
+    model = welcome["model"]
+    assert set(model) == MODEL_FIELDS
+    assert model["max_elements"] == 7 and model["vocab_size"] == 321
+    assert model["max_instruction_tokens"] == 16 and model["max_element_tokens"] == 6
+    assert all(isinstance(v, int) and v > 0 for v in model.values())
+
+    other = b.hello()
+    assert other["run_id"] == welcome["run_id"]
+    assert other["actor_id"] != welcome["actor_id"]
+
+    beat = a.request(message("HEARTBEAT", actor_id=a.actor_id))
+    assert beat["kind"] == "HEARTBEAT" and beat["policy_version"] == 0
+
+    # The episode shapes follow the WELCOME config: a 5-step episode with 7 elements is accepted.
+    seq, ack = a.traj([make_episode(model, 5, np.random.default_rng(0))])
+    assert ack == {"v": 1, "kind": "ACK", "seq": seq, "accepted": 1}
+
+
+def test_welcome_is_bound_to_the_connection(learner_process, fake_actor):
+    learner = learner_process()
+    a = fake_actor(learner, "a")
+    a.hello()
+    # A new DEALER without a routing id of its own is a new connection: the old actor_id is refused.
+    a.connect()
+    reply = a.request(message("HEARTBEAT", actor_id=a.actor_id))
+    assert (reply["kind"], reply["code"]) == ("ERROR", "not_welcomed"), reply
+    assert a.hello()["kind"] == "WELCOME"  # HELLO again on the new connection
+    assert a.request(message("HEARTBEAT", actor_id=a.actor_id))["kind"] == "HEARTBEAT"
+
+    # With a fixed routing id the registration survives a reconnect (ROUTER_HANDOVER).
+    b = fake_actor(learner, "b")
+    b.connect(routing_id=b"fake-actor-b")
+    b.hello()
+    b.connect(routing_id=b"fake-actor-b")
+    reply = b.request(message("HEARTBEAT", actor_id=b.actor_id))
+    assert reply["kind"] == "HEARTBEAT", reply
+
+
+def test_param_req_reply_and_published_snapshots(learner_process, fake_actor):
+    learner = learner_process("--batch-size", "2", "--publish-every", "1", "--log-every", "0.5")
+    actor = fake_actor(learner)
+    welcome = actor.hello()
+
+    # A late joiner asks at once instead of waiting for the next publish.
+    version, v0 = actor.params_reply(have_version=-1)
+    assert version == welcome["policy_version"] == 0
+    assert v0 and all(a.dtype == np.dtype("<f4") and a.size > 0 for a in v0.values())
+    model = actor.model
+    assert any(a.shape == (model["vocab_size"], model["d_model"]) for a in v0.values())  # the embedding
+
+    rng = np.random.default_rng(1)
+    for _ in range(2):  # two batches of two -> two updates -> versions 1 and 2 published
+        _, ack = actor.traj(actor.episodes(2, rng))
+        assert ack["kind"] == "ACK" and ack["accepted"] == 2
+    v1, p1 = actor.next_snapshot(newer_than=0)
+    v2, p2 = actor.next_snapshot(newer_than=v1)
+    assert v1 >= 1 and v2 > v1
+    assert set(p1) == set(p2) == set(v0)
+    assert all(p1[k].shape == v0[k].shape and p1[k].dtype == v0[k].dtype for k in v0)
+    assert any(not np.array_equal(p1[k], v0[k]) for k in v0), "training did not change the parameters"
+
+    # PARAM_REQ now answers with the newest snapshot, identical to the one published.
+    version, newest = actor.params_reply(have_version=v2)
+    assert version == v2
+    assert all(np.array_equal(newest[k], p2[k]) for k in p2)
+    assert actor.request(message("HEARTBEAT", actor_id=actor.actor_id))["policy_version"] == v2
+
+
+def test_traj_is_acked_and_trained_on(learner_process, fake_actor):
+    learner = learner_process("--batch-size", "4", "--publish-every", "1", "--log-every", "0.5")
+    actor = fake_actor(learner)
+    actor.hello()
+    rng = np.random.default_rng(2)
+    sent = [*actor.episodes(3, rng, success=True), *actor.episodes(5, rng)]
+
+    actor.seq = 41
+    _, ack = actor.traj(sent[:3])
+    assert ack == {"v": 1, "kind": "ACK", "seq": 42, "accepted": 3}
+    _, ack = actor.traj(sent[3:])
+    assert ack == {"v": 1, "kind": "ACK", "seq": 43, "accepted": 5}
+
+    line = wait_for_metrics(learner, lambda m: m["update"] >= 2, what="update >= 2")
+    assert line["update"] == 2  # 8 episodes, batches of 4
+    assert line["episodes"] == 8
+    assert line["env_steps"] == sum(len(ep["reward"]) for ep in sent)
+    assert line["success_rate"] == pytest.approx(3 / 8)
+    assert line["replay_size"] == 0
+    assert line["rejected"] == 0
+    assert line["policy_version"] == 2  # published after every update
+    assert line["policy_lag_mean"] == pytest.approx(1.0)  # batch 2 was collected by v0, trained at v1
+    assert math.isfinite(line["train/loss"])
+    version, _ = actor.next_snapshot(newer_than=0)
+    assert version >= 1
+    # A heartbeat reports the newest version and keeps the actor counted (the first train step may
+    # compile for longer than the learner's actor timeout).
+    beat = actor.request(message("HEARTBEAT", actor_id=actor.actor_id))
+    assert beat == {"v": 1, "kind": "HEARTBEAT", "policy_version": 2}
+    wait_for_metrics(learner, lambda m: m["wall"] > line["wall"] and m["actors"] >= 1, what="actors >= 1")
+
+
+# ---- bad input: (name, expected ERROR code, frames the welcomed `bad` actor sends) ----------------------
+def _bad_traj(actor_id_offset: int = 0, length: int = 3, obs: dict | None = None, **change: Any):
+    """A builder of a TRAJ whose one episode is valid except for `change` (values or functions of the
+    valid array) and `obs` (the same, for observation arrays)."""
+
+    def build(bad: FakeActor, rng: np.random.Generator) -> list[bytes]:
+        ep = make_episode(bad.model, length, rng)
+        for container, changes in ((ep, change), (ep["obs"], obs or {})):
+            for key, value in changes.items():
+                container[key] = value(container[key]) if callable(value) else value
+        msg = message("TRAJ", actor_id=bad.actor_id + actor_id_offset, seq=1, episodes=[ep])
+        return [encode(msg)]
+
+    return build
+
+
+def _frames(msg: Any, copies: int = 1):
+    return lambda bad, rng: [encode(msg)] * copies
+
+
+def _with_nan(a: np.ndarray) -> np.ndarray:
+    a = a.copy()
+    a[0] = np.nan
+    return a
+
+
+def _too_long(bad: FakeActor, rng: np.random.Generator) -> list[bytes]:
+    ep = make_episode(bad.model, bad.welcome["max_steps"] + 1, rng)
+    return [encode(message("TRAJ", actor_id=bad.actor_id, seq=1, episodes=[ep]))]
+
+
+def _with_actor_id(kind: str, **fields: Any):
+    return lambda bad, rng: [encode(message(kind, actor_id=bad.actor_id, **fields))]
+
+
+BAD_CASES = [
+    ("undecodable bytes", "bad_encoding", lambda bad, rng: [b"\xc1\x00garbage"]),
+    ("truncated msgpack", "bad_encoding", lambda bad, rng: [encode(message("HEARTBEAT", actor_id=1))[:-2]]),
+    ("unknown ext code", "bad_encoding", _frames({"v": 1, "kind": msgpack.ExtType(7, b"")})),
+    ("array ext of a disallowed dtype", "bad_encoding", _bad_traj(reward=lambda r: r.astype("<c8"))),
+    ("non-map message", "bad_envelope", _frames([1, "HELLO"])),
+    ("multi-frame message", "bad_envelope", _frames(message("HEARTBEAT", actor_id=1), copies=2)),
+    (
+        "wrong protocol version",
+        "bad_version",
+        _frames({"v": 2, "kind": "HELLO", "actor": "x", "num_envs": 1}),
+    ),
+    ("missing protocol version", "bad_version", _frames({"kind": "HELLO", "actor": "x", "num_envs": 1})),
+    (
+        "protocol version true",
+        "bad_version",
+        _frames({"v": True, "kind": "HELLO", "actor": "x", "num_envs": 1}),
+    ),
+    ("HELLO with zero environments", "bad_field", _frames(message("HELLO", actor="x", num_envs=0))),
+    ("unknown kind", "unknown_kind", _with_actor_id("GOODBYE")),
+    ("learner-only kind from an actor", "unexpected_kind", _with_actor_id("ACK", seq=1)),
+    ("HELLO without num_envs", "bad_field", _frames(message("HELLO", actor="x"))),
+    ("TRAJ without actor_id", "bad_field", _frames(message("TRAJ", seq=1, episodes=[]))),
+    ("TRAJ without seq", "bad_field", _with_actor_id("TRAJ", episodes=[])),
+    ("TRAJ with no episodes", "bad_field", _with_actor_id("TRAJ", seq=1, episodes=[])),
+    ("TRAJ with a wrong actor_id", "not_welcomed", _bad_traj(actor_id_offset=1000)),
+    ("success as an integer", "bad_field", _bad_traj(success=1)),
+    ("obs value that is not an array", "bad_field", _bad_traj(obs={"elem_feats": None})),
+    ("array of the wrong dtype", "bad_array", _bad_traj(reward=lambda r: r.astype("<f8"))),
+    ("obs array of the wrong dtype", "bad_array", _bad_traj(obs={"instr_mask": lambda m: m.astype("|u1")})),
+    ("step array of the wrong shape", "bad_array", _bad_traj(word=lambda w: w[:-1])),
+    ("obs with T rows instead of T + 1", "bad_array", _bad_traj(obs={"elem_feats": lambda f: f[:-1]})),
+    ("action type out of range", "bad_array", _bad_traj(action_type=lambda a: a + NUM_ACTION_TYPES)),
+    ("positive behavior_logp", "bad_array", _bad_traj(behavior_logp=lambda p: p * 0 + 0.5)),
+    ("negative token id", "bad_array", _bad_traj(obs={"instr_tokens": lambda t: t * 0 - 1})),
+    ("NaN in reward", "non_finite", _bad_traj(reward=_with_nan)),
+    ("infinity in an obs feature", "non_finite", _bad_traj(obs={"elem_feats": lambda f: f + np.inf})),
+    ("policy_version from the future", "future_version", _bad_traj(policy_version=lambda v: v + 10**6)),
+    ("negative policy_version", "bad_array", _bad_traj(policy_version=lambda v: v - 1)),
+    ("too many steps (> max_steps)", "bad_array", _too_long),
+]
+
+
+def test_bad_input_is_refused_and_the_learner_keeps_serving(learner_process, fake_actor):
+    learner = learner_process("--batch-size", "4", "--publish-every", "1", "--log-every", "0.5")
+    good, bad = fake_actor(learner, "good"), fake_actor(learner, "bad")
+    good.hello()
+    bad.hello()
+    rng = np.random.default_rng(3)
+
+    # Before any HELLO on its socket, even a real actor_id is refused.
+    stranger = fake_actor(learner, "stranger")
+    stranger.dealer.send(encode(message("TRAJ", actor_id=good.actor_id, seq=1, episodes=[])))
+    refused = Counter(["not_welcomed"])
+    reply = stranger.recv()
+    assert (reply["kind"], reply["code"]) == ("ERROR", "not_welcomed"), reply
+    assert isinstance(reply["reason"], str) and reply["reason"]
+
+    good_episodes = 0
+    for name, code, build in BAD_CASES:
+        bad.dealer.send_multipart(build(bad, rng))
+        reply = bad.recv()
+        assert reply["kind"] == "ERROR", f"{name}: expected ERROR {code}, got {reply}"
+        assert reply["code"] == code, f"{name}: expected {code}, got {reply}"
+        assert isinstance(reply["reason"], str) and reply["reason"], name
+        refused[code] += 1
+        # The learner still serves a well-behaved actor after every refusal.
+        seq, ack = good.traj(good.episodes(1, rng))
+        assert ack == {"v": 1, "kind": "ACK", "seq": seq, "accepted": 1}, f"after {name}: {ack}"
+        good_episodes += 1
+
+    # ... and the misbehaving actor itself, once it sends something valid.
+    seq, ack = bad.traj(bad.episodes(2, rng))
+    assert ack["kind"] == "ACK" and ack["seq"] == seq and ack["accepted"] == 2
+    good_episodes += 2
+
+    total = sum(refused.values())
+    line = wait_for_metrics(
+        learner,
+        lambda m: m["rejected"] >= total and m["episodes"] >= good_episodes,
+        what=f"rejected >= {total}",
+    )
+    assert line["rejected"] == total
+    assert line["rejected_by_reason"] == dict(refused)
+    assert line["episodes"] == good_episodes
+    wait_for_metrics(learner, lambda m: m["update"] >= good_episodes // 4, what="training after bad input")
+
+
+def test_metrics_lines_hold_the_contract_fields(learner_process, fake_actor):
+    learner = learner_process("--log-every", "0.2")
+    actor = fake_actor(learner)
+    actor.hello()
+    line = wait_for_metrics(learner, lambda m: m["actors"] >= 1, what="actors >= 1")
+    assert line["actors"] == 1
+    wait_for_metrics(learner, lambda m: m["wall"] > line["wall"], what="a second line")
+    assert learner.stop() == 0
+    lines = read_metrics(learner.run_dir)
+    assert len(lines) >= 3
+    for m in lines:
+        for key, typ in CONTRACT_FIELDS.items():
+            assert key in m, f"metrics line lacks {key}: {m}"
+            assert isinstance(m[key], typ) and not isinstance(m[key], bool), (key, m[key])
+    walls = [m["wall"] for m in lines]
+    assert walls == sorted(walls)
+    assert lines[-1]["stopped"] == "SIGTERM"  # one last line at exit
+
+
+# ---- regressions: inputs that once crashed the learner or poisoned its parameters ----------------------
+def test_unhashable_kind_is_refused(learner_process, fake_actor):
+    learner = learner_process()
+    actor = fake_actor(learner)
+    actor.send({"v": 1, "kind": ["HELLO"]})
+    reply = actor.recv(timeout=10)
+    assert reply["kind"] == "ERROR" and reply["code"] == "unknown_kind"
+    assert actor.hello()["kind"] == "WELCOME"
+
+
+def test_token_id_beyond_vocab_is_refused(learner_process, fake_actor):
+    learner = learner_process()
+    actor = fake_actor(learner)
+    actor.hello()
+    ep = make_episode(actor.model, 2, np.random.default_rng(4))
+    ep["obs"]["instr_tokens"][:, 0] = actor.model["vocab_size"]
+    _, reply = actor.traj([ep])
+    assert reply["kind"] == "ERROR" and reply["code"] == "bad_array"
