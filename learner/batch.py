@@ -29,3 +29,19 @@ def collate(episodes: list[Episode], max_steps: int) -> dict[str, np.ndarray | d
         "length": np.array([ep.length for ep in episodes], np.int32),
         "terminal": np.array([not ep.truncated for ep in episodes], bool),
     }
+
+
+def example_batch(
+    feature_spec: dict[str, tuple[tuple[int, ...], str]], batch_size: int, max_steps: int
+) -> dict[str, np.ndarray | dict[str, np.ndarray]]:
+    """A batch of the exact shapes and dtypes `collate` produces (all zeros), to compile ahead of data."""
+    obs = {
+        k: np.zeros((batch_size, max_steps + 1, *shape), np.dtype(dt))
+        for k, (shape, dt) in feature_spec.items()
+    }
+    return {
+        "obs": obs,
+        **{k: np.zeros((batch_size, max_steps), np.dtype(dt)) for k, dt in STEP_ARRAYS.items()},
+        "length": np.ones(batch_size, np.int32),
+        "terminal": np.ones(batch_size, bool),
+    }

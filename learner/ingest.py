@@ -25,6 +25,8 @@ class ActorInfo:
     num_envs: int
     last_seen: float
     episodes: int = 0
+    active: bool = False
+    """Sent something after WELCOME; an abandoned handshake (the actor retried on a new socket) never is."""
 
 
 class IngestServer:
@@ -96,7 +98,7 @@ class IngestServer:
         now = time.monotonic()
         for actor_id in [i for i, a in self.actors.items() if now - a.last_seen >= self.actor_timeout]:
             del self.actors[actor_id]
-        return len(self.actors)
+        return sum(a.active for a in self.actors.values())
 
     def _handle(self, identity: bytes, msg: dict) -> None:
         kind = msg["kind"]
@@ -105,6 +107,7 @@ class IngestServer:
             return
         actor = self._known_actor(identity, msg)
         actor.last_seen = time.monotonic()
+        actor.active = True
         if kind == protocol.TRAJ:
             seq = protocol.require(msg, "seq", int)
             episodes = protocol.validate_episodes(

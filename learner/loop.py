@@ -13,6 +13,7 @@ import json
 import signal
 import time
 from collections import Counter, deque
+from concurrent.futures import ThreadPoolExecutor
 
 import jax
 import numpy as np
@@ -21,7 +22,7 @@ from rich.console import Console
 from common import featurize, model
 from common.protocol import Episode
 from learner.algorithm import LossConfig, step_mask
-from learner.batch import collate
+from learner.batch import collate, example_batch
 from learner.config import LearnerConfig
 from learner.ingest import IngestServer
 from learner.local_actors import LocalActors
@@ -122,7 +123,6 @@ def run(cfg: LearnerConfig, console: Console | None = None) -> dict:
 
     update = 0
     last_log = time.monotonic()
-    last: dict = {}
     train_metrics: dict = {}
     lag_mean = 0.0
     timing = Counter()
@@ -149,7 +149,27 @@ def run(cfg: LearnerConfig, console: Console | None = None) -> dict:
             **{f"time/{k}": round(v, 3) for k, v in timing.items()},
         }
 
+    def log_if_due() -> None:
+        nonlocal last_log
+        if time.monotonic() - last_log >= cfg.log_every:
+            last_log = time.monotonic()
+            line = record()
+            writer.write(line)
+            _print_progress(console, line)
+
     try:
+        # Compile the train step on a helper thread while this one keeps serving handshakes and data.
+        t0 = time.monotonic()
+        example = example_batch(featurize.feature_spec(cfg.model), cfg.batch_size, cfg.max_steps)
+        with ThreadPoolExecutor(1, thread_name_prefix="compile") as pool:
+            compiling = pool.submit(lambda: train_step.lower(params, opt_state, example).compile())
+            while not compiling.done():
+                server.poll(50)
+                log_if_due()
+            train_step = compiling.result()
+        timing["compile_s"] = time.monotonic() - t0
+        console.print(f"learner: train step compiled in {timing['compile_s']:.1f}s")
+
         while True:
             if stop.requested:
                 break
@@ -177,11 +197,7 @@ def run(cfg: LearnerConfig, console: Console | None = None) -> dict:
                     version += 1
                     server.publish(version, model.params_to_flat(params))
                     timing["publish_s"] += time.monotonic() - t0
-            if time.monotonic() - last_log >= cfg.log_every:
-                last_log = time.monotonic()
-                last = record()
-                writer.write(last)
-                _print_progress(console, last)
+            log_if_due()
     finally:
         last = record()
         last["stopped"] = stop.reason or "error"
