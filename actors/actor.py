@@ -77,7 +77,7 @@ class Actor:
         self.log(f"actor {conn.actor_id}: joined run {welcome.get('run_id')} at {conn.ingest_addr}")
         runner = PolicyRunner(model_cfg, cfg.seed)
         conn.request_params(runner.version)
-        while runner.params is None and not self._should_stop():
+        while runner.params is None and not self._should_stop() and not self._rejoin:
             conn.wait(200)
             self._take_in(conn, runner)
         if runner.params is None:
@@ -121,8 +121,11 @@ class Actor:
                 observations[i] = obs
             if finished:
                 seq += 1
-                conn.send(protocol.message(protocol.TRAJ, actor_id=conn.actor_id, seq=seq, episodes=finished))
-                self.stats["episodes_sent"] += len(finished)
+                traj = protocol.message(protocol.TRAJ, actor_id=conn.actor_id, seq=seq, episodes=finished)
+                if conn.send(traj):
+                    self.stats["episodes_sent"] += len(finished)
+                else:  # no acknowledged delivery yet: the loss is counted, never silent
+                    self.stats["episodes_dropped_send_queue_full"] += len(finished)
                 if cfg.max_episodes and self.stats["episodes_sent"] >= cfg.max_episodes:
                     self.request_stop("episode limit")
             now = time.monotonic()

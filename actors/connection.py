@@ -62,8 +62,13 @@ class LearnerConnection:
             wait = min(wait * 2, max_backoff)
         return None
 
-    def send(self, msg: dict) -> None:
-        self.dealer.send(wire.encode(msg))
+    def send(self, msg: dict) -> bool:
+        """Queue a message without blocking; False when the outgoing queue is full (learner gone or stalled)."""
+        try:
+            self.dealer.send(wire.encode(msg), flags=zmq.NOBLOCK)
+        except zmq.Again:
+            return False
+        return True
 
     def request_params(self, have_version: int) -> None:
         self.send(protocol.message(protocol.PARAM_REQ, actor_id=self.actor_id, have_version=have_version))
