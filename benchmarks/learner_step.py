@@ -10,28 +10,16 @@ import time
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 
 from actors.envs.standin import StandInPhoneEnv
 from actors.policy_runner import PolicyRunner
+from benchmarks import data
 from benchmarks.report import best_seconds
-from common import featurize, model, protocol
+from common import featurize, model
 from common.config import ModelConfig
 from learner.algorithm import LossConfig
 from learner.batch import collate
 from learner.train_step import make_optimizer, make_train_step
-
-
-def _episodes(cfg: ModelConfig, n: int, steps: int) -> list[protocol.Episode]:
-    env = StandInPhoneEnv(max_steps=steps)
-    out = []
-    for i in range(n):
-        obs, _ = env.reset(seed=i)
-        feats = featurize.stack([featurize.featurize(obs, cfg)] * (steps + 1))
-        arrays = {k: np.zeros(steps, np.dtype(dt)) for k, dt in protocol.STEP_ARRAYS.items()}
-        arrays["behavior_logp"][:] = -2.0
-        out.append(protocol.Episode("open_app", False, True, feats, arrays))
-    return out
 
 
 def _matmul_gflops(d: int, repeats: int) -> float:
@@ -52,18 +40,18 @@ def run(quick: bool) -> list[dict]:
     optimizer = make_optimizer(1e-3, 1.0)
     opt_state = optimizer.init(params)
     train_step = make_train_step(graphdef, optimizer, LossConfig())
-    data = collate(_episodes(cfg, batch, steps), steps)
+    batch_data = collate(data.episodes(cfg, batch, steps), steps)
     t0 = time.perf_counter()
-    cost = train_step.lower(params, opt_state, data).compile().cost_analysis()
+    cost = train_step.lower(params, opt_state, batch_data).compile().cost_analysis()
     compile_s = time.perf_counter() - t0
     cost = cost[0] if isinstance(cost, list) else cost
     step_gflop = float(cost.get("flops", 0.0)) / 1e9
-    params, opt_state, _ = train_step(params, opt_state, data)
+    params, opt_state, _ = train_step(params, opt_state, batch_data)
     jax.block_until_ready(params)
     state = [params, opt_state]
 
     def one_update():
-        state[0], state[1], m = train_step(state[0], state[1], data)
+        state[0], state[1], m = train_step(state[0], state[1], batch_data)
         jax.block_until_ready(m)
 
     step_s = best_seconds(one_update, repeats, inner=3)

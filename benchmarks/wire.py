@@ -4,22 +4,17 @@ from __future__ import annotations
 
 import numpy as np
 
-from actors.envs.standin import StandInPhoneEnv
+from benchmarks import data
 from benchmarks.report import best_seconds
-from common import featurize, model, protocol, wire
+from common import model, protocol, wire
 from common.config import ModelConfig
 
 
-def _traj_message(episodes: int, cfg: ModelConfig, steps: int = 8) -> dict:
-    env = StandInPhoneEnv(max_steps=steps)
-    rng = np.random.default_rng(0)
-    eps = []
-    for i in range(episodes):
-        obs, _ = env.reset(seed=i)
-        feats = featurize.stack([featurize.featurize(obs, cfg)] * (steps + 1))
-        step_arrays = {k: np.zeros(steps, np.dtype(dt)) for k, dt in protocol.STEP_ARRAYS.items()}
-        step_arrays["behavior_logp"] = -rng.random(steps).astype(np.float32)
-        eps.append(protocol.episode_fields("open_app", False, True, feats, step_arrays))
+def _traj_message(count: int, cfg: ModelConfig) -> dict:
+    eps = [
+        protocol.episode_fields(ep.task, ep.success, ep.truncated, ep.obs, ep.steps)
+        for ep in data.episodes(cfg, count)
+    ]
     return protocol.message(protocol.TRAJ, actor_id=1, seq=1, episodes=eps)
 
 
@@ -28,13 +23,13 @@ def run(quick: bool) -> list[dict]:
     repeats = 3 if quick else 10
     rows = []
     msg = _traj_message(16 if quick else 64, cfg)
-    data = wire.encode(msg)
-    buf = np.frombuffer(data, np.uint8)
+    encoded = wire.encode(msg)
+    buf = np.frombuffer(encoded, np.uint8)
     memcpy = best_seconds(lambda: buf.copy(), repeats, inner=20)
     enc = best_seconds(lambda: wire.encode(msg), repeats)
-    dec = best_seconds(lambda: protocol.parse(data), repeats)
-    gb = len(data) / 1e9
-    rows.append(_row("traj_batch", len(data), gb / enc, gb / dec, gb / memcpy))
+    dec = best_seconds(lambda: protocol.parse(encoded), repeats)
+    gb = len(encoded) / 1e9
+    rows.append(_row("traj_batch", len(encoded), gb / enc, gb / dec, gb / memcpy))
 
     _, params = model.create(cfg, 0)
     flat = model.params_to_flat(params)

@@ -46,6 +46,7 @@ class IngestServer:
         self.router = self.ctx.socket(zmq.ROUTER)
         self.router.setsockopt(zmq.LINGER, 0)
         self.router.setsockopt(zmq.MAXMSGSIZE, wire.MAX_MESSAGE_BYTES)  # refuse floods before buffering them
+        self.router.setsockopt(zmq.ROUTER_HANDOVER, 1)  # an actor with a fixed routing id may reconnect
         self.pub = self.ctx.socket(zmq.PUB)
         self.pub.setsockopt(zmq.LINGER, 0)
         self.pub.setsockopt(zmq.SNDHWM, 2)  # slow subscribers skip to the newest snapshot

@@ -531,6 +531,9 @@ def test_metrics_lines_hold_the_contract_fields(learner_process, fake_actor):
     learner = learner_process("--log-every", "0.2")
     actor = fake_actor(learner)
     actor.hello()
+    # A handshake alone does not count as connected (an abandoned handshake would be a phantom);
+    # the first message after WELCOME does.
+    assert actor.request(message("HEARTBEAT", actor_id=actor.actor_id))["kind"] == "HEARTBEAT"
     line = wait_for_metrics(learner, lambda m: m["actors"] >= 1, what="actors >= 1")
     assert line["actors"] == 1
     wait_for_metrics(learner, lambda m: m["wall"] > line["wall"], what="a second line")

@@ -1,0 +1,23 @@
+"""Realistic inputs for benchmarks: featurized stand-in phone screens in episode form."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from actors.envs.standin import StandInPhoneEnv
+from common import featurize, protocol
+from common.config import ModelConfig
+
+
+def episodes(cfg: ModelConfig, count: int, steps: int = 8) -> list[protocol.Episode]:
+    """`count` full-length episodes whose observations are real featurized screens."""
+    env = StandInPhoneEnv(max_steps=steps)
+    rng = np.random.default_rng(0)
+    out = []
+    for i in range(count):
+        obs, _ = env.reset(seed=i)
+        feats = featurize.stack([featurize.featurize(obs, cfg)] * (steps + 1))
+        arrays = {k: np.zeros(steps, np.dtype(dt)) for k, dt in protocol.STEP_ARRAYS.items()}
+        arrays["behavior_logp"] = -rng.random(steps).astype(np.float32)
+        out.append(protocol.Episode(env.task.family, False, True, feats, arrays))
+    return out
