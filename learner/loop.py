@@ -59,7 +59,7 @@ class _Stop:
 
 def run(cfg: LearnerConfig, console: Console | None = None) -> dict:
     """Train until a stop condition; returns the last metrics record."""
-    console = console or Console(stderr=True)
+    console = console or Console(stderr=True, soft_wrap=True)
     start = time.monotonic()
     stop = _Stop()
     old_handlers = {s: signal.signal(s, stop) for s in (signal.SIGINT, signal.SIGTERM)}
