@@ -114,7 +114,9 @@ def params_to_flat(params: nnx.State) -> dict[str, np.ndarray]:
             for key in sorted(node, key=str):
                 walk(node[key], f"{prefix}/{key}" if prefix else str(key))
         else:
-            flat[prefix] = np.asarray(node)
+            # A private host copy: snapshots are sent zero-copy by a ZeroMQ I/O thread while the next
+            # train step may already reuse (donate) the device buffers.
+            flat[prefix] = np.array(node, copy=True)
 
     walk(nnx.to_pure_dict(params), "")
     return flat
