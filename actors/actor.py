@@ -12,9 +12,6 @@ import os
 import signal
 import time
 from collections import Counter
-from dataclasses import dataclass, field
-
-import numpy as np
 
 from actors.config import ActorConfig
 from actors.connection import LearnerConnection
@@ -22,18 +19,7 @@ from actors.envs.standin import StandInPhoneEnv
 from actors.policy_runner import PolicyRunner, to_action
 from common import featurize, protocol
 from common.config import ModelConfig
-
-
-@dataclass
-class _EpisodeRecord:
-    task: str
-    features: list[dict[str, np.ndarray]] = field(default_factory=list)
-    steps: dict[str, list] = field(default_factory=lambda: {k: [] for k in protocol.STEP_ARRAYS})
-
-    def to_wire(self, success: bool, truncated: bool) -> dict:
-        obs = featurize.stack(self.features)
-        steps = {k: np.asarray(v, np.dtype(protocol.STEP_ARRAYS[k])) for k, v in self.steps.items()}
-        return protocol.episode_fields(self.task, success, truncated, obs, steps)
+from common.types import Step, Trajectory
 
 
 class Actor:
@@ -86,38 +72,37 @@ class Actor:
         envs = [StandInPhoneEnv(max_steps=max_steps) for _ in range(cfg.num_envs)]
         first_seed = cfg.seed * 100_003 + self.stats["rejoins"] * 1009
         observations = [env.reset(seed=first_seed + i)[0] for i, env in enumerate(envs)]
-        records = [_EpisodeRecord(env.task.family) for env in envs]
+        episodes = [Trajectory(env.task.family) for env in envs]
         seq = 0
         last_beat = last_status = time.monotonic()
         while not self._should_stop():
             self._take_in(conn, runner)
             if self._rejoin:
                 self.stats["rejoins"] += 1
-                self.stats["episodes_abandoned"] += sum(bool(r.features) for r in records)
+                self.stats["episodes_abandoned"] += sum(bool(ep.steps) for ep in episodes)
                 self.log(f"actor {conn.actor_id}: the learner no longer knows this actor; joining again")
                 return
             features = [featurize.featurize(o, model_cfg) for o in observations]
             choices, logps = runner.act(featurize.stack(features))
             finished = []
             for i, env in enumerate(envs):
-                rec, choice = records[i], choices[i]
+                episode, choice = episodes[i], choices[i]
                 obs, reward, terminated, truncated, info = env.step(
                     to_action(observations[i], choice, model_cfg)
                 )
-                rec.features.append(features[i])
-                for k, v in (
-                    ("action_type", choice.action_type), ("element", choice.element), ("word", choice.word),
-                    ("direction", choice.direction), ("behavior_logp", logps[i]), ("reward", reward),
-                    ("policy_version", runner.version),
-                ):  # fmt: skip
-                    rec.steps[k].append(v)
+                done = terminated or truncated
+                episode.steps.append(
+                    Step(features[i], choice, float(logps[i]), float(reward), done, runner.version)
+                )
                 self.stats["env_steps"] += 1
-                if terminated or truncated:
-                    rec.features.append(featurize.featurize(obs, model_cfg))
-                    finished.append(rec.to_wire(bool(info["success"]), bool(truncated and not terminated)))
-                    self.stats["successes"] += bool(info["success"])
+                if done:
+                    episode.final_features = featurize.featurize(obs, model_cfg)
+                    episode.success = bool(info["success"])
+                    episode.truncated = bool(truncated and not terminated)
+                    finished.append(protocol.trajectory_fields(episode))
+                    self.stats["successes"] += episode.success
                     obs, _ = env.reset()
-                    records[i] = _EpisodeRecord(env.task.family)
+                    episodes[i] = Trajectory(env.task.family)
                 observations[i] = obs
             if finished:
                 seq += 1

@@ -13,7 +13,7 @@ from typing import Any
 import numpy as np
 
 from common import wire
-from common.types import NUM_ACTION_TYPES, NUM_SWIPE_DIRECTIONS
+from common.types import NUM_ACTION_TYPES, NUM_SWIPE_DIRECTIONS, Trajectory
 
 PROTOCOL_VERSION = 1
 
@@ -121,6 +121,27 @@ def episode_fields(
         "obs": {k: np.ascontiguousarray(v) for k, v in obs.items()},
         **{k: np.ascontiguousarray(steps[k], dtype=np.dtype(dt)) for k, dt in STEP_ARRAYS.items()},
     }
+
+
+def trajectory_fields(traj: Trajectory) -> dict[str, Any]:
+    """The wire form of a finished Trajectory (its final observation included)."""
+    if traj.final_features is None or not traj.steps:
+        raise ValueError("a trajectory needs at least one step and its final observation")
+    obs = {
+        k: np.stack([s.features[k] for s in traj.steps] + [traj.final_features[k]])
+        for k in traj.final_features
+    }
+    steps = {
+        "action_type": [s.choice.action_type for s in traj.steps],
+        "element": [s.choice.element for s in traj.steps],
+        "word": [s.choice.word for s in traj.steps],
+        "direction": [s.choice.direction for s in traj.steps],
+        "behavior_logp": [s.behavior_logp for s in traj.steps],
+        "reward": [s.reward for s in traj.steps],
+        "policy_version": [s.policy_version for s in traj.steps],
+    }
+    arrays = {k: np.asarray(v, np.dtype(STEP_ARRAYS[k])) for k, v in steps.items()}
+    return episode_fields(traj.task, traj.success, traj.truncated, obs, arrays)
 
 
 def validate_episodes(
