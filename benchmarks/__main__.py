@@ -10,6 +10,7 @@ from benchmarks.report import emit
 BENCHMARKS = {
     "wire": "benchmarks.wire",
     "learner_step": "benchmarks.learner_step",
+    "simphone": "benchmarks.simphone",
 }
 
 

@@ -1,0 +1,194 @@
+"""SimPhone: the oracle solves every shipped template, task files fail loudly, the phone behaves like Android."""
+
+from __future__ import annotations
+
+import json
+
+import gymnasium
+import numpy as np
+import pytest
+from gymnasium.utils.env_checker import check_env
+
+import actors.envs.simphone  # noqa: F401  (registers SimPhone-v0)
+from actors.envs.simphone import tasks as task_lib
+from actors.envs.simphone.env import SimPhoneConfig, SimPhoneEnv
+from actors.envs.simphone.oracle import Oracle
+from common.types import Action, ActionType, SwipeDirection
+
+SUITES = ("general", "webshop")
+
+
+def _run_oracle(env: SimPhoneEnv, task: task_lib.Task, seed: int) -> tuple[bool, int]:
+    obs, _ = env.reset(seed=seed, options={"task": task})
+    oracle, done, steps = Oracle(task.plan), False, 0
+    while not done:
+        obs, reward, terminated, truncated, info = env.step(oracle.act(obs))
+        done, steps = terminated or truncated, steps + 1
+    assert reward == float(info["success"])
+    return info["success"], steps
+
+
+@pytest.mark.parametrize("suite", SUITES)
+def test_oracle_solves_every_template_on_both_splits(suite):
+    env = SimPhoneEnv(SimPhoneConfig(tasks=suite, success_on="complete", dialog_probability=0.3))
+    solved = 0
+    for template in env.templates:
+        for split in task_lib.SPLITS:
+            if not task_lib.available(template, split):
+                continue
+            for seed in range(4):
+                rng = np.random.default_rng(seed)
+                values = {n: v[split][int(rng.integers(len(v[split])))] for n, v in template.params.items()}
+                success, steps = _run_oracle(env, task_lib.bind(template, values), seed)
+                assert success, (template.id, split, seed)
+                assert steps <= template.max_steps
+                solved += 1
+    assert solved >= 4 * len(env.templates)
+
+
+def test_suites_have_enough_templates_with_held_out_ones():
+    templates = [t for s in SUITES for t in task_lib.load_templates(s)]
+    assert len(templates) >= 45
+    assert sum(t.split == "test" for t in templates) >= 8
+    for t in templates:
+        for name, values in t.params.items():
+            assert values["train"] and values["test"], (t.id, name)
+
+
+def test_train_split_never_draws_held_out_templates_or_test_values():
+    templates = task_lib.load_templates("general")
+    rng = np.random.default_rng(0)
+    held_out = {t.id for t in templates if t.split == "test"}
+    seen = set()
+    for _ in range(600):
+        task = task_lib.sample(templates, "train", rng)
+        seen.add(task.template.id)
+        if task.template.id == "app.open":
+            assert task.instruction.split()[2] in task.template.params["app"]["train"]
+    assert not seen & held_out
+    assert len(seen) == len(templates) - len(held_out)
+
+
+def _write(tmp_path, templates) -> str:
+    path = tmp_path / "mine.json"
+    path.write_text(json.dumps({"suite": "mine", "templates": templates}))
+    return str(path)
+
+
+GOOD = {"id": "x.wifi", "instruction": "Turn on Wi-Fi", "success": "settings.wifi == true", "solution": []}
+
+
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [
+        ({"success": "settings.wifi =="}, "field 'success'"),  # malformed predicate
+        ({"success": "wallet.cash > 3"}, "unknown state paths"),
+        ({"instruction": 5}, "field 'instruction'"),
+        ({"params": {"a": ["x"]}}, "field 'params.a'"),
+        ({"instruction": "Open {app}"}, "placeholder {app}"),
+        ({"split": "dev"}, "field 'split'"),
+        ({"max_steps": 0}, "field 'max_steps'"),
+        ({"solution": [{"fly": "away"}]}, "field 'solution'"),
+        ({"setup": [{"set": "settings.wifi"}]}, "field 'setup'"),
+        ({"colour": "red"}, "unknown fields"),
+    ],
+)
+def test_bad_task_files_name_file_template_and_field(tmp_path, change, message):
+    path = _write(tmp_path, [{**GOOD, **change}])
+    with pytest.raises(task_lib.TaskFileError) as e:
+        task_lib.load_templates(path)
+    assert path in str(e.value) and "x.wifi" in str(e.value) and message in str(e.value)
+
+
+def test_user_task_file_loads_and_runs(tmp_path):
+    path = _write(
+        tmp_path,
+        [
+            {
+                **GOOD,
+                "solution": [{"open": "Settings"}, {"tap": "Network & internet"}, {"tap": "Wi-Fi"}],
+                "setup": [{"set": "settings.wifi", "value": False}],
+            }
+        ],
+    )
+    env = SimPhoneEnv(SimPhoneConfig(tasks=path))
+    task = task_lib.sample(env.templates, "train", np.random.default_rng(0))
+    assert _run_oracle(env, task, 0)[0]
+    with pytest.raises(task_lib.TaskFileError, match="no such task file"):
+        task_lib.load_templates(tmp_path / "missing.json")
+
+
+def test_gymnasium_registration_and_env_checker():
+    env = gymnasium.make("SimPhone-v0").unwrapped
+    check_env(env, skip_render_check=True)
+    assert env.render().shape == (240, 108, 3)
+
+
+def test_impossible_actions_are_flagged_never_raised():
+    env = SimPhoneEnv(SimPhoneConfig(dialog_probability=0.0))
+    env.reset(seed=1)
+    for action, flag in [
+        (Action.tap(1.5, 0.5), "tap_outside_screen"),
+        (Action.tap(0.5, 0.999), "tap_missed"),
+        (Action(ActionType.TYPE, text="hi"), "no_focused_field"),
+        (Action(ActionType.SWIPE, direction=SwipeDirection.LEFT), "nothing_to_scroll"),
+        ("not an action", "unknown_action"),
+    ]:
+        _, reward, terminated, _, info = env.step(action)
+        assert info["invalid_action"] == flag and reward == 0.0 and not terminated
+
+
+def _labels(env) -> list[str]:
+    return [e.text or e.content_desc for e in env.phone.screen().elements]
+
+
+def test_layout_is_randomized_per_episode():
+    env = SimPhoneEnv(SimPhoneConfig(dialog_probability=0.0))
+    homes, sections = set(), set()
+    for seed in range(6):
+        env.reset(seed=seed)
+        homes.add(tuple(_labels(env)))
+        env.phone.open_app("Settings")
+        sections.add(tuple(_labels(env)))
+    assert len(homes) > 1 and len(sections) > 1
+
+
+def test_long_lists_scroll_and_dialogs_block_until_dismissed():
+    env = SimPhoneEnv(SimPhoneConfig(dialog_probability=1.0))
+    env.reset(seed=3)
+    env.phone.open_app("Contacts")
+    assert "Don't allow" in _labels(env) and "Create contact" not in _labels(env)
+    env.step(Action(ActionType.PRESS_BACK))  # back dismisses the dialog, not the app
+    assert env.phone.app == "Contacts" and "Create contact" in _labels(env)
+    names = sorted(c["name"] for c in env.phone.state["contacts"])
+    first_screen = set(_labels(env))
+    assert names[-1] not in first_screen  # the list is longer than the screen
+    scrollable = [e for e in env.phone.screen().elements if e.scrollable]
+    assert scrollable
+    for _ in range(5):
+        env.step(Action(ActionType.SWIPE, direction=SwipeDirection.UP))
+    assert names[-1] in _labels(env)
+    assert names[0] not in _labels(env)
+
+
+def test_success_on_complete_versus_any_step():
+    task = task_lib.bind(
+        next(t for t in task_lib.load_templates("general") if t.id == "app.open"), {"app": "Camera"}
+    )
+    for success_on, expect_done_on_open in (("any_step", True), ("complete", False)):
+        env = SimPhoneEnv(SimPhoneConfig(success_on=success_on, dialog_probability=0.0))
+        obs, _ = env.reset(seed=0, options={"task": task})
+        oracle = Oracle(task.plan)
+        while env.phone.app != "Camera":
+            obs, reward, terminated, _, _ = env.step(oracle.act(obs))
+        assert terminated == expect_done_on_open and reward == float(expect_done_on_open)
+        if not terminated:
+            _, reward, terminated, _, info = env.step(Action(ActionType.STATUS_COMPLETE))
+            assert terminated and reward == 1.0 and info["reason"] == "task completed"
+
+
+def test_screenshot_observation():
+    env = SimPhoneEnv(SimPhoneConfig(screenshot=(54, 120)))
+    obs, _ = env.reset(seed=0)
+    assert obs.screenshot.shape == (120, 54, 3) and obs.screenshot.dtype == np.uint8
+    assert obs.screenshot.std() > 0
