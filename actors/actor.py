@@ -15,7 +15,7 @@ from collections import Counter
 
 from actors.config import ActorConfig
 from actors.connection import LearnerConnection
-from actors.envs.standin import StandInPhoneEnv
+from actors.envs.factory import make_env, task_name
 from actors.policy_runner import PolicyRunner, to_action
 from common import featurize, protocol
 from common.config import ModelConfig
@@ -69,10 +69,10 @@ class Actor:
         if runner.params is None:
             return
 
-        envs = [StandInPhoneEnv(max_steps=max_steps) for _ in range(cfg.num_envs)]
+        envs = [make_env(cfg.env, max_steps, cfg.tasks, cfg.split) for _ in range(cfg.num_envs)]
         first_seed = cfg.seed * 100_003 + self.stats["rejoins"] * 1009
         observations = [env.reset(seed=first_seed + i)[0] for i, env in enumerate(envs)]
-        episodes = [Trajectory(env.task.family) for env in envs]
+        episodes = [Trajectory(task_name(env)) for env in envs]
         seq = 0
         last_beat = last_status = time.monotonic()
         while not self._should_stop():
@@ -102,7 +102,7 @@ class Actor:
                     finished.append(protocol.trajectory_fields(episode))
                     self.stats["successes"] += episode.success
                     obs, _ = env.reset()
-                    episodes[i] = Trajectory(env.task.family)
+                    episodes[i] = Trajectory(task_name(env))
                 observations[i] = obs
             if finished:
                 seq += 1

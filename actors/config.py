@@ -15,6 +15,12 @@ class ActorConfig:
     """The learner's ingest (ROUTER) port."""
     params_port: int = 5556
     """The learner's parameter (PUB) port."""
+    env: str = "standin"
+    """Environment backend: "standin" (a tiny phone with four task families) or "simphone" (the built-in phone)."""
+    tasks: str = "general"
+    """SimPhone tasks: a shipped suite ("general", "webshop"), a task .json file, or a folder of them."""
+    split: str = "train"
+    """SimPhone split to draw tasks from: "train" or "test"."""
     num_envs: int = 16
     """Environments stepped together; inference runs on all of them in one batched, jitted call."""
     seed: int = 0

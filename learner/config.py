@@ -22,6 +22,12 @@ class LearnerConfig:
     """PUB port for parameter snapshots (0 picks a free port)."""
     local_actors: int = 0
     """Actor processes to start on loopback (the one-command demo); 0 means actors connect from elsewhere."""
+    env: str = "standin"
+    """Environment of the local actors: "standin" or "simphone" (passed as their --env)."""
+    tasks: str = "general"
+    """SimPhone tasks of the local actors (a suite name, a .json file or a folder)."""
+    split: str = "train"
+    """SimPhone split of the local actors."""
     envs_per_actor: int = 16
     """Environments each local actor runs (batched inference)."""
     time_limit: float = 0.0

@@ -13,7 +13,14 @@ class LocalActors:
     """N `python -m actors` children, each with its own log file in the run dir."""
 
     def __init__(
-        self, count: int, ingest_port: int, params_port: int, num_envs: int, seed: int, run_dir: Path
+        self,
+        count: int,
+        ingest_port: int,
+        params_port: int,
+        num_envs: int,
+        seed: int,
+        run_dir: Path,
+        extra_args: tuple[str, ...] = (),
     ):
         self.procs: list[subprocess.Popen] = []
         self._logs = []
@@ -33,6 +40,7 @@ class LocalActors:
                 "--seed", str(seed * 1000 + i),
                 "--name", f"local-{i}",
                 "--parent-pid", str(os.getpid()),
+                *extra_args,
             ]  # fmt: skip
             self.procs.append(subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env))
 

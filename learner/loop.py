@@ -116,6 +116,7 @@ def run(cfg: LearnerConfig, console: Console | None = None) -> dict:
             cfg.envs_per_actor,
             cfg.seed,
             cfg.run_dir,
+            extra_args=("--env", cfg.env, "--tasks", cfg.tasks, "--split", cfg.split),
         )
         console.print(
             f"learner: started {cfg.local_actors} local actor(s), logs in {cfg.run_dir}/actor-*.log"
@@ -215,7 +216,13 @@ def run(cfg: LearnerConfig, console: Console | None = None) -> dict:
 
 
 def _print_progress(console: Console, m: dict) -> None:
-    tasks = " ".join(f"{k} {v:.2f}" for k, v in m["success_by_task"].items())
+    by_task = m["success_by_task"]
+    if len(by_task) > 6:  # many templates (SimPhone): show the mean per app family instead
+        families: dict[str, list[float]] = {}
+        for name, rate in by_task.items():
+            families.setdefault(name.split(".")[0], []).append(rate)
+        by_task = {k: sum(v) / len(v) for k, v in families.items()}
+    tasks = " ".join(f"{k} {v:.2f}" for k, v in by_task.items())
     console.print(
         f"{m['wall']:6.1f}s upd {m['update']:5d} v{m['policy_version']:<4d} eps {m['episodes']:6d} "
         f"success {m['success_rate']:.2f} lag {m['policy_lag_mean']:.1f} actors {m['actors']} "

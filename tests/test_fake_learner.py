@@ -214,3 +214,21 @@ def test_actor_joins_again_when_the_learner_forgets_it(fake_learner, actor_procs
     rc, out = stop_and_read(proc)
     assert rc == 0, out
     assert "joining again" in out and "'rejoins': 1" in out
+
+
+def test_actor_streams_simphone_episodes(fake_learner, actor_procs):
+    proc = start_actor(
+        fake_learner.ingest_port, fake_learner.params_port, "--env", "simphone", "--tasks", "webshop"
+    )
+    actor_procs.append(proc)
+    identity, _ = fake_learner.recv_kind(protocol.HELLO)
+    fake_learner.welcome(identity)
+    fake_learner.recv_kind(protocol.PARAM_REQ)
+    fake_learner.router.send_multipart([identity, *fake_learner.params_frames(0)])
+    _, traj = fake_learner.recv_kind(protocol.TRAJ)
+    eps = protocol.validate_episodes(traj, featurize.feature_spec(TINY), MAX_STEPS, 0, TINY.vocab_size)
+    assert all(ep.task.startswith("shop.") for ep in eps)
+    # A SimPhone screen has real content: elements beyond the status bar and instruction words.
+    assert all(ep.obs["elem_mask"][0].sum() >= 4 and ep.obs["instr_mask"][0].sum() >= 3 for ep in eps)
+    rc, out = stop_and_read(proc)
+    assert rc == 0, out

@@ -61,6 +61,19 @@ boolean `true` (a wildcard path: if any element is `true`). Numbers, strings, `n
 `count()` there are compile errors, as are other mismatches visible before evaluation (`count(x, true)
 == "2"`, `x < true`, `x in 3`, a wildcard right of `==`, `$` outside a quantifier).
 
+## Grammar
+
+    predicate = or_expr ;
+    or_expr   = and_expr { "or" and_expr } ;
+    and_expr  = cmp_expr { "and" cmp_expr } ;
+    cmp_expr  = unary [ cmp_op unary ] ;   (* left unary may not be a bare "not ..." *)
+    unary     = "not" unary | atom ;
+    atom      = [ "-" ] number | string | "true" | "false" | "null" | path | "(" or_expr ")"
+              | ( "len" | "lower" ) "(" or_expr ")"
+              | ( "any" | "all" | "count" ) "(" path "," or_expr ")" ;
+    path      = ( name | "$" ) { "." name | "[" ( [ "-" ] integer | "*" | string ) "]" } ;
+    cmp_op    = "==" | "!=" | "<" | "<=" | ">" | ">=" | "in" | "contains" ;
+
 `Predicate.paths` lists the state paths used outside quantifier conditions (including each outermost
 quantifier's LIST), with every index written `[*]`: `contacts[0].name` is reported as
 `contacts[*].name`, `any(clock.alarms, ...)` as `clock.alarms`.
