@@ -33,8 +33,8 @@ def feature_spec(cfg: ModelConfig) -> dict[str, tuple[tuple[int, ...], str]]:
 
 
 def instruction_words(instruction: str, cfg: ModelConfig) -> list[str]:
-    """The words the typed-text pointer indexes into."""
-    return tokenizer.words(instruction)[: cfg.max_instruction_tokens]
+    """The words (as written) the typed-text pointer indexes into."""
+    return tokenizer.surface_words(instruction)[: cfg.max_instruction_tokens]
 
 
 def featurize(obs: Observation, cfg: ModelConfig) -> dict[str, np.ndarray]:
@@ -68,7 +68,7 @@ def featurize(obs: Observation, cfg: ModelConfig) -> dict[str, np.ndarray]:
         )
     instr_feats = np.zeros((li, NUM_INSTRUCTION_FEATURES), np.float32)
     for i, w in enumerate(instruction_words(obs.instruction, cfg)):
-        instr_feats[i, 0] = w in screen_words
+        instr_feats[i, 0] = w.lower() in screen_words
     return {
         "instr_tokens": instr_tokens,
         "instr_mask": instr_mask,

@@ -1,24 +1,38 @@
 """A hashing word tokenizer: stable across processes and machines, nothing to download.
 
-Words are lower-cased runs of letters and digits; each maps to `1 + crc32(word) % (vocab_size - 1)`,
+Words are whitespace-separated tokens with surrounding punctuation stripped and a possessive "'s"
+dropped, so "newegg.com,", "7:30", "555-0134", "Wi-Fi" and "Garcia's" become "newegg.com", "7:30",
+"555-0134", "Wi-Fi" and "Garcia": the units a policy types into a text field. Tokens without a letter or
+digit ("&", "-") are skipped. Each word, lower-cased, maps to `1 + crc32(word) % (vocab_size - 1)`,
 leaving id 0 for padding. Collisions are rare at the default vocabulary size and harmless for a policy
 that also sees word-overlap features.
 """
 
 from __future__ import annotations
 
-import re
 import zlib
 
 import numpy as np
 
-_WORD = re.compile(r"[a-z0-9]+")
 PAD_ID = 0
+_PUNCTUATION = "\"'`.,;:!?()[]{}<>%*"
+
+
+def surface_words(text: str) -> list[str]:
+    """The words of `text` as written (case kept): what the typed-text pointer can type."""
+    out = []
+    for raw in text.split():
+        word = raw.strip(_PUNCTUATION)
+        if word.lower().endswith("'s"):
+            word = word[:-2].strip(_PUNCTUATION)
+        if any(c.isalnum() for c in word):
+            out.append(word)
+    return out
 
 
 def words(text: str) -> list[str]:
-    """Split text into the words the tokenizer hashes (lower case, letters and digits)."""
-    return _WORD.findall(text.lower())
+    """The lower-cased words the tokenizer hashes."""
+    return [w.lower() for w in surface_words(text)]
 
 
 def word_id(word: str, vocab_size: int) -> int:

@@ -37,14 +37,19 @@ def crc32_ref(data: bytes) -> int:
 
 
 def words_ref(text: str) -> list[str]:
-    out, cur = [], ""
-    for ch in text.lower():
-        if ch in string.ascii_lowercase or ch in string.digits:
-            cur += ch
-        elif cur:
-            out.append(cur)
-            cur = ""
-    return [*out, cur] if cur else out
+    """Whitespace tokens, surrounding punctuation and a possessive 's removed, kept if alphanumeric."""
+    punct = "\"'`.,;:!?()[]{}<>%*"
+    out = []
+    for token in text.lower().split():
+        while token and token[0] in punct:
+            token = token[1:]
+        while token and token[-1] in punct:
+            token = token[:-1]
+        if token.endswith("'s"):
+            token = token[:-2].strip(punct)
+        if any(ch.isalnum() for ch in token):
+            out.append(token)
+    return out
 
 
 def id_ref(word: str, vocab: int = V) -> int:
@@ -66,7 +71,18 @@ def test_word_ids_are_fixed():
 
 
 def test_words():
-    assert tokenizer.words("Turn ON Wi-Fi, now!! 5G_x") == ["turn", "on", "wi", "fi", "now", "5g", "x"]
+    assert tokenizer.words("Turn ON Wi-Fi, now!! 5G_x") == ["turn", "on", "wi-fi", "now", "5g_x"]
+    assert tokenizer.words("Go to newegg.com, & call 555-0134 at 7:30 (Garcia's)") == [
+        "go", "to", "newegg.com", "call", "555-0134", "at", "7:30", "garcia",
+    ]  # fmt: skip
+    assert tokenizer.surface_words("Text Maria Garcia: 'On my way'") == [
+        "Text",
+        "Maria",
+        "Garcia",
+        "On",
+        "my",
+        "way",
+    ]
     assert tokenizer.words("  ") == []
     assert tokenizer.words("Search for 'tokyo' in the Browser") == [
         "search",
@@ -161,17 +177,17 @@ def test_feature_spec_shapes():
 def test_featurize_hand_computed():
     f = featurize.featurize(OBS, CFG)
     assert_matches_spec(f)
-    words = ["turn", "on", "wi", "fi", "please"]
-    np.testing.assert_array_equal(f["instr_tokens"], [*(id_ref(w) for w in words), 0])
-    np.testing.assert_array_equal(f["instr_mask"], [True] * 5 + [False])
-    # visible: turn (element 3), wi and fi (element 1); "please" only on element 4, which is cut
-    np.testing.assert_array_equal(f["instr_feats"][:, 0], [1, 0, 1, 1, 0, 0])
+    words = ["turn", "on", "wi-fi", "please"]
+    np.testing.assert_array_equal(f["instr_tokens"], [*(id_ref(w) for w in words), 0, 0])
+    np.testing.assert_array_equal(f["instr_mask"], [True] * 4 + [False] * 2)
+    # visible: turn (element 3), wi-fi (element 1); "please" only on element 4, which is cut
+    np.testing.assert_array_equal(f["instr_feats"][:, 0], [1, 0, 1, 0, 0, 0])
     np.testing.assert_array_equal(f["elem_mask"], [True] * 4)
     np.testing.assert_array_equal(
         f["elem_tokens"],
         [
-            [id_ref("12"), id_ref("00"), 0],
-            [id_ref("wi"), id_ref("fi"), 0],
+            [id_ref("12:00"), 0, 0],
+            [id_ref("wi-fi"), 0, 0],
             [id_ref("bluetooth"), 0, 0],
             [id_ref("turn"), id_ref("notes"), 0],
         ],
@@ -219,7 +235,7 @@ def test_more_elements_than_max_are_cut_and_fewer_are_padded():
 
 def test_instruction_words_and_truncation():
     text = "Search for jazz in the Browser right now"
-    assert featurize.instruction_words(text, CFG) == ["search", "for", "jazz", "in", "the", "browser"]
+    assert featurize.instruction_words(text, CFG) == ["Search", "for", "jazz", "in", "the", "Browser"]
     f = featurize.featurize(Observation(text, ()), CFG)
     assert f["instr_mask"].all() and (f["instr_tokens"] == [id_ref(w) for w in words_ref(text)[:6]]).all()
 

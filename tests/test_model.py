@@ -224,7 +224,7 @@ def test_to_action_tap_uses_the_screen_size():
 
 
 def test_to_action_type_uses_the_chosen_instruction_word():
-    words = ["write", "milk", "in", "the", "notes"]  # lower-cased, cut at max_instruction_tokens
+    words = ["Write", "Milk", "in", "the", "Notes"]  # as written (case kept), cut at max_instruction_tokens
     for i, w in enumerate(words):
         action = to_action(OBS, PolicyChoice(int(ActionType.TYPE), element=1, word=i), CFG)
         assert action == Action(ActionType.TYPE, text=w)

@@ -192,3 +192,21 @@ def test_screenshot_observation():
     obs, _ = env.reset(seed=0)
     assert obs.screenshot.shape == (120, 54, 3) and obs.screenshot.dtype == np.uint8
     assert obs.screenshot.std() > 0
+
+
+def test_phrase_typed_word_by_word_gets_spaces():
+    task = task_lib.bind(
+        next(t for t in task_lib.load_templates("general") if t.id == "notes.write"), {"n": "pay rent"}
+    )
+    env = SimPhoneEnv(SimPhoneConfig(dialog_probability=0.0))
+    env.reset(seed=0, options={"task": task})
+    env.phone.open_app("Notes")
+    env.phone.push(env.phone.apps["Notes"].root().__class__("edit"))
+    field = next(e for e in env.phone.screen().elements if "EditText" in e.cls)
+    env.step(Action.tap(field.center[0] / 1080, field.center[1] / 2400))
+    for word in ("pay", "rent"):
+        env.step(Action(ActionType.TYPE, text=word))
+    assert env.phone.page().fields["text"] == "pay rent"
+    save = next(e for e in env.phone.screen().elements if e.text == "Save")
+    _, reward, terminated, _, _ = env.step(Action.tap(save.center[0] / 1080, save.center[1] / 2400))
+    assert terminated and reward == 1.0

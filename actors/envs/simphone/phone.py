@@ -158,8 +158,11 @@ class SimPhone:
             if self.dialog or page is None or page.focused is None:
                 return "no_focused_field"
             # Tapping a field selects its text (as many Android forms do), so the first `type` replaces it.
+            # Text typed after existing text gets a space first, as a keyboard's word suggestions do, so a
+            # policy that types one instruction word at a time can enter a phrase.
             old = "" if page.select_all else page.fields.get(page.focused, "")
-            page.fields[page.focused] = old + action.text
+            space = " " if old and not old.endswith(" ") and not action.text.startswith(" ") else ""
+            page.fields[page.focused] = old + space + action.text
             page.select_all = False
             self._changed()
             return None
