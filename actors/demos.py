@@ -1,0 +1,243 @@
+"""Warm-up demonstrations: the SimPhone oracle plays tasks, optionally with random actions mixed in,
+and the episodes are written in the learner's own trajectory format (TRAJ episodes, docs/PROTOCOL.md).
+
+Every recorded step is something the default policy can do: a tap is the index of the tapped element,
+a typed phrase becomes one `type` per instruction word (SimPhone spaces them), so the behavior
+log-prob of each step is exact under the behavior policy "oracle with probability 1 - noise, else a
+uniformly random action of the policy's action space". Episodes the policy could not express (a tap
+on an element beyond `max_elements`, text that is not made of instruction words) are skipped and
+counted.
+
+File layout: records, each a u32 little-endian byte count followed by one wire message (msgpack,
+common/wire.py): first a header
+    {"v": 1, "kind": "DEMOS", "model": ModelConfig, "max_steps": int, "tasks": str, "split": str}
+then TRAJ messages (`actor_id` 0, `seq` 1, 2, ...) of up to 64 episodes each. `load_demos` reads and
+validates them exactly as the learner validates an actor's TRAJ.
+"""
+
+from __future__ import annotations
+
+import math
+import struct
+import time
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from actors.envs.simphone.env import SimPhoneConfig, SimPhoneEnv
+from actors.envs.simphone.oracle import Oracle
+from common import featurize, protocol, wire
+from common.config import ModelConfig
+from common.types import (
+    NUM_ACTION_TYPES,
+    NUM_SWIPE_DIRECTIONS,
+    Action,
+    ActionType,
+    Observation,
+    PolicyChoice,
+    Step,
+    Trajectory,
+)
+
+EPISODES_PER_MESSAGE = 64
+
+
+@dataclass
+class DemosConfig:
+    """Write oracle demonstrations on SimPhone tasks for warm-up."""
+
+    out: Path = Path("demos.msgpack")
+    """File to write (overwritten)."""
+    tasks: str = "general"
+    """A shipped suite ("general", "webshop"), a task .json file, or a folder of them."""
+    split: str = "train"
+    """"train" or "test"."""
+    episodes: int = 500
+    """Episodes to write (skipped ones do not count)."""
+    noise: float = 0.0
+    """Share of steps where a uniformly random action replaces the oracle's."""
+    max_steps: int = 20
+    """Step limit per episode (use the learner's --max-steps for data it will accept)."""
+    seed: int = 0
+    """Seed of tasks, layouts and noise."""
+    model: ModelConfig = field(default_factory=ModelConfig)
+    """Featurizer sizes (must match the learner's model)."""
+
+
+class Inexpressible(Exception):
+    """The oracle did something the policy's action space cannot represent."""
+
+
+def _choices(obs: Observation, action: Action, cfg: ModelConfig) -> list[PolicyChoice]:
+    """The policy choices that perform `action` (several for a phrase typed word by word)."""
+    kind = int(action.type)
+    if action.type == ActionType.TAP:
+        point = (round(action.x * obs.screen_size[0]), round(action.y * obs.screen_size[1]))
+        for i, el in enumerate(obs.elements[: cfg.max_elements]):
+            if el.center == point:
+                return [PolicyChoice(kind, element=i)]
+        raise Inexpressible("tap target beyond max_elements")
+    if action.type == ActionType.TYPE:
+        words = featurize.instruction_words(obs.instruction, cfg)
+        out = []
+        for w in action.text.split():
+            if w not in words:
+                raise Inexpressible(f"typed word {w!r} is not an instruction word")
+            out.append(PolicyChoice(kind, word=words.index(w)))
+        return out
+    if action.type == ActionType.SWIPE:
+        return [PolicyChoice(kind, direction=int(action.direction))]
+    return [PolicyChoice(kind)]
+
+
+def _to_action(obs: Observation, c: PolicyChoice, cfg: ModelConfig) -> Action:
+    from actors.policy_runner import to_action
+
+    return to_action(obs, c, cfg)
+
+
+def _random_choice(rng: np.random.Generator, n_elements: int, n_words: int) -> PolicyChoice:
+    return PolicyChoice(
+        int(rng.integers(NUM_ACTION_TYPES)),
+        element=int(rng.integers(max(n_elements, 1))),
+        word=int(rng.integers(max(n_words, 1))),
+        direction=int(rng.integers(NUM_SWIPE_DIRECTIONS)),
+    )
+
+
+def _random_prob(c: PolicyChoice, n_elements: int, n_words: int) -> float:
+    """Probability of choice `c` under the uniform random action of the policy's action space."""
+    p = 1.0 / NUM_ACTION_TYPES
+    if c.action_type == ActionType.TAP:
+        p /= max(n_elements, 1)
+    elif c.action_type == ActionType.TYPE:
+        p /= max(n_words, 1)
+    elif c.action_type == ActionType.SWIPE:
+        p /= NUM_SWIPE_DIRECTIONS
+    return p
+
+
+def _same(a: PolicyChoice, b: PolicyChoice) -> bool:
+    """Two choices that are the same complete action (unused arguments do not matter)."""
+    if a.action_type != b.action_type:
+        return False
+    return {
+        ActionType.TAP: a.element == b.element,
+        ActionType.TYPE: a.word == b.word,
+        ActionType.SWIPE: a.direction == b.direction,
+    }.get(ActionType(a.action_type), True)
+
+
+def record_episode(
+    env: SimPhoneEnv, seed: int, noise: float, rng: np.random.Generator, cfg: ModelConfig
+) -> Trajectory:
+    obs, info = env.reset(seed=seed)
+    oracle = Oracle(env.task.plan)
+    traj = Trajectory(info["task"])
+    pending: list[PolicyChoice] = []
+    done = False
+    while not done:
+        n_el = min(len(obs.elements), cfg.max_elements)
+        n_words = len(featurize.instruction_words(obs.instruction, cfg))
+        if not pending:
+            pending = _choices(obs, oracle.act(obs), cfg)
+        expert = pending[0]
+        if rng.random() < noise:
+            choice = _random_choice(rng, n_el, n_words)
+            pending = []  # the oracle re-plans from whatever the random action did
+        else:
+            choice = pending.pop(0)
+        p = (1 - noise) * _same(choice, expert) + noise * _random_prob(choice, n_el, n_words)
+        features = featurize.featurize(obs, cfg)
+        obs, reward, terminated, truncated, info = env.step(_to_action(obs, choice, cfg))
+        done = terminated or truncated
+        traj.steps.append(Step(features, choice, math.log(p), float(reward), done, 0))
+    traj.final_features = featurize.featurize(obs, cfg)
+    traj.success = bool(info["success"])
+    traj.truncated = bool(truncated and not terminated)
+    return traj
+
+
+def write_demos(cfg: DemosConfig, log=print) -> Counter:
+    if not 0.0 <= cfg.noise <= 1.0:
+        raise ValueError(f"--noise must be in [0, 1], got {cfg.noise}")
+    env = SimPhoneEnv(SimPhoneConfig(tasks=cfg.tasks, split=cfg.split, max_steps=cfg.max_steps))
+    rng = np.random.default_rng(cfg.seed)
+    stats: Counter = Counter()
+    batch: list[dict] = []
+    start = last = time.monotonic()
+    with cfg.out.open("wb") as f:
+        header = protocol.message(
+            "DEMOS", model=cfg.model.to_dict(), max_steps=cfg.max_steps, tasks=cfg.tasks, split=cfg.split
+        )
+        _write_record(f, wire.encode(header))
+        seed = cfg.seed * 1_000_003
+        while stats["written"] < cfg.episodes:
+            seed += 1
+            try:
+                traj = record_episode(env, seed, cfg.noise, rng, cfg.model)
+            except Inexpressible:
+                stats["skipped_inexpressible"] += 1
+                continue
+            batch.append(protocol.trajectory_fields(traj))
+            stats["written"] += 1
+            stats["successes"] += traj.success
+            stats["steps"] += len(traj.steps)
+            if len(batch) == EPISODES_PER_MESSAGE or stats["written"] == cfg.episodes:
+                stats["messages"] += 1
+                msg = protocol.message(protocol.TRAJ, actor_id=0, seq=stats["messages"], episodes=batch)
+                _write_record(f, wire.encode(msg))
+                batch = []
+            if time.monotonic() - last > 2:
+                last = time.monotonic()
+                log(
+                    f"demos: {stats['written']}/{cfg.episodes} episodes, success {stats['successes'] / stats['written']:.2f}"
+                )
+    log(f"demos: wrote {stats['written']} episodes ({stats['steps']} steps, success rate "
+        f"{stats['successes'] / max(stats['written'], 1):.2f}, skipped {stats['skipped_inexpressible']}) "
+        f"to {cfg.out} in {time.monotonic() - start:.1f}s")  # fmt: skip
+    return stats
+
+
+def _write_record(f, data: bytes) -> None:
+    f.write(struct.pack("<I", len(data)))
+    f.write(data)
+
+
+def _records(path: Path):
+    data = Path(path).read_bytes()
+    pos = 0
+    while pos < len(data):
+        if pos + 4 > len(data):
+            raise ValueError(f"{path}: truncated record header at byte {pos}")
+        (size,) = struct.unpack_from("<I", data, pos)
+        if pos + 4 + size > len(data):
+            raise ValueError(f"{path}: truncated record at byte {pos} (file cut short?)")
+        yield data[pos + 4 : pos + 4 + size]
+        pos += 4 + size
+
+
+def load_demos(path: Path, model: ModelConfig) -> list[protocol.Episode]:
+    """Read a demos file and validate every episode as the learner validates an actor's TRAJ."""
+    records = _records(path)
+    try:
+        header = wire.decode(next(records))
+    except (StopIteration, wire.WireError) as e:
+        raise ValueError(f"{path}: not a demos file ({e or 'empty'})") from e
+    if not isinstance(header, dict) or header.get("kind") != "DEMOS":
+        raise ValueError(f"{path}: not a demos file (no DEMOS header)")
+    if ModelConfig.from_dict(header["model"]) != model:
+        raise ValueError(f"{path}: recorded for model {header['model']}, the learner uses {model.to_dict()}")
+    episodes = []
+    for record in records:
+        msg = protocol.parse(record)
+        episodes += protocol.validate_episodes(
+            msg,
+            featurize.feature_spec(model),
+            header["max_steps"],
+            newest_version=0,
+            vocab_size=model.vocab_size,
+        )
+    return episodes
