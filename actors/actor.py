@@ -16,6 +16,7 @@ from collections import Counter
 from actors.config import ActorConfig
 from actors.connection import LearnerConnection
 from actors.envs.factory import make_env, task_name
+from actors.envs.simphone.emulator import DeviceFault
 from actors.policy_runner import PolicyRunner, to_action
 from common import featurize, protocol
 from common.config import ModelConfig
@@ -69,7 +70,9 @@ class Actor:
         if runner.params is None:
             return
 
-        envs = [make_env(cfg.env, max_steps, cfg.tasks, cfg.split) for _ in range(cfg.num_envs)]
+        envs = [
+            make_env(cfg.env, max_steps, cfg.tasks, cfg.split, cfg.emulator, i) for i in range(cfg.num_envs)
+        ]
         first_seed = cfg.seed * 100_003 + self.stats["rejoins"] * 1009
         observations = [env.reset(seed=first_seed + i)[0] for i, env in enumerate(envs)]
         episodes = [Trajectory(task_name(env)) for env in envs]
@@ -87,9 +90,16 @@ class Actor:
             finished = []
             for i, env in enumerate(envs):
                 episode, choice = episodes[i], choices[i]
-                obs, reward, terminated, truncated, info = env.step(
-                    to_action(observations[i], choice, model_cfg)
-                )
+                try:
+                    obs, reward, terminated, truncated, info = env.step(
+                        to_action(observations[i], choice, model_cfg)
+                    )
+                except DeviceFault as fault:
+                    # The device failed mid-step: the episode ends here, truncated (it would have gone
+                    # on), with the last observation we have; reset() restarts or reconnects the device.
+                    self.stats[f"device_{fault.kind}"] += 1
+                    obs, reward, terminated, truncated = observations[i], 0.0, False, True
+                    info = {"success": False, "fault": fault.kind}
                 done = terminated or truncated
                 episode.steps.append(
                     Step(features[i], choice, float(logps[i]), float(reward), done, runner.version)

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+
+from actors.envs.simphone.emulator import EmulatorModelConfig
 
 
 @dataclass
@@ -37,5 +39,7 @@ class ActorConfig:
     """Seconds between heartbeats to the learner."""
     status_every: float = 10.0
     """Seconds between status lines on the console."""
+    emulator: EmulatorModelConfig = field(default_factory=EmulatorModelConfig)
+    """Make every environment behave like a real emulator (latency, stalls, faults); off by default."""
     parent_pid: int = 0
     """Exit when this process is gone (set by `python -m learner --local-actors`)."""

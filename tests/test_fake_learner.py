@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import signal
 import subprocess
 import sys
@@ -232,3 +233,28 @@ def test_actor_streams_simphone_episodes(fake_learner, actor_procs):
     assert all(ep.obs["elem_mask"][0].sum() >= 4 and ep.obs["instr_mask"][0].sum() >= 3 for ep in eps)
     rc, out = stop_and_read(proc)
     assert rc == 0, out
+
+
+def test_actor_survives_emulator_faults(fake_learner, actor_procs):
+    faults = ("--emulator.enabled", "--emulator.time-scale", "0.0005", "--emulator.crash-prob", "0.05",
+              "--emulator.hang-prob", "0.05", "--emulator.disconnect-prob", "0.05")  # fmt: skip
+    proc = start_actor(fake_learner.ingest_port, fake_learner.params_port, "--env", "simphone", *faults)
+    actor_procs.append(proc)
+    identity, _ = fake_learner.recv_kind(protocol.HELLO)
+    fake_learner.welcome(identity)
+    fake_learner.recv_kind(protocol.PARAM_REQ)
+    fake_learner.router.send_multipart([identity, *fake_learner.params_frames(0)])
+    spec = featurize.feature_spec(TINY)
+    truncated_early = 0
+    deadline = time.monotonic() + 60
+    while truncated_early < 3 and time.monotonic() < deadline:
+        _, traj = fake_learner.recv_kind(protocol.TRAJ)
+        for ep in protocol.validate_episodes(traj, spec, MAX_STEPS, 0, TINY.vocab_size):
+            truncated_early += (
+                ep.truncated and ep.length < MAX_STEPS
+            )  # only a device fault cuts an episode short
+    assert truncated_early >= 3, "no fault-interrupted episode arrived"
+    rc, out = stop_and_read(proc)
+    assert rc == 0, out
+    counted = sum(int(n) for n in re.findall(r"'device_(?:crash|hang|disconnect)': (\d+)", out))
+    assert counted >= 3, out  # every fault is counted by kind
