@@ -17,8 +17,8 @@ class ActorConfig:
     """The learner's ingest (ROUTER) port."""
     params_port: int = 5556
     """The learner's parameter (PUB) port."""
-    env: str = "standin"
-    """Environment backend: "standin" (a tiny phone with four task families) or "simphone" (the built-in phone)."""
+    env: str = "simphone"
+    """Environment backend: "simphone" (the built-in phone) or "standin" (a tiny phone with four task families)."""
     tasks: str = "general"
     """SimPhone tasks: a shipped suite ("general", "webshop"), a task .json file, or a folder of them."""
     split: str = "train"

@@ -11,14 +11,13 @@ counted.
 File layout: records, each a u32 little-endian byte count followed by one wire message (msgpack,
 common/wire.py): first a header
     {"v": 1, "kind": "DEMOS", "model": ModelConfig, "max_steps": int, "tasks": str, "split": str}
-then TRAJ messages (`actor_id` 0, `seq` 1, 2, ...) of up to 64 episodes each. `load_demos` reads and
-validates them exactly as the learner validates an actor's TRAJ.
+then TRAJ messages (`actor_id` 0, `seq` 1, 2, ...) of up to 64 episodes each (common/trajectory_file.py).
+`load_demos` reads and validates them exactly as the learner validates an actor's TRAJ.
 """
 
 from __future__ import annotations
 
 import math
-import struct
 import time
 from collections import Counter
 from dataclasses import dataclass, field
@@ -28,7 +27,7 @@ import numpy as np
 
 from actors.envs.simphone.env import SimPhoneConfig, SimPhoneEnv
 from actors.envs.simphone.oracle import Oracle
-from common import featurize, protocol, wire
+from common import featurize, protocol, trajectory_file, wire
 from common.config import ModelConfig
 from common.types import (
     NUM_ACTION_TYPES,
@@ -172,7 +171,7 @@ def write_demos(cfg: DemosConfig, log=print) -> Counter:
         header = protocol.message(
             "DEMOS", model=cfg.model.to_dict(), max_steps=cfg.max_steps, tasks=cfg.tasks, split=cfg.split
         )
-        _write_record(f, wire.encode(header))
+        trajectory_file.write_record(f, wire.encode(header))
         seed = cfg.seed * 1_000_003
         while stats["written"] < cfg.episodes:
             seed += 1
@@ -188,7 +187,7 @@ def write_demos(cfg: DemosConfig, log=print) -> Counter:
             if len(batch) == EPISODES_PER_MESSAGE or stats["written"] == cfg.episodes:
                 stats["messages"] += 1
                 msg = protocol.message(protocol.TRAJ, actor_id=0, seq=stats["messages"], episodes=batch)
-                _write_record(f, wire.encode(msg))
+                trajectory_file.write_record(f, wire.encode(msg))
                 batch = []
             if time.monotonic() - last > 2:
                 last = time.monotonic()
@@ -201,43 +200,4 @@ def write_demos(cfg: DemosConfig, log=print) -> Counter:
     return stats
 
 
-def _write_record(f, data: bytes) -> None:
-    f.write(struct.pack("<I", len(data)))
-    f.write(data)
-
-
-def _records(path: Path):
-    data = Path(path).read_bytes()
-    pos = 0
-    while pos < len(data):
-        if pos + 4 > len(data):
-            raise ValueError(f"{path}: truncated record header at byte {pos}")
-        (size,) = struct.unpack_from("<I", data, pos)
-        if pos + 4 + size > len(data):
-            raise ValueError(f"{path}: truncated record at byte {pos} (file cut short?)")
-        yield data[pos + 4 : pos + 4 + size]
-        pos += 4 + size
-
-
-def load_demos(path: Path, model: ModelConfig) -> list[protocol.Episode]:
-    """Read a demos file and validate every episode as the learner validates an actor's TRAJ."""
-    records = _records(path)
-    try:
-        header = wire.decode(next(records))
-    except (StopIteration, wire.WireError) as e:
-        raise ValueError(f"{path}: not a demos file ({e or 'empty'})") from e
-    if not isinstance(header, dict) or header.get("kind") != "DEMOS":
-        raise ValueError(f"{path}: not a demos file (no DEMOS header)")
-    if ModelConfig.from_dict(header["model"]) != model:
-        raise ValueError(f"{path}: recorded for model {header['model']}, the learner uses {model.to_dict()}")
-    episodes = []
-    for record in records:
-        msg = protocol.parse(record)
-        episodes += protocol.validate_episodes(
-            msg,
-            featurize.feature_spec(model),
-            header["max_steps"],
-            newest_version=0,
-            vocab_size=model.vocab_size,
-        )
-    return episodes
+load_demos = trajectory_file.load_episodes

@@ -75,3 +75,26 @@ def actor_critic_loss(
         "advantage_mean": jnp.sum(mask * advantage) / count,
         "rho_mean": jnp.sum(mask * rho) / count,
     }
+
+
+def warmup_loss(
+    logp: jax.Array,
+    values: jax.Array,
+    rewards: jax.Array,
+    length: jax.Array,
+    terminal: jax.Array,
+    cfg: LossConfig,
+) -> tuple[jax.Array, dict[str, jax.Array]]:
+    """Behavior cloning on demonstrations, plus the critic regressed on their returns.
+
+    `-mean(log pi(a_demo | s))` over real steps warms the policy up from an oracle; fitting V to the
+    demonstrations' discounted returns warms the critic up, so the first actor-critic advantages after
+    warm-up are not pure noise.
+    """
+    mask = step_mask(length, rewards.shape[1]).astype(jnp.float32)
+    count = jnp.maximum(mask.sum(), 1.0)
+    returns = discounted_returns(rewards, jax.lax.stop_gradient(values), length, terminal, cfg.gamma)
+    bc = -jnp.sum(mask * logp) / count
+    value_loss = 0.5 * jnp.sum(mask * (returns - values[:, :-1]) ** 2) / count
+    total = bc + cfg.value_coef * value_loss
+    return total, {"loss": total, "bc_loss": bc, "value_loss": value_loss}

@@ -22,12 +22,21 @@ class LearnerConfig:
     """PUB port for parameter snapshots (0 picks a free port)."""
     local_actors: int = 0
     """Actor processes to start on loopback (the one-command demo); 0 means actors connect from elsewhere."""
-    env: str = "standin"
-    """Environment of the local actors: "standin" or "simphone" (passed as their --env)."""
+    env: str = "simphone"
+    """Environment of the local actors: "simphone" (the built-in phone) or "standin" (a tiny one)."""
     tasks: str = "general"
     """SimPhone tasks of the local actors (a suite name, a .json file or a folder)."""
     split: str = "train"
     """SimPhone split of the local actors."""
+    demos: Path | None = None
+    """Demonstrations to warm up on (written by `python -m actors demos`)."""
+    warmup_demos: int = 1000
+    """Generate this many SimPhone oracle demonstrations at start-up to warm up on (ignored with --env
+    standin or --demos)."""
+    warmup_noise: float = 0.1
+    """Share of random actions in generated demonstrations."""
+    warmup_updates: int = 150
+    """Updates of behavior cloning on the demonstrations before reinforcement learning starts (0: none)."""
     envs_per_actor: int = 16
     """Environments each local actor runs (batched inference)."""
     time_limit: float = 0.0
@@ -36,7 +45,7 @@ class LearnerConfig:
     """Stop after this many updates (0 = no limit)."""
     batch_size: int = 32
     """Episodes per update."""
-    max_steps: int = 8
+    max_steps: int = 12
     """Longest episode in steps; actors truncate there and the learner refuses longer ones."""
     queue_capacity: int = 1024
     """Episodes waiting for training; beyond it the oldest are dropped (counted as dropped_episodes)."""

@@ -10,7 +10,7 @@ import optax
 from flax import nnx
 
 from common import distribution, model
-from learner.algorithm import LossConfig, actor_critic_loss
+from learner.algorithm import LossConfig, actor_critic_loss, warmup_loss
 
 
 def make_optimizer(learning_rate: float, max_grad_norm: float, weight_decay: float = 0.0):
@@ -21,15 +21,23 @@ def make_optimizer(learning_rate: float, max_grad_norm: float, weight_decay: flo
 
 
 def make_train_step(
-    graphdef: nnx.GraphDef, optimizer: optax.GradientTransformation, loss_cfg: LossConfig
+    graphdef: nnx.GraphDef,
+    optimizer: optax.GradientTransformation,
+    loss_cfg: LossConfig,
+    warmup: bool = False,
 ) -> Callable[[Any, Any, dict], tuple[Any, Any, dict]]:
-    """Returns jitted step(params, opt_state, batch) -> (params, opt_state, metrics); params are donated."""
+    """Returns jitted step(params, opt_state, batch) -> (params, opt_state, metrics); params are donated.
+
+    `warmup=True` trains on demonstrations instead (behavior cloning + critic on returns).
+    """
 
     def loss_fn(params, batch):
         logits, values = model.apply(graphdef, params, batch["obs"])
         step_logits = {k: v[:, :-1] for k, v in logits.items()}
         choice = {k: batch[k] for k in distribution.CHOICE_KEYS}
         logp = distribution.log_prob(step_logits, choice)
+        if warmup:
+            return warmup_loss(logp, values, batch["reward"], batch["length"], batch["terminal"], loss_cfg)
         entropy = distribution.entropy(step_logits)
         return actor_critic_loss(
             logp,
