@@ -46,6 +46,13 @@ def discounted_returns(
     return out.T
 
 
+def _masked_mean(length: jax.Array, num_steps: int):
+    """mean(x) over the real steps of a padded batch."""
+    mask = step_mask(length, num_steps).astype(jnp.float32)
+    count = jnp.maximum(mask.sum(), 1.0)
+    return lambda x: jnp.sum(mask * x) / count
+
+
 def actor_critic_loss(
     logp: jax.Array,
     behavior_logp: jax.Array,
@@ -57,23 +64,22 @@ def actor_critic_loss(
     cfg: LossConfig,
 ) -> tuple[jax.Array, dict[str, jax.Array]]:
     """Total loss and its parts. logp/behavior_logp/entropy/rewards [B, T]; values [B, T + 1]."""
-    mask = step_mask(length, rewards.shape[1]).astype(jnp.float32)
-    count = jnp.maximum(mask.sum(), 1.0)
+    mean = _masked_mean(length, rewards.shape[1])
     returns = discounted_returns(rewards, jax.lax.stop_gradient(values), length, terminal, cfg.gamma)
     v = values[:, :-1]
     advantage = jax.lax.stop_gradient(returns - v)
     rho = jax.lax.stop_gradient(jnp.minimum(cfg.rho_clip, jnp.exp(logp - behavior_logp)))
-    policy_loss = -jnp.sum(mask * rho * advantage * logp) / count
-    value_loss = 0.5 * jnp.sum(mask * (returns - v) ** 2) / count
-    mean_entropy = jnp.sum(mask * entropy) / count
+    policy_loss = -mean(rho * advantage * logp)
+    value_loss = 0.5 * mean((returns - v) ** 2)
+    mean_entropy = mean(entropy)
     total = policy_loss + cfg.value_coef * value_loss - cfg.entropy_coef * mean_entropy
     return total, {
         "loss": total,
         "policy_loss": policy_loss,
         "value_loss": value_loss,
         "entropy": mean_entropy,
-        "advantage_mean": jnp.sum(mask * advantage) / count,
-        "rho_mean": jnp.sum(mask * rho) / count,
+        "advantage_mean": mean(advantage),
+        "rho_mean": mean(rho),
     }
 
 
@@ -91,10 +97,9 @@ def warmup_loss(
     demonstrations' discounted returns warms the critic up, so the first actor-critic advantages after
     warm-up are not pure noise.
     """
-    mask = step_mask(length, rewards.shape[1]).astype(jnp.float32)
-    count = jnp.maximum(mask.sum(), 1.0)
+    mean = _masked_mean(length, rewards.shape[1])
     returns = discounted_returns(rewards, jax.lax.stop_gradient(values), length, terminal, cfg.gamma)
-    bc = -jnp.sum(mask * logp) / count
-    value_loss = 0.5 * jnp.sum(mask * (returns - values[:, :-1]) ** 2) / count
+    bc = -mean(logp)
+    value_loss = 0.5 * mean((returns - values[:, :-1]) ** 2)
     total = bc + cfg.value_coef * value_loss
     return total, {"loss": total, "bc_loss": bc, "value_loss": value_loss}

@@ -213,3 +213,29 @@ def test_loss_of_an_empty_batch_is_zero_not_nan():
     total, metrics = call_loss(batch, LossConfig())
     assert float(total) == 0.0
     assert all(np.isfinite(float(v)) and float(v) == 0.0 for v in metrics.values())
+
+
+def test_warmup_loss_against_loops():
+    """Behavior cloning (-mean log pi over real steps) plus the critic on discounted returns."""
+    from learner.algorithm import LossConfig, warmup_loss
+
+    rng = np.random.default_rng(11)
+    b, t, gamma = 5, 6, 0.9
+    logp = -rng.random((b, t)).astype(np.float32)
+    values = rng.standard_normal((b, t + 1)).astype(np.float32)
+    rewards = rng.random((b, t)).astype(np.float32)
+    length = rng.integers(1, t + 1, size=b).astype(np.int32)
+    terminal = rng.random(b) < 0.5
+    args = (jnp.asarray(x) for x in (logp, values, rewards, length, terminal))
+    total, parts = warmup_loss(*args, LossConfig(gamma=gamma, value_coef=0.25))
+    bc_sum = value_sum = count = 0.0
+    for i in range(b):
+        g = 0.0 if terminal[i] else float(values[i, length[i]])
+        for s in reversed(range(length[i])):
+            g = float(rewards[i, s]) + gamma * g
+            bc_sum -= float(logp[i, s])
+            value_sum += 0.5 * (g - float(values[i, s])) ** 2
+            count += 1
+    np.testing.assert_allclose(float(parts["bc_loss"]), bc_sum / count, rtol=1e-5)
+    np.testing.assert_allclose(float(parts["value_loss"]), value_sum / count, rtol=1e-5)
+    np.testing.assert_allclose(float(total), bc_sum / count + 0.25 * value_sum / count, rtol=1e-5)
