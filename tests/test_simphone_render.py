@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import os
 import string
-import time
 import zlib
 from pathlib import Path
 
@@ -274,14 +273,3 @@ def test_example_screens(tmp_path):
             Path(out_dir).mkdir(parents=True, exist_ok=True)
             (Path(out_dir) / f"{name}.png").write_bytes(png)
     assert not list(tmp_path.iterdir())
-
-
-def test_render_is_fast():
-    """The 500 steps/s budget: the default-size render of a typical screen takes well under a millisecond."""
-    els = typical_screen()
-    render_screenshot(els)
-    start = time.perf_counter()
-    for _ in range(200):
-        render_screenshot(els)
-    mean = (time.perf_counter() - start) / 200
-    assert mean < 2e-3, f"{mean * 1e6:.0f} us per render"  # ~0.1 ms measured; generous for loaded CI
