@@ -134,7 +134,7 @@ def run(cfg: LearnerConfig, console: Console | None = None) -> dict:
     update = 0
     last_log = time.monotonic()
     train_metrics: dict = {}
-    lag_mean = 0.0
+    lag_mean, lag_max = 0.0, 0
     timing = Counter()
 
     def record() -> dict:
@@ -150,6 +150,8 @@ def run(cfg: LearnerConfig, console: Console | None = None) -> dict:
             "success_by_task": by_task,
             "policy_version": version,
             "policy_lag_mean": lag_mean,
+            "policy_lag_max": lag_max,
+            "skipped_nonfinite": totals["skipped_nonfinite"],
             "behavior_version_max": totals["behavior_version_max"],
             "actors": server.connected_actors(),
             "replay_size": len(queue.items),
@@ -207,9 +209,13 @@ def run(cfg: LearnerConfig, console: Console | None = None) -> dict:
                 else:
                     batch = collate(queue.take(cfg.batch_size), cfg.max_steps)
                     mask = np.asarray(step_mask(batch["length"], cfg.max_steps))
-                    lag_mean = float(np.mean((version - batch["policy_version"])[mask]))
+                    lags = (version - batch["policy_version"])[mask]
+                    lag_mean, lag_max = float(np.mean(lags)), int(np.max(lags))
                     params, opt_state, metrics = train_step(params, opt_state, batch)
                 train_metrics = jax.device_get(metrics)
+                if train_metrics.pop("skipped_nonfinite"):
+                    totals["skipped_nonfinite"] += 1
+                    console.print(f"learner: update {update + 1} had a non-finite loss or gradient; skipped")
                 update += 1
                 timing["train_s"] += time.monotonic() - t0
                 if update % cfg.publish_every == 0:

@@ -6,6 +6,7 @@ from collections.abc import Callable
 from typing import Any
 
 import jax
+import jax.numpy as jnp
 import optax
 from flax import nnx
 
@@ -52,9 +53,13 @@ def make_train_step(
 
     def step(params, opt_state, batch):
         grads, metrics = jax.grad(loss_fn, has_aux=True)(params, batch)
-        updates, opt_state = optimizer.update(grads, opt_state, params)
-        params = optax.apply_updates(params, updates)
+        updates, new_opt_state = optimizer.update(grads, opt_state, params)
+        new_params = optax.apply_updates(params, updates)
         metrics["grad_norm"] = optax.global_norm(grads)
-        return params, opt_state, metrics
+        # A non-finite loss or gradient must not poison the parameters: keep the old ones, report it.
+        ok = jnp.isfinite(metrics["loss"]) & jnp.isfinite(metrics["grad_norm"])
+        keep = lambda new, old: jnp.where(ok, new, old)  # noqa: E731
+        metrics["skipped_nonfinite"] = (~ok).astype(jnp.int32)
+        return jax.tree.map(keep, new_params, params), jax.tree.map(keep, new_opt_state, opt_state), metrics
 
     return jax.jit(step, donate_argnums=(0, 1))

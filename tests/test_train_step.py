@@ -1,0 +1,46 @@
+"""The jitted update: it learns on a finite batch and never lets a non-finite loss touch the parameters."""
+
+from __future__ import annotations
+
+import jax
+import numpy as np
+
+from common import featurize, model
+from common.config import ModelConfig
+from learner.algorithm import LossConfig
+from learner.batch import example_batch
+from learner.train_step import make_optimizer, make_train_step
+
+CFG = ModelConfig(vocab_size=256, d_model=16, num_heads=2, num_layers=1, mlp_dim=32)
+
+
+def _setup(reward: float):
+    graphdef, params = model.create(CFG, 0)
+    optimizer = make_optimizer(1e-2, 1.0)
+    opt_state = optimizer.init(params)
+    step = make_train_step(graphdef, optimizer, LossConfig())
+    batch = example_batch(featurize.feature_spec(CFG), 4, 3)
+    batch["obs"]["instr_mask"][..., 0] = True
+    batch["obs"]["elem_mask"][..., 0] = True
+    batch["length"][:] = 3
+    batch["reward"][:, -1] = reward
+    batch["behavior_logp"][:] = -1.0
+    before = jax.tree.map(np.array, model.params_to_flat(params))
+    return step, params, opt_state, batch, before
+
+
+def test_finite_batch_updates_parameters():
+    step, params, opt_state, batch, before = _setup(1.0)
+    params, _, metrics = step(params, opt_state, batch)
+    after = model.params_to_flat(params)
+    assert int(metrics["skipped_nonfinite"]) == 0
+    assert any(not np.array_equal(before[k], after[k]) for k in before)
+
+
+def test_nonfinite_loss_is_skipped_and_parameters_stay():
+    step, params, opt_state, batch, before = _setup(float("nan"))
+    params, opt_state, metrics = step(params, opt_state, batch)
+    assert int(metrics["skipped_nonfinite"]) == 1
+    after = model.params_to_flat(params)
+    assert all(np.array_equal(before[k], after[k]) for k in before)
+    assert all(np.isfinite(np.asarray(x)).all() for x in jax.tree.leaves(opt_state))
