@@ -61,6 +61,9 @@ class LearnerConfig:
     """Weight of the exact entropy bonus."""
     value_coef: float = 0.5
     """Weight of the critic loss."""
+    checkpoint_every: int = 200
+    """Save a checkpoint (orbax) to RUN_DIR/checkpoints every this many updates and at exit; a run dir
+    that holds one resumes from it. 0 disables checkpoints."""
     log_every: float = 2.0
     """Seconds between metrics.jsonl lines and progress prints."""
     actor_timeout: float = 15.0

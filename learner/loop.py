@@ -28,6 +28,7 @@ from common.protocol import Episode
 from common.trajectory_file import load_episodes
 from learner.algorithm import LossConfig, step_mask
 from learner.batch import collate, example_batch
+from learner.checkpoint import Checkpointer, TrainState, rng_state, set_rng_state
 from learner.config import LearnerConfig
 from learner.ingest import IngestServer
 from learner.local_actors import LocalActors
@@ -77,6 +78,19 @@ def run(cfg: LearnerConfig, console: Console | None = None) -> dict:
     warmup_step = make_train_step(graphdef, optimizer, loss_cfg, warmup=True)
     demos = load_warmup_demos(cfg, console)
     demo_rng = np.random.default_rng(cfg.seed)
+    checkpointer = Checkpointer(cfg.run_dir / "checkpoints") if cfg.checkpoint_every else None
+    resumed = None
+    if checkpointer is not None and checkpointer.latest_update() is not None:
+        template = TrainState(params, opt_state, 0, 0, rng_state(demo_rng))
+        try:
+            resumed = checkpointer.restore(template, cfg.model.to_dict())
+        except ValueError as e:
+            raise SystemExit(str(e)) from e
+        params, opt_state = resumed.params, resumed.opt_state
+        set_rng_state(demo_rng, resumed.rng)
+        console.print(
+            f"learner: resuming from the checkpoint at update {resumed.update} (policy v{resumed.policy_version})"
+        )
 
     queue = EpisodeQueue(cfg.queue_capacity)
     recent_success: deque[bool] = deque(maxlen=100)
@@ -110,7 +124,7 @@ def run(cfg: LearnerConfig, console: Console | None = None) -> dict:
     tmp = cfg.run_dir / "endpoints.json.tmp"
     tmp.write_text(json.dumps(endpoints))
     tmp.replace(cfg.run_dir / "endpoints.json")  # atomic: readers never see half a file
-    version = 0
+    version = resumed.policy_version if resumed else 0
     server.publish(version, model.params_to_flat(params))
     console.print(
         f"learner: ingest tcp://{cfg.bind}:{server.ingest_port}, params tcp://{cfg.bind}:{server.params_port}, "
@@ -131,7 +145,8 @@ def run(cfg: LearnerConfig, console: Console | None = None) -> dict:
             f"learner: started {cfg.local_actors} local actor(s), logs in {cfg.run_dir}/actor-*.log"
         )
 
-    update = 0
+    update = resumed.update if resumed else 0
+    saved_update = update
     last_log = time.monotonic()
     train_metrics: dict = {}
     lag_mean, lag_max = 0.0, 0
@@ -223,8 +238,21 @@ def run(cfg: LearnerConfig, console: Console | None = None) -> dict:
                     version += 1
                     server.publish(version, model.params_to_flat(params))
                     timing["publish_s"] += time.monotonic() - t0
+                if checkpointer is not None and update % cfg.checkpoint_every == 0:
+                    t0 = time.monotonic()
+                    checkpointer.save(
+                        TrainState(params, opt_state, update, version, rng_state(demo_rng)), _jsonable(cfg)
+                    )
+                    saved_update = update
+                    timing["checkpoint_s"] += time.monotonic() - t0
             log_if_due()
     finally:
+        if checkpointer is not None:
+            if update > saved_update:
+                checkpointer.save(
+                    TrainState(params, opt_state, update, version, rng_state(demo_rng)), _jsonable(cfg)
+                )
+            checkpointer.close()
         last = record()
         last["stopped"] = stop.reason or "error"
         writer.write(last)
@@ -296,3 +324,8 @@ def load_warmup_demos(cfg: LearnerConfig, console: Console) -> list[Episode]:
         f"learner: warming up for {cfg.warmup_updates} updates on {len(episodes)} demonstrations (success {success:.2f})"
     )
     return episodes
+
+
+def _jsonable(cfg: LearnerConfig) -> dict:
+    """The config as plain JSON values (paths as strings), stored with every checkpoint."""
+    return json.loads(json.dumps(dataclasses.asdict(cfg), default=str))

@@ -27,6 +27,7 @@ class LearnerProcess:
         self.run_dir = run_dir
         self.log_path = run_dir / "learner.log"
         run_dir.mkdir(parents=True, exist_ok=True)
+        (run_dir / "endpoints.json").unlink(missing_ok=True)  # a reused run dir: wait for the new ports
         self._log = self.log_path.open("wb")
         cmd = [
             sys.executable,
@@ -78,11 +79,12 @@ class LearnerProcess:
 
 @pytest.fixture
 def learner_process(tmp_path):
-    """Factory: start a learner with extra CLI args; every learner started is stopped at teardown."""
+    """Factory: start a learner with extra CLI args (and optionally a given run dir, e.g. to restart in
+    one); every learner started is stopped at teardown."""
     started: list[LearnerProcess] = []
 
-    def start(*args: str) -> LearnerProcess:
-        proc = LearnerProcess(tmp_path / f"run{len(started)}", *args)
+    def start(*args: str, run_dir: Path | None = None) -> LearnerProcess:
+        proc = LearnerProcess(run_dir or tmp_path / f"run{len(started)}", *args)
         started.append(proc)
         return proc
 

@@ -57,3 +57,19 @@ def test_actors_exit_when_the_learner_is_killed(learner_process):
     learner.proc.kill()
     learner.proc.wait()
     wait_for(lambda: actor_children(pid) == [], 30, "the orphaned actor to exit")
+
+
+def test_restart_resumes_from_the_checkpoint(learner_process, tmp_path):
+    run_dir = tmp_path / "resumable"
+    args = ("--local-actors", "1", "--envs-per-actor", "4", "--batch-size", "4", "--checkpoint-every", "5")
+    first = learner_process(*args, "--max-updates", "6", run_dir=run_dir)
+    assert first.proc.wait(timeout=120) == 0, first.log()
+    assert first.metrics()[-1]["update"] == 6 and first.metrics()[-1]["policy_version"] == 3
+    first.stop()
+    second = learner_process(*args, "--max-updates", "10", run_dir=run_dir)
+    assert second.proc.wait(timeout=120) == 0, second.log()
+    assert "resuming from the checkpoint at update 6 (policy v3)" in second.log()
+    lines = second.metrics()
+    run_ids = list(dict.fromkeys(m["run_id"] for m in lines))
+    resumed = [m for m in lines if m["run_id"] == run_ids[-1]]
+    assert resumed[0]["update"] >= 6 and resumed[-1]["update"] == 10 and resumed[-1]["policy_version"] == 5

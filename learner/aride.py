@@ -1,0 +1,312 @@
+"""A-RIDE losses: Retrace(lambda) critic targets, clipped policy-gradient advantages, DPER priorities.
+
+A-RIDE is the off-policy actor-critic of DistRL (Wang et al. 2024, "DistRL: An Asynchronous Distributed
+Reinforcement Learning Framework for On-Device Control Agents"). Trajectories come from stale actor
+snapshots (the behavior policy mu) and are trained on by the newest learner policy pi, so every
+multi-step quantity is corrected with truncated importance ratios, as in Retrace (Munos et al. 2016,
+"Safe and Efficient Off-Policy Reinforcement Learning") and V-trace (Espeholt et al. 2018, "IMPALA").
+
+Batches are batch-major and padded, as everywhere in the learner: per-step arrays are [B, T] and real
+for t < length[b]; values are [B, T + 1] with values[b, t] = V(s_t), where V(s_L) (L = length[b]) is the
+critic on the observation after the last step. terminal[b] says the episode ended in a terminal state
+(no bootstrap); otherwise it was truncated (step limit, device fault) and bootstraps from V(s_L).
+Anything stored beyond a trajectory's end (and V(s_L) of a terminal one) is ignored, even NaN.
+
+With rho_t = pi(a_t|s_t) / mu(a_t|s_t) and d_t = 1 only on the last step of a terminal episode:
+
+    rho_bar_t = min(rho_clip, rho_t)          c_t = lambda * min(c_clip, rho_t)
+    delta_t   = rho_bar_t * (r_t + gamma * (1 - d_t) * V(s_{t+1}) - V(s_t))
+    v_t       = V(s_t) + delta_t + gamma * (1 - d_t) * c_t * (v_{t+1} - V(s_{t+1})),   v_L = V(s_L)
+    A_t       = min(pg_rho_clip, rho_t) * (r_t + gamma * (1 - d_t) * v_{t+1} - V(s_t))
+
+Unrolled, v_t = V(s_t) + sum_{k >= t} gamma^{k-t} (prod_{i=t}^{k-1} c_i) delta_k: the V-trace target of
+Espeholt et al. (2018, eq. 1), which with rho_clip = infinity is Retrace(lambda) (Munos et al. 2016,
+eq. 4) for a state-value critic. On-policy with lambda = 1 and large clips, v_t is the discounted
+Monte-Carlo return (with bootstrap from V(s_L) on truncation). The recursion runs over the whole
+episode (the reference code's 3-step look-ahead is deliberately not copied).
+
+Losses (count = number of real steps in the batch, w_b the prioritized-replay importance weights):
+
+    actor   = -sum_{b,t} mask * keep_b * f_bt * w_b * sg(A~_bt) * log pi(a_t|s_t) / count
+              - entropy_coef * sum_{b,t} mask * H(pi(.|s_t)) / count
+    critic  = 0.5 * sum_{b,t} mask * w_b * (sg(v_t) - V(s_t))^2 / count
+    total   = actor + value_coef * critic
+
+sg is stop-gradient (targets and advantages are constants; the importance ratios too). The 0.5 keeps
+the critic gradient w_b * (V - v) / count, as in learner/algorithm.py, so value_coef means the same in
+both losses. The entropy bonus is neither weighted nor filtered: it is a regularizer of the current
+policy on every visited state, not an estimate that prioritized sampling biases.
+
+Comparison options from DigiRL (Bai et al. 2024) and DistRL, all off by default:
+- advantage filtering, `advantage_threshold`: f_bt = 1[A_bt > threshold] (DigiRL: threshold 0, keep only
+  positive advantages); filtered steps still count in `count`, so filtering never rescales kept steps;
+- advantage binarization, `binarize_advantage`: A~ = 1[A > 0] instead of A (filtering, when on, is
+  decided on the raw A first);
+- instruction-level critic filter: `keep` [B] bool, a per-trajectory flag (for example
+  `instruction_keep(V_instr(c), low, high)`: the instruction-level value estimate says the task is
+  neither solved nor hopeless, so its trajectories are informative); it multiplies the actor loss only,
+  so the critic still learns from every trajectory.
+
+Per-trajectory priorities for distributed prioritized replay (DPER), each [B], over real steps
+(0 for an empty trajectory): priority_delta = mean |delta_t| (the rho_bar-clipped TD error above),
+priority_rho = mean rho_t (unclipped), priority_rho_clipped = mean rho_bar_t, priority_nll =
+mean(-log pi(a_t|s_t)) (the current policy's surprise at the action taken).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from functools import partial
+
+import jax
+import jax.numpy as jnp
+
+from learner.algorithm import step_mask
+
+
+_NUMBERS = ("gamma", "lambda_", "rho_clip", "c_clip", "pg_rho_clip", "entropy_coef", "value_coef")
+
+
+@partial(
+    jax.tree_util.register_dataclass,
+    data_fields=[*_NUMBERS, "advantage_threshold"],
+    meta_fields=["binarize_advantage"],
+)
+@dataclass(frozen=True)
+class ARideConfig:
+    """Hyper-parameters of the A-RIDE loss.
+
+    A JAX pytree: pass it to a jitted function like any argument (the numbers are traced, so changing
+    them does not recompile; switching binarization, or the threshold between None and a number, does),
+    or close over it. It is also hashable, so `static_argnames="cfg"` works too.
+    """
+
+    gamma: float = 0.95
+    """Discount."""
+    lambda_: float = 1.0
+    """Trace decay of Retrace / V-trace: c_t = lambda * min(c_clip, rho_t). 0 gives one-step TD targets."""
+    rho_clip: float = 1.0
+    """rho_bar = min(rho_clip, rho) weighs each TD error (V-trace rho-bar; infinity gives Retrace)."""
+    c_clip: float = 1.0
+    """Traces are cut at c = lambda * min(c_clip, rho) (V-trace c-bar, Retrace's min(1, rho))."""
+    pg_rho_clip: float = 1.0
+    """The policy-gradient advantage is weighted by min(pg_rho_clip, rho)."""
+    entropy_coef: float = 0.01
+    """Weight beta of the exact entropy bonus."""
+    value_coef: float = 0.5
+    """Weight of the critic loss in the total."""
+    advantage_threshold: float | None = None
+    """If set, only steps with advantage > this train the actor (DigiRL-style filtering uses 0)."""
+    binarize_advantage: bool = False
+    """Replace the actor's advantage A by 1[A > 0] (DigiRL-style binarization)."""
+
+    def __post_init__(self):
+        # Only plain Python numbers are checked: JAX rebuilds the config with tracers inside jit.
+        def number(name):
+            x = getattr(self, name)
+            return x if isinstance(x, int | float) and not isinstance(x, bool) else None
+
+        gamma, lam, rho, c, pg, ent, val = (number(n) for n in _NUMBERS)
+        threshold = number("advantage_threshold")
+        checks = {
+            "gamma must be in [0, 1]": gamma is None or 0.0 <= gamma <= 1.0,
+            "lambda_ must be in [0, 1]": lam is None or 0.0 <= lam <= 1.0,
+            "rho_clip must be > 0": rho is None or rho > 0,
+            "c_clip must be > 0": c is None or c > 0,
+            "pg_rho_clip must be > 0": pg is None or pg > 0,
+            "entropy_coef must be >= 0": ent is None or ent >= 0,
+            "value_coef must be >= 0": val is None or val >= 0,
+            "advantage_threshold must be finite or None": threshold is None or math.isfinite(threshold),
+        }
+        bad = [msg for msg, ok in checks.items() if not ok]
+        if bad:
+            raise ValueError(f"ARideConfig: {'; '.join(bad)} (got {self})")
+
+
+def _continues(length: jax.Array, terminal: jax.Array, num_steps: int) -> jax.Array:
+    """[B, T] bool: 1 - d_t on real steps, i.e. False on the last step of a terminal episode and on padding."""
+    t = jnp.arange(num_steps)[None, :]
+    last = t == length[:, None] - 1
+    return (t < length[:, None]) & ~(last & terminal[:, None])
+
+
+def _next_values(values: jax.Array, length: jax.Array, terminal: jax.Array) -> jax.Array:
+    """[B, T]: V(s_{t+1}) where it is used (real steps that continue), 0 elsewhere (no NaN leaks in)."""
+    return jnp.where(_continues(length, terminal, values.shape[1] - 1), values[:, 1:], 0.0)
+
+
+def importance_ratios(logp: jax.Array, behavior_logp: jax.Array, length: jax.Array) -> jax.Array:
+    """rho_t = exp(log pi(a_t|s_t) - log mu(a_t|s_t)) on real steps, 0 on padded steps. [B, T]."""
+    mask = step_mask(length, logp.shape[1])
+    rho = jnp.exp(jnp.where(mask, logp - behavior_logp, 0.0))
+    return jnp.where(mask, rho, 0.0)
+
+
+def retrace_targets(
+    rho: jax.Array,
+    values: jax.Array,
+    rewards: jax.Array,
+    length: jax.Array,
+    terminal: jax.Array,
+    gamma: float,
+    lambda_: float = 1.0,
+    rho_clip: float = 1.0,
+    c_clip: float = 1.0,
+) -> tuple[jax.Array, jax.Array]:
+    """Retrace(lambda) / V-trace targets v_t and clipped TD errors delta_t, both [B, T], 0 on padding.
+
+        delta_t = min(rho_clip, rho_t) * (r_t + gamma (1 - d_t) V(s_{t+1}) - V(s_t))
+        v_t - V(s_t) = delta_t + gamma (1 - d_t) lambda min(c_clip, rho_t) (v_{t+1} - V(s_{t+1}))
+
+    with v_L = V(s_L), so the recursion starts at the last real step (Munos et al. 2016, eq. 4;
+    Espeholt et al. 2018, eq. 1 and its remark on lambda). rho [B, T] unclipped ratios, values [B, T + 1],
+    rewards [B, T], length [B] int, terminal [B] bool. The scalars may be traced. No stop-gradient here:
+    the loss stops gradients on its inputs.
+    """
+    num_steps = rewards.shape[1]
+    mask = step_mask(length, num_steps)
+    cont = _continues(length, terminal, num_steps)
+    rho = jnp.where(mask, rho, 0.0)
+    v_now = jnp.where(mask, values[:, :-1], 0.0)
+    v_next = _next_values(values, length, terminal)
+    r = jnp.where(mask, rewards, 0.0)
+    delta = jnp.where(mask, jnp.minimum(rho_clip, rho) * (r + gamma * v_next - v_now), 0.0)
+    trace = jnp.where(cont, gamma * lambda_ * jnp.minimum(c_clip, rho), 0.0)
+
+    def back(acc, xs):
+        delta_t, trace_t, real_t = xs
+        acc = jnp.where(real_t, delta_t + trace_t * acc, 0.0)  # acc_t = v_t - V(s_t); 0 past the end
+        return acc, acc
+
+    init = jnp.zeros(rewards.shape[:1], delta.dtype)
+    _, diff = jax.lax.scan(back, init, (delta.T, trace.T, mask.T), reverse=True)
+    targets = jnp.where(mask, v_now + diff.T, 0.0)
+    return targets, delta
+
+
+def pg_advantages(
+    rho: jax.Array,
+    targets: jax.Array,
+    values: jax.Array,
+    rewards: jax.Array,
+    length: jax.Array,
+    terminal: jax.Array,
+    gamma: float,
+    pg_rho_clip: float = 1.0,
+) -> jax.Array:
+    """A_t = min(pg_rho_clip, rho_t) * (r_t + gamma (1 - d_t) v_{t+1} - V(s_t)), [B, T], 0 on padding.
+
+    v_{t+1} is the Retrace target of the next step, and V(s_L) after the last step of a truncated episode
+    (Espeholt et al. 2018, section 4.2: q_s = r_s + gamma v_{s+1}). Note rlax's
+    `vtrace_td_error_and_advantage` with lambda_ < 1 bootstraps from lambda v_{t+1} + (1 - lambda) V(s_{t+1})
+    instead; the two agree for lambda = 1.
+    """
+    num_steps = rewards.shape[1]
+    mask = step_mask(length, num_steps)
+    t = jnp.arange(num_steps)[None, :]
+    last = t == length[:, None] - 1
+    shifted = jnp.concatenate([targets[:, 1:], jnp.zeros_like(targets[:, :1])], axis=1)
+    v_next = jnp.where(last, _next_values(values, length, terminal), shifted)
+    v_next = jnp.where(_continues(length, terminal, num_steps), v_next, 0.0)
+    v_now = jnp.where(mask, values[:, :-1], 0.0)
+    r = jnp.where(mask, rewards, 0.0)
+    rho = jnp.where(mask, rho, 0.0)
+    return jnp.where(mask, jnp.minimum(pg_rho_clip, rho) * (r + gamma * v_next - v_now), 0.0)
+
+
+def shape_advantages(
+    advantage: jax.Array, mask: jax.Array, threshold: float | None = None, binarize: bool = False
+) -> tuple[jax.Array, jax.Array]:
+    """DigiRL-style options: -> (advantage the actor uses, [B, T] bool: the step trains the actor).
+
+    With a threshold only steps with A > threshold train the actor; with binarize the actor uses 1[A > 0].
+    Both 0 / False on padded steps.
+    """
+    trains = mask if threshold is None else mask & (advantage > threshold)
+    used = (advantage > 0).astype(advantage.dtype) if binarize else advantage
+    return jnp.where(trains, used, 0.0), trains
+
+
+def instruction_keep(instruction_value: jax.Array, low: float, high: float) -> jax.Array:
+    """An instruction-level critic filter: keep trajectories whose instruction value is in [low, high].
+
+    instruction_value [B] is V(instruction) from an instruction-level critic (the estimated success rate
+    of the task); tasks it calls almost surely solved or hopeless carry little policy-gradient signal.
+    Pass the result as `keep` to `aride_loss`.
+    """
+    return (instruction_value >= low) & (instruction_value <= high)
+
+
+def aride_loss(
+    logp: jax.Array,
+    behavior_logp: jax.Array,
+    entropy: jax.Array,
+    values: jax.Array,
+    rewards: jax.Array,
+    length: jax.Array,
+    terminal: jax.Array,
+    cfg: ARideConfig,
+    weights: jax.Array | None = None,
+    keep: jax.Array | None = None,
+) -> tuple[jax.Array, dict[str, jax.Array]]:
+    """Total A-RIDE loss and metrics (see the module docstring for every formula).
+
+    logp / behavior_logp / entropy / rewards [B, T] (log pi, log mu, exact H(pi), r); values [B, T + 1];
+    length [B] int; terminal [B] bool; weights [B] replay importance weights (default 1); keep [B] bool
+    instruction-level filter on the actor (default all True). Gradients flow into logp (actor), entropy
+    (bonus) and values[:, :-1] on real steps (critic) only.
+
+    Metrics: scalars loss, policy_loss, value_loss, entropy, advantage_mean (raw A), target_mean,
+    rho_mean (unclipped), rho_clipped_fraction (share of real steps with rho > rho_clip),
+    actor_step_fraction (share of real steps that train the actor); and [B] priority_delta, priority_rho,
+    priority_rho_clipped, priority_nll for the replay (0 for empty trajectories).
+    """
+    batch, num_steps = rewards.shape
+    mask = step_mask(length, num_steps)
+    maskf = mask.astype(jnp.float32)
+    count = jnp.maximum(maskf.sum(), 1.0)
+    per_traj = jnp.maximum(maskf.sum(axis=1), 1.0)
+    w = jnp.ones(batch, jnp.float32) if weights is None else jnp.asarray(weights, jnp.float32)
+    kept = jnp.ones(batch, bool) if keep is None else jnp.asarray(keep, bool)
+
+    logp_real = jnp.where(mask, logp, 0.0)  # padded garbage (even NaN) stays out of values and gradients
+    sg_logp = jax.lax.stop_gradient(logp_real)
+    sg_values = jax.lax.stop_gradient(values)
+    rho = importance_ratios(sg_logp, jax.lax.stop_gradient(behavior_logp), length)
+    targets, delta = retrace_targets(
+        rho, sg_values, rewards, length, terminal, cfg.gamma, cfg.lambda_, cfg.rho_clip, cfg.c_clip
+    )
+    advantage = pg_advantages(rho, targets, sg_values, rewards, length, terminal, cfg.gamma, cfg.pg_rho_clip)
+    used, trains = shape_advantages(advantage, mask, cfg.advantage_threshold, cfg.binarize_advantage)
+    trains = trains & kept[:, None]
+    actor_coef = jnp.where(trains, w[:, None] * used, 0.0)
+
+    policy_loss = -jnp.sum(actor_coef * logp_real) / count
+    mean_entropy = jnp.sum(jnp.where(mask, entropy, 0.0)) / count
+    v_now = jnp.where(mask, values[:, :-1], 0.0)
+    value_loss = 0.5 * jnp.sum(jnp.where(mask, w[:, None] * (targets - v_now) ** 2, 0.0)) / count
+    total = policy_loss - cfg.entropy_coef * mean_entropy + cfg.value_coef * value_loss
+
+    def mean(x):
+        return jnp.sum(jnp.where(mask, x, 0.0)) / count
+
+    def traj_mean(x):
+        return jnp.sum(jnp.where(mask, x, 0.0), axis=1) / per_traj
+
+    rho_bar = jnp.minimum(cfg.rho_clip, rho)
+    return total, {
+        "loss": total,
+        "policy_loss": policy_loss,
+        "value_loss": value_loss,
+        "entropy": mean_entropy,
+        "advantage_mean": mean(advantage),
+        "target_mean": mean(targets),
+        "rho_mean": mean(rho),
+        "rho_clipped_fraction": mean((rho > cfg.rho_clip).astype(jnp.float32)),
+        "actor_step_fraction": mean(trains.astype(jnp.float32)),
+        "priority_delta": traj_mean(jnp.abs(delta)),
+        "priority_rho": traj_mean(rho),
+        "priority_rho_clipped": traj_mean(rho_bar),
+        "priority_nll": traj_mean(-sg_logp),
+    }

@@ -1,0 +1,300 @@
+"""Distributed prioritized experience replay (DPER) over whole trajectories.
+
+Prioritized replay after Schaul et al. 2016 ("Prioritized Experience Replay", proportional variant):
+item i is drawn with P(i) = p_i^alpha / sum_k p_k^alpha and its update is scaled by the importance
+weight w_i = (N P(i))^-beta / max_j w_j, beta annealed to 1. As in Ape-X (Horgan et al. 2018,
+"Distributed Prioritized Experience Replay") many actors feed one learner-side buffer, new items enter
+at the running max priority and the learner refreshes priorities after each update. The unit is a whole
+trajectory with the DistRL (2024) priority p = w1 mean|delta| + w2 mean(rho) + w3 mean(-log pi).
+"""
+
+from __future__ import annotations
+
+import math
+from collections import deque
+from dataclasses import dataclass
+from typing import Generic, TypeVar
+
+import numpy as np
+
+from common.protocol import Episode
+
+T = TypeVar("T")
+
+
+class SumTree:
+    """Fixed-capacity binary sum tree in one float64 array: root at node 1, node k = 2k + (2k + 1), leaf i at
+    node size + i (size: capacity rounded up to a power of two, the padding leaves stay 0).
+
+    Floats: each internal node is recomputed as the float64 sum of its two children (never by adding
+    deltas), so nothing drifts over many updates and `total` is the exact sum to within the O(log N) ulps
+    of a pairwise sum. `find` never returns a zero leaf while total > 0: negative values count as 0, and a
+    value at or past the total (rounding, or the caller) lands on the last positive leaf.
+    """
+
+    def __init__(self, capacity: int):
+        if capacity < 1:
+            raise ValueError(f"SumTree capacity must be >= 1, got {capacity}")
+        self.capacity = capacity
+        self._depth = (capacity - 1).bit_length()
+        self._size = 1 << self._depth  # leaves padded to a power of two with zeros
+        self._tree = np.zeros(2 * self._size, np.float64)
+
+    @property
+    def total(self) -> float:
+        return float(self._tree[1])
+
+    @property
+    def leaves(self) -> np.ndarray:
+        """The stored priorities, [capacity] (a read-only view)."""
+        return _readonly(self._tree[self._size : self._size + self.capacity])
+
+    def set(self, indices: int | np.ndarray, priorities: float | np.ndarray) -> None:
+        """Set leaves (vectorized; the last value wins for a repeated index); O(k log N)."""
+        idx = np.atleast_1d(np.asarray(indices, np.int64))
+        p = np.broadcast_to(np.asarray(priorities, np.float64), idx.shape)
+        if idx.size == 0:
+            return
+        if idx.min() < 0 or idx.max() >= self.capacity:
+            raise IndexError(f"SumTree index outside [0, {self.capacity})")
+        if not np.all(np.isfinite(p) & (p >= 0)):
+            raise ValueError("SumTree priorities must be finite and >= 0")
+        if idx.size > 1:
+            idx, p = _last_per_index(idx, p)
+        node = idx + self._size
+        self._tree[node] = p
+        for _ in range(self._depth):  # a parent listed twice is just written twice with the same sum
+            node >>= 1
+            self._tree[node] = self._tree[2 * node] + self._tree[2 * node + 1]
+
+    def find_batch(self, values: np.ndarray) -> np.ndarray:
+        """For each value the leaf i with prefix(i) <= value < prefix(i + 1), prefix(i) = sum of leaves < i."""
+        v = np.maximum(np.array(values, np.float64, ndmin=1), 0.0)
+        if np.isnan(v).any():
+            raise ValueError("SumTree.find got NaN")
+        node = np.ones(v.shape, np.int64)
+        for _ in range(self._depth):
+            left = 2 * node
+            left_sum = self._tree[left]
+            right = (v >= left_sum) & (self._tree[left + 1] > 0)
+            v -= np.where(right, left_sum, 0.0)
+            node = left + right
+        return node - self._size
+
+    def find(self, value: float) -> int:
+        return int(self.find_batch(np.array([value]))[0])
+
+
+def _readonly(a: np.ndarray) -> np.ndarray:
+    view = a.view()
+    view.flags.writeable = False
+    return view
+
+
+def _last_per_index(idx: np.ndarray, values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Unique indices (sorted) with the last value given for each."""
+    idx, last = np.unique(idx[::-1], return_index=True)
+    return idx, values[::-1][last]
+
+
+def trajectory_priority(delta_mean, rho_mean, nll_mean, weights=(1.0, 1.0, 1.0), eps=1e-6) -> np.ndarray:
+    """DistRL priority w1 mean|delta| + w2 mean(rho) + w3 mean(-log pi) + eps, per trajectory."""
+    terms = [np.asarray(x, np.float64) for x in (delta_mean, rho_mean, nll_mean)]
+    if not all(np.all(np.isfinite(t) & (t >= 0)) for t in terms):
+        raise ValueError("priority terms (mean |delta|, mean rho, mean -log pi) must be finite and >= 0")
+    w1, w2, w3 = weights
+    return w1 * terms[0] + w2 * terms[1] + w3 * terms[2] + eps
+
+
+def oldest_version(episode: Episode) -> int:
+    """The behavior version an episode is judged stale by: its oldest step's (see PrioritizedReplay)."""
+    return int(episode.steps["policy_version"].min())
+
+
+@dataclass
+class ReplaySample(Generic[T]):
+    items: list[T]
+    indices: np.ndarray  # slots, [B]; pass back with `generations` to update_priorities
+    generations: np.ndarray  # the slots' generations when sampled, [B]
+    weights: np.ndarray  # importance weights, [B], max 1 (all 1 when uniform)
+    probs: np.ndarray  # P(i) of each draw, [B]
+    beta: float
+
+
+class PrioritizedReplay(Generic[T]):
+    """A ring of `capacity` trajectories sampled in proportion to priority^alpha (see the module doc).
+
+    - Sampling is stratified (Schaul et al. 2016, appendix B.2.1): the total mass is cut into B equal
+      segments and one value is drawn uniformly in each, so every draw has marginal P(i) but the batch
+      spreads over the buffer. Draws are with replacement (one item may fill several segments).
+    - Importance weights are normalized by the batch maximum (Schaul's Algorithm 1): no min-tree to keep,
+      and each batch's largest weight is exactly 1, so updates are only ever scaled down. N then cancels:
+      w_i = (P(i) / min_batch P)^-beta.
+    - beta = beta_start + (beta_end - beta_start) * min(1, calls / beta_steps), calls = earlier samples.
+    - The running max priority only grows (as in Ape-X); new items enter at it (1.0 at first).
+    - Staleness: an item whose oldest behavior version is below policy_version - max_policy_lag is dropped
+      (`dropped_stale`), so every trained step is at most max_policy_lag versions behind. Checked for all
+      items when `sample`/`drop_stale` see a newer version, and at `add` against the last one seen
+      (versions never decrease). 0 disables.
+    - Eviction is FIFO and only when full; slots freed by stale drops are refilled first. Each slot has a
+      generation that changes whenever its content does; updates with an old generation are ignored.
+    - uniform=True stores 1 instead of p^alpha in the tree and returns unit weights (priorities still kept).
+    Not thread-safe: one thread (the learner loop) owns it.
+    """
+
+    def __init__(
+        self,
+        capacity: int,
+        alpha: float = 0.6,
+        beta_start: float = 0.4,
+        beta_end: float = 1.0,
+        beta_steps: int = 100_000,
+        priority_weights: tuple[float, float, float] = (1.0, 1.0, 1.0),
+        max_policy_lag: int = 0,
+        uniform: bool = False,
+        seed: int = 0,
+        eps: float = 1e-6,
+    ):
+        if alpha < 0 or not 0 <= beta_start <= 1 or not 0 <= beta_end <= 1 or beta_steps < 0:
+            raise ValueError("need alpha >= 0, beta_start and beta_end in [0, 1], beta_steps >= 0")
+        if max_policy_lag < 0 or eps < 0 or len(priority_weights) != 3 or min(priority_weights) < 0:
+            raise ValueError("need max_policy_lag >= 0, eps >= 0 and three priority weights >= 0")
+        self.capacity, self.alpha, self.uniform, self.eps = capacity, alpha, uniform, eps
+        self.beta_start, self.beta_end, self.beta_steps = beta_start, beta_end, beta_steps
+        self.priority_weights, self.max_policy_lag = tuple(priority_weights), max_policy_lag
+        self.tree = SumTree(capacity)
+        self.priorities = np.zeros(capacity, np.float64)  # raw p per slot, 0 when empty
+        self.max_priority = 1.0
+        self._items: list[T | None] = [None] * capacity
+        self._live = np.zeros(capacity, bool)
+        self._generation = np.zeros(capacity, np.int64)
+        self._version = np.zeros(capacity, np.int64)
+        self._free = list(range(capacity - 1, -1, -1))  # a stack: slot 0 is used first
+        self._order: deque[tuple[int, int]] = deque()  # (slot, generation) by insertion, lazily pruned
+        self._cutoff = -math.inf  # items with a version below this are stale
+        self._rng = np.random.default_rng(seed)
+        self.counts = dict.fromkeys(("added", "evicted_fifo", "dropped_stale", "sampled", "stale_updates"), 0)
+        self._sample_calls = 0
+
+    def __len__(self) -> int:
+        return self.capacity - len(self._free)
+
+    @property
+    def generations(self) -> np.ndarray:
+        """Each slot's generation, [capacity] (read-only view)."""
+        return _readonly(self._generation)
+
+    @property
+    def live(self) -> np.ndarray:
+        """Which slots hold an item, [capacity] (read-only view)."""
+        return _readonly(self._live)
+
+    def items(self) -> list[T]:
+        """The stored items, oldest first."""
+        order = [s for s, g in self._order if self._generation[s] == g]
+        return [self._items[s] for s in order]  # type: ignore[misc]
+
+    @property
+    def beta(self) -> float:
+        """The beta the next `sample` call uses."""
+        frac = min(1.0, self._sample_calls / self.beta_steps) if self.beta_steps else 1.0
+        return self.beta_start + (self.beta_end - self.beta_start) * frac
+
+    def _leaf(self, p: np.ndarray | float) -> np.ndarray:
+        return np.ones_like(p, np.float64) if self.uniform else np.power(p, self.alpha, dtype=np.float64)
+
+    def add(self, item: T, behavior_version: int) -> int | None:
+        """Store one trajectory at the running max priority; returns its slot, None if dropped as stale."""
+        if behavior_version < self._cutoff:
+            self.counts["dropped_stale"] += 1
+            return None
+        if not self._free:  # full: evict the oldest live item
+            self._prune()
+            self._clear(np.array([self._order.popleft()[0]]))
+            self.counts["evicted_fifo"] += 1
+        slot = self._free.pop()
+        self._generation[slot] += 1
+        self._items[slot], self._live[slot], self._version[slot] = item, True, behavior_version
+        self.priorities[slot] = self.max_priority
+        self.tree.set(slot, self._leaf(self.max_priority))
+        self._order.append((slot, int(self._generation[slot])))
+        self._prune()
+        self.counts["added"] += 1
+        return slot
+
+    def _prune(self) -> None:
+        """Forget dropped items in the insertion order: the oldest ones, and all once they are too many."""
+        if len(self._order) > 2 * self.capacity:
+            self._order = deque((s, g) for s, g in self._order if self._generation[s] == g)
+        while self._order and self._generation[self._order[0][0]] != self._order[0][1]:
+            self._order.popleft()
+
+    def _clear(self, slots: np.ndarray) -> None:
+        self.tree.set(slots, 0.0)
+        self.priorities[slots] = 0.0
+        self._live[slots] = False
+        self._generation[slots] += 1
+        for s in slots.tolist():
+            self._items[s] = None
+            self._free.append(s)
+
+    def drop_stale(self, policy_version: int) -> int:
+        """Drop items more than max_policy_lag versions behind policy_version; returns how many."""
+        if not self.max_policy_lag or policy_version - self.max_policy_lag <= self._cutoff:
+            return 0
+        self._cutoff = policy_version - self.max_policy_lag
+        stale = np.flatnonzero(self._live & (self._version < self._cutoff))
+        self._clear(stale)
+        self.counts["dropped_stale"] += len(stale)
+        return len(stale)
+
+    def sample(self, batch_size: int, policy_version: int | None = None) -> ReplaySample[T]:
+        """Draw batch_size items (stratified, with replacement) after dropping stale ones."""
+        if policy_version is not None:
+            self.drop_stale(policy_version)
+        total = self.tree.total
+        if not len(self):
+            raise ValueError("cannot sample from an empty replay buffer")
+        if total <= 0:
+            raise ValueError("every stored priority is 0 (use eps > 0)")
+        beta = self.beta
+        values = (np.arange(batch_size) + self._rng.random(batch_size)) * (total / batch_size)
+        idx = self.tree.find_batch(values)
+        probs = self.tree.leaves[idx] / total
+        if self.uniform:
+            weights = np.ones(batch_size)
+        else:
+            weights = (len(self) * probs) ** -beta
+            weights /= weights.max()
+        self._sample_calls += 1
+        self.counts["sampled"] += batch_size
+        items = [self._items[i] for i in idx.tolist()]
+        return ReplaySample(items, idx, self._generation[idx].copy(), weights, probs, beta)  # type: ignore[arg-type]
+
+    def update_priorities(self, indices, generations, delta_mean, rho_mean, nll_mean) -> int:
+        """Set p = w1 mean|delta| + w2 mean(rho) + w3 mean(-log pi) + eps for sampled slots whose content
+        is unchanged since sampling (others are counted in `stale_updates`); returns how many applied."""
+        idx = np.asarray(indices, np.int64)
+        p = np.broadcast_to(
+            trajectory_priority(delta_mean, rho_mean, nll_mean, self.priority_weights, self.eps), idx.shape
+        )
+        ok = self._live[idx] & (self._generation[idx] == np.asarray(generations, np.int64))
+        self.counts["stale_updates"] += int((~ok).sum())
+        idx, p = _last_per_index(idx[ok], p[ok])
+        if idx.size:
+            self.priorities[idx] = p
+            self.tree.set(idx, self._leaf(p))
+            self.max_priority = max(self.max_priority, float(p.max()))
+        return int(ok.sum())
+
+    def stats(self) -> dict[str, float | int]:
+        live = self.priorities[self._live]
+        return {
+            **self.counts,
+            "size": len(self),
+            "beta": self.beta,
+            "max_priority": self.max_priority,
+            "priority_min": float(live.min()) if live.size else 0.0,
+            "priority_max": float(live.max()) if live.size else 0.0,
+            "priority_mean": float(live.mean()) if live.size else 0.0,
+        }

@@ -1,0 +1,181 @@
+"""Checks of learner.mesh on 8 forced CPU devices; run by tests/test_mesh.py as a subprocess.
+
+    XLA_FLAGS=--xla_force_host_platform_device_count=8 JAX_PLATFORMS=cpu python -m tests.mesh_check
+
+The device count must be set before jax initializes, hence the separate process. Prints one JSON object
+(the last line of stdout) that the test asserts on.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+
+import jax
+import numpy as np
+
+from common import featurize, model
+from common.config import ModelConfig
+from common.types import NUM_ACTION_TYPES, NUM_SWIPE_DIRECTIONS
+from learner import mesh as M
+from learner.algorithm import LossConfig
+from learner.batch import example_batch
+from learner.train_step import make_optimizer, make_train_step
+
+TINY = ModelConfig(vocab_size=512, d_model=32, num_heads=4, num_layers=1, mlp_dim=128)
+BATCH, MAX_STEPS, STEPS = 8, 4, 2
+LAYOUTS = [(1, 1, "replicated"), (8, 1, "replicated"), (8, 1, "fsdp"), (4, 2, "model"), (4, 2, "fsdp")]
+
+
+def random_batch(cfg: ModelConfig, seed: int) -> dict:
+    """example_batch's shapes filled with random valid values (chosen arguments point at valid slots)."""
+    rng = np.random.default_rng(seed)
+    b = example_batch(featurize.feature_spec(cfg), BATCH, MAX_STEPS)
+    obs = b["obs"]
+    obs["instr_tokens"][:] = rng.integers(0, cfg.vocab_size, obs["instr_tokens"].shape)
+    obs["instr_mask"][:] = rng.random(obs["instr_mask"].shape) < 0.7
+    obs["instr_feats"][:] = rng.standard_normal(obs["instr_feats"].shape)
+    obs["elem_tokens"][:] = rng.integers(0, cfg.vocab_size, obs["elem_tokens"].shape)
+    obs["elem_mask"][:] = rng.random(obs["elem_mask"].shape) < 0.7
+    obs["elem_feats"][:] = rng.standard_normal(obs["elem_feats"].shape)
+    shape = (BATCH, MAX_STEPS)
+    b["action_type"][:] = rng.integers(0, NUM_ACTION_TYPES, shape)
+    b["element"][:] = rng.integers(0, cfg.max_elements, shape)
+    b["word"][:] = rng.integers(0, cfg.max_instruction_tokens, shape)
+    b["direction"][:] = rng.integers(0, NUM_SWIPE_DIRECTIONS, shape)
+    bi, ti = np.meshgrid(np.arange(BATCH), np.arange(MAX_STEPS), indexing="ij")
+    obs["elem_mask"][bi, ti, b["element"]] = True
+    obs["instr_mask"][bi, ti, b["word"]] = True
+    b["behavior_logp"][:] = -rng.random(shape) * 3
+    b["reward"][:] = rng.standard_normal(shape)
+    b["length"][:] = rng.integers(1, MAX_STEPS + 1, BATCH)
+    b["terminal"][:] = rng.random(BATCH) < 0.5
+    return b
+
+
+def run_steps(step, params, opt_state, batches, place=lambda b: b):
+    losses, grad_norms = [], []
+    for batch in batches:
+        params, opt_state, metrics = step(params, opt_state, place(batch))
+        losses.append(float(metrics["loss"]))
+        grad_norms.append(float(metrics["grad_norm"]))
+    return params, opt_state, losses, grad_norms
+
+
+def divisor(axes, mesh_shape: dict[str, int]) -> int:
+    """How many shards a dim gets: a spec entry is None, an axis name or a list of names."""
+    names = [] if axes is None else [axes] if isinstance(axes, str) else axes
+    return math.prod(mesh_shape[a] for a in names)
+
+
+def spec_of(x) -> list:
+    return [list(a) if isinstance(a, tuple) else a for a in x.sharding.spec]
+
+
+def check_layout(data, model_axis, mode, graphdef, optimizer, loss_cfg, batches, ref) -> dict:
+    mesh = M.make_mesh(M.MeshConfig(data=data, model=model_axis, param_sharding=mode))
+    _, params = model.create(TINY, 0)
+    specs = M.param_specs(params, mesh, mode)
+    params = M.shard_params(params, mesh, specs)
+    opt_state = M.init_opt_state(optimizer, params, mesh, specs)
+    first_leaf = jax.tree.leaves(params)[0]
+    step = M.make_sharded_train_step(graphdef, optimizer, loss_cfg, mesh, specs)
+    t0 = time.perf_counter()
+    new_params, new_opt, losses, grad_norms = run_steps(
+        step, params, opt_state, batches, lambda b: M.shard_batch(b, mesh)
+    )
+    elapsed = time.perf_counter() - t0
+    flat = model.params_to_flat(new_params)
+    diff = max(float(np.max(np.abs(flat[k] - ref["params"][k]))) for k in flat)
+
+    named = dict(
+        zip(
+            [M.param_name(p) for p, _ in jax.tree_util.tree_flatten_with_path(new_params)[0]],
+            jax.tree.leaves(new_params),
+            strict=True,
+        )
+    )
+    sharded = {}
+    for name, x in named.items():
+        spec = spec_of(x)
+        if not any(spec):
+            continue
+        mesh_shape = dict(mesh.shape)
+        padded = [*spec, *[None] * (x.ndim - len(spec))]
+        expected = [n // divisor(axes, mesh_shape) for n, axes in zip(x.shape, padded, strict=True)]
+        sharded[name] = {
+            "spec": spec,
+            "shape": list(x.shape),
+            "shard_shapes": sorted({tuple(s.data.shape) for s in x.addressable_shards}),
+            "expected_shard_shape": expected,
+        }
+    # Adam's moments must sit where their parameter sits.
+    adam = new_opt[1][0]
+    moments_follow = all(
+        mu.sharding == p.sharding and nu.sharding == p.sharding
+        for mu, nu, p in zip(
+            jax.tree.leaves(adam.mu), jax.tree.leaves(adam.nu), jax.tree.leaves(new_params), strict=True
+        )
+    )
+    return {
+        "mesh": [data, model_axis],
+        "mode": mode,
+        "losses": losses,
+        "grad_norms": grad_norms,
+        "max_param_diff": diff,
+        "sharded": {k: {**v, "shard_shapes": [list(s) for s in v["shard_shapes"]]} for k, v in sharded.items()},
+        "moments_follow_params": moments_follow,
+        "count_replicated": str(adam.count.sharding.spec),
+        "donated": first_leaf.is_deleted(),
+        "seconds": elapsed,
+    }
+
+
+def check_errors() -> dict:
+    errors = {}
+    cases = {
+        "data3": lambda: M.make_mesh(M.MeshConfig(data=3)),
+        "model3": lambda: M.make_mesh(M.MeshConfig(model=3)),
+        "data16": lambda: M.make_mesh(M.MeshConfig(data=16)),
+        "data4_model4": lambda: M.make_mesh(M.MeshConfig(data=4, model=4)),
+        "bad_mode": lambda: M.MeshConfig(param_sharding="tensor"),
+        "batch6_on_data4": lambda: M.shard_batch(
+            example_batch(featurize.feature_spec(TINY), 6, MAX_STEPS), M.make_mesh(M.MeshConfig(data=4))
+        ),
+    }
+    for name, fn in cases.items():
+        try:
+            fn()
+            errors[name] = None
+        except ValueError as e:
+            errors[name] = str(e)
+    return errors
+
+
+def main() -> None:
+    assert len(jax.devices()) == 8, jax.devices()
+    loss_cfg = LossConfig()
+    optimizer = make_optimizer(1e-3, 1.0)
+    batches = [random_batch(TINY, seed) for seed in range(STEPS)]
+    graphdef, params = model.create(TINY, 0)
+    ref_step = make_train_step(graphdef, optimizer, loss_cfg)
+    params, _, losses, grad_norms = run_steps(ref_step, params, optimizer.init(params), batches)
+    ref = {"params": model.params_to_flat(params), "losses": losses, "grad_norms": grad_norms}
+    _, init_params = model.create(TINY, 0)
+    init_flat = model.params_to_flat(init_params)
+    moved = max(float(np.max(np.abs(ref["params"][k] - init_flat[k]))) for k in init_flat)
+    layouts = [check_layout(*layout, graphdef, optimizer, loss_cfg, batches, ref) for layout in LAYOUTS]
+    result = {
+        "devices": len(jax.devices()),
+        "ref_losses": ref["losses"],
+        "ref_grad_norms": ref["grad_norms"],
+        "ref_param_change": moved,
+        "layouts": layouts,
+        "errors": check_errors(),
+    }
+    print(json.dumps(result))
+
+
+if __name__ == "__main__":
+    main()
