@@ -11,7 +11,7 @@ from common.types import Action, ActionType, Observation, PolicyChoice, SwipeDir
 
 
 class PolicyRunner:
-    def __init__(self, cfg: ModelConfig, seed: int):
+    def __init__(self, cfg: ModelConfig, seed: int, greedy: bool = False):
         self.cfg = cfg
         self.graphdef, self._template = model.create(cfg, 0)
         self.params = None
@@ -20,7 +20,7 @@ class PolicyRunner:
 
         def act(params, features, key):
             logits, _ = model.apply(self.graphdef, params, features)
-            return distribution.sample(key, logits)
+            return distribution.mode(logits) if greedy else distribution.sample(key, logits)
 
         self._act = jax.jit(act)
 

@@ -51,6 +51,18 @@ def sample(key: jax.Array, logits: dict[str, jax.Array]) -> tuple[dict[str, jax.
     return choice, log_prob(logits, choice)
 
 
+def mode(logits: dict[str, jax.Array]) -> tuple[dict[str, jax.Array], jax.Array]:
+    """The greedy action: the most likely type, then the most likely argument (for evaluation)."""
+    choice = {
+        "action_type": jnp.argmax(logits["type"], axis=-1),
+        "element": jnp.argmax(logits["element"], axis=-1),
+        "word": jnp.argmax(logits["word"], axis=-1),
+        "direction": jnp.argmax(logits["direction"], axis=-1),
+    }
+    choice = {k: v.astype(jnp.int32) for k, v in choice.items()}
+    return choice, log_prob(logits, choice)
+
+
 def _pick(log_probs: jax.Array, index: jax.Array) -> jax.Array:
     return jnp.take_along_axis(log_probs, index[..., None].astype(jnp.int32), axis=-1)[..., 0]
 

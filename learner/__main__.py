@@ -1,16 +1,23 @@
-"""`python -m learner`: train from actors over ZeroMQ. `--help` lists every option."""
+"""`python -m learner`: train from actors over ZeroMQ. `python -m learner eval --help`: evaluate a checkpoint."""
 
 from __future__ import annotations
+
+import sys
 
 import tyro
 
 from learner.config import LearnerConfig
-from learner.loop import run
 
 
 def main() -> None:
-    cfg = tyro.cli(LearnerConfig)
-    run(cfg)
+    if len(sys.argv) > 1 and sys.argv[1] == "eval":
+        from learner.evaluate import EvalConfig, evaluate
+
+        evaluate(tyro.cli(EvalConfig, args=sys.argv[2:], prog="python -m learner eval"))
+        return
+    from learner.loop import run
+
+    run(tyro.cli(LearnerConfig))
 
 
 if __name__ == "__main__":

@@ -40,6 +40,13 @@ class Checkpointer:
     def latest_update(self) -> int | None:
         return self.manager.latest_step()
 
+    def config(self) -> dict[str, Any]:
+        """The run config stored with the newest checkpoint."""
+        step = self.manager.latest_step()
+        return self.manager.restore(step, args=ocp.args.Composite(meta=ocp.args.JsonRestore()))["meta"][
+            "config"
+        ]
+
     def save(self, state: TrainState, config: dict[str, Any]) -> None:
         tree = {"params": state.params, "opt_state": state.opt_state, "rng": state.rng}
         meta = {"update": state.update, "policy_version": state.policy_version, "config": config}

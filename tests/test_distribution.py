@@ -221,3 +221,24 @@ def test_log_prob_gradient_only_reaches_the_used_heads():
                 assert np.abs(g[head]).sum() > 0, (t, head)
             else:
                 np.testing.assert_array_equal(g[head], 0.0)
+
+
+def test_mode_is_the_most_likely_complete_action_of_its_type_then_argument():
+    from common import distribution as dist
+
+    rng = np.random.default_rng(3)
+    logits = {
+        "type": jnp.asarray(rng.standard_normal((5, 7)), jnp.float32),
+        "element": jnp.asarray(rng.standard_normal((5, 6)), jnp.float32),
+        "word": jnp.asarray(rng.standard_normal((5, 4)), jnp.float32),
+        "direction": jnp.asarray(rng.standard_normal((5, 4)), jnp.float32),
+    }
+    choice, logp = dist.mode(logits)
+    for head, key in (
+        ("type", "action_type"),
+        ("element", "element"),
+        ("word", "word"),
+        ("direction", "direction"),
+    ):
+        np.testing.assert_array_equal(np.asarray(choice[key]), np.argmax(np.asarray(logits[head]), -1))
+    np.testing.assert_allclose(np.asarray(logp), np.asarray(dist.log_prob(logits, choice)), rtol=1e-6)
