@@ -59,8 +59,14 @@ class SumTree:
             raise IndexError(f"SumTree index outside [0, {self.capacity})")
         if not np.all(np.isfinite(p) & (p >= 0)):
             raise ValueError("SumTree priorities must be finite and >= 0")
-        if idx.size > 1:
-            idx, p = _last_per_index(idx, p)
+        if idx.size == 1:  # the common single add: a plain loop beats numpy calls on 1-element arrays
+            node, tree = int(idx[0]) + self._size, self._tree
+            tree[node] = p[0]
+            while node > 1:
+                node >>= 1
+                tree[node] = tree[2 * node] + tree[2 * node + 1]
+            return
+        idx, p = _last_per_index(idx, p)
         node = idx + self._size
         self._tree[node] = p
         for _ in range(self._depth):  # a parent listed twice is just written twice with the same sum
@@ -72,13 +78,13 @@ class SumTree:
         v = np.maximum(np.array(values, np.float64, ndmin=1), 0.0)
         if np.isnan(v).any():
             raise ValueError("SumTree.find got NaN")
-        node = np.ones(v.shape, np.int64)
+        node, tree = np.ones(v.shape, np.int64), self._tree
         for _ in range(self._depth):
-            left = 2 * node
-            left_sum = self._tree[left]
-            right = (v >= left_sum) & (self._tree[left + 1] > 0)
-            v -= np.where(right, left_sum, 0.0)
-            node = left + right
+            node <<= 1  # the left child
+            left_sum = tree[node]
+            right = (v >= left_sum) & (tree[node + 1] > 0)
+            v -= left_sum * right
+            node += right
         return node - self._size
 
     def find(self, value: float) -> int:

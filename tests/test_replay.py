@@ -249,6 +249,16 @@ def test_max_policy_lag_drops_exactly_the_stale():
     assert len(off) == 1 and off.stats()["dropped_stale"] == 0
 
 
+def test_insertion_order_stays_bounded_with_drops_behind_a_live_item():
+    buf = PrioritizedReplay[int](4, max_policy_lag=1)
+    buf.add(-1, 1000)  # stays live and oldest: dead entries pile up behind it
+    for v in range(100):
+        buf.add(v, v)
+        assert buf.drop_stale(v + 2) == 1
+        assert len(buf._order) <= 2 * buf.capacity + 1
+    assert buf.items() == [-1] and buf.stats()["dropped_stale"] == 100
+
+
 def test_uniform_switch_samples_uniformly_with_unit_weights():
     p = np.random.default_rng(9).uniform(0.01, 10.0, size=20)
     buf = exact_buffer(p, alpha=1.0, uniform=True, seed=10)
