@@ -64,7 +64,6 @@ import jax.numpy as jnp
 
 from learner.algorithm import step_mask
 
-
 _NUMBERS = ("gamma", "lambda_", "rho_clip", "c_clip", "pg_rho_clip", "entropy_coef", "value_coef")
 
 

@@ -226,8 +226,10 @@ def test_on_policy_full_traces_are_monte_carlo_returns(gamma, seed):
     mask = real(length)
     np.testing.assert_allclose(np.asarray(targets), returns, rtol=1e-5, atol=1e-5)
     np.testing.assert_allclose(np.asarray(adv)[mask], (returns - values[:, :-1])[mask], rtol=1e-5, atol=1e-5)
-    # with rho = 1 the deltas are the plain one-step TD errors
-    _, _, td, _ = traces_ref(logp, logp, values, rewards, length, terminal, gamma, 1.0, 1e6, 1e6, 1e6)
+    # with rho = 1 the deltas are the plain one-step TD errors r_t + gamma (1 - d_t) V(s_{t+1}) - V(s_t)
+    last = np.arange(T)[None, :] == length[:, None] - 1
+    bootstrap = np.where(mask & ~(last & terminal[:, None]), gamma * values[:, 1:], 0.0)
+    td = np.where(mask, rewards + bootstrap - values[:, :-1], 0.0)
     np.testing.assert_allclose(np.asarray(delta), td, rtol=1e-5, atol=1e-5)
 
 
