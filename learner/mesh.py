@@ -42,7 +42,6 @@ from jax.sharding import PartitionSpec as P
 
 from common import model
 from common.config import ModelConfig
-from learner.algorithm import LossConfig
 from learner.train_step import make_train_step
 
 DATA, MODEL = "data", "model"
@@ -209,7 +208,11 @@ def named_shardings(specs: Any, mesh: Mesh) -> Any:
 
 
 def shard_params(params: Any, mesh: Mesh, specs: Any) -> Any:
-    """Place parameters on the mesh per `specs` (PartitionSpec or NamedSharding leaves)."""
+    """Place parameters on the mesh per `specs` (PartitionSpec or NamedSharding leaves).
+
+    An array already laid out that way is returned as is (no copy), so the sharded step's donation then
+    also invalidates the caller's original: keep a copy (e.g. model.params_to_flat) if it is still needed.
+    """
     return jax.device_put(params, named_shardings(specs, mesh))
 
 
@@ -255,7 +258,7 @@ def batch_sharding(mesh: Mesh) -> NamedSharding:
 def make_sharded_train_step(
     graphdef: nnx.GraphDef,
     optimizer: optax.GradientTransformation,
-    loss_cfg: LossConfig,
+    loss_cfg: Any,
     mesh: Mesh,
     param_shardings: Any,
     *,
@@ -266,7 +269,9 @@ def make_sharded_train_step(
     One jax.jit over learner.train_step.make_train_step's step (the same loss and update; its own jit is
     inlined as a nested call), with in_shardings (params and optimizer state per `param_shardings`, the
     batch over 'data') and out_shardings (the same for params and state; metrics replicated).
-    params and opt_state are donated. `param_shardings`: PartitionSpec or NamedSharding leaves, e.g.
+    `loss_cfg` and `warmup` are passed to make_train_step as they are (LossConfig or ARideConfig), so
+    every loss it knows is sharded the same way; metrics (scalars and the [B] replay priorities) come
+    back replicated on every device. params and opt_state are donated. `param_shardings`: PartitionSpec or NamedSharding leaves, e.g.
     from `param_specs`. Inputs placed with `shard_params`, `init_opt_state` and `shard_batch` are used in
     place; host arrays are transferred (the batch's size must be a multiple of the 'data' axis size).
     """

@@ -4,6 +4,11 @@
 
 The device count must be set before jax initializes, hence the separate process. Prints one JSON object
 (the last line of stdout) that the test asserts on.
+
+The optimizer is the learner's (global-norm clipping + AdamW, the same state layout) but with Adam's
+eps at 1e-3 instead of 1e-8: some gradients are analytically zero (the attention key bias: softmax is
+shift-invariant) and numerically float noise, which Adam with a tiny eps scales up to about the learning
+rate, so any change of summation order (as sharding makes) would move those parameters by up to 1e-3.
 """
 
 from __future__ import annotations
@@ -14,18 +19,29 @@ import time
 
 import jax
 import numpy as np
+import optax
 
 from common import featurize, model
 from common.config import ModelConfig
 from common.types import NUM_ACTION_TYPES, NUM_SWIPE_DIRECTIONS
 from learner import mesh as M
 from learner.algorithm import LossConfig
+from learner.aride import ARideConfig
 from learner.batch import example_batch
-from learner.train_step import make_optimizer, make_train_step
+from learner.train_step import make_train_step
 
 TINY = ModelConfig(vocab_size=512, d_model=32, num_heads=4, num_layers=1, mlp_dim=128)
 BATCH, MAX_STEPS, STEPS = 8, 4, 2
-LAYOUTS = [(1, 1, "replicated"), (8, 1, "replicated"), (8, 1, "fsdp"), (4, 2, "model"), (4, 2, "fsdp")]
+# (data, model, param_sharding, loss): the actor-critic loss everywhere, and A-RIDE (the loss the learner
+# trains with, whose metrics include [B] replay priorities) on the 2-D FSDP + tensor-parallel layout.
+LAYOUTS = [
+    (1, 1, "replicated", "actor_critic"),
+    (8, 1, "replicated", "actor_critic"),
+    (8, 1, "fsdp", "actor_critic"),
+    (4, 2, "model", "actor_critic"),
+    (4, 2, "fsdp", "aride"),
+]
+LOSSES = {"actor_critic": LossConfig(), "aride": ARideConfig()}
 
 
 def random_batch(cfg: ModelConfig, seed: int) -> dict:
@@ -51,16 +67,27 @@ def random_batch(cfg: ModelConfig, seed: int) -> dict:
     b["reward"][:] = rng.standard_normal(shape)
     b["length"][:] = rng.integers(1, MAX_STEPS + 1, BATCH)
     b["terminal"][:] = rng.random(BATCH) < 0.5
+    b["weights"] = rng.uniform(0.5, 1.5, BATCH).astype(np.float32)  # replay importance weights
     return b
 
 
 def run_steps(step, params, opt_state, batches, place=lambda b: b):
-    losses, grad_norms = [], []
+    """-> (params, opt_state, [every metric of every step as host arrays])."""
+    history = []
     for batch in batches:
         params, opt_state, metrics = step(params, opt_state, place(batch))
-        losses.append(float(metrics["loss"]))
-        grad_norms.append(float(metrics["grad_norm"]))
-    return params, opt_state, losses, grad_norms
+        history.append({k: np.asarray(v, np.float64) for k, v in metrics.items()})
+    return params, opt_state, history
+
+
+def metric_diff(got: list[dict], want: list[dict]) -> float:
+    """Largest difference over all metrics (scalars and [B] priorities), relative above magnitude 1."""
+    assert [set(g) for g in got] == [set(w) for w in want]
+    return max(
+        float(np.max(np.abs(g[k] - w[k]) / np.maximum(1.0, np.abs(w[k]))))
+        for g, w in zip(got, want, strict=True)
+        for k in w
+    )
 
 
 def divisor(axes, mesh_shape: dict[str, int]) -> int:
@@ -73,7 +100,8 @@ def spec_of(x) -> list:
     return [list(a) if isinstance(a, tuple) else a for a in x.sharding.spec]
 
 
-def check_layout(data, model_axis, mode, graphdef, optimizer, loss_cfg, batches, ref) -> dict:
+def check_layout(data, model_axis, mode, loss, graphdef, optimizer, batches, ref) -> dict:
+    loss_cfg = LOSSES[loss]
     mesh = M.make_mesh(M.MeshConfig(data=data, model=model_axis, param_sharding=mode))
     _, params = model.create(TINY, 0)
     specs = M.param_specs(params, mesh, mode)
@@ -82,7 +110,7 @@ def check_layout(data, model_axis, mode, graphdef, optimizer, loss_cfg, batches,
     first_leaf = jax.tree.leaves(params)[0]
     step = M.make_sharded_train_step(graphdef, optimizer, loss_cfg, mesh, specs)
     t0 = time.perf_counter()
-    new_params, new_opt, losses, grad_norms = run_steps(
+    new_params, new_opt, history = run_steps(
         step, params, opt_state, batches, lambda b: M.shard_batch(b, mesh)
     )
     elapsed = time.perf_counter() - t0
@@ -121,10 +149,15 @@ def check_layout(data, model_axis, mode, graphdef, optimizer, loss_cfg, batches,
     return {
         "mesh": [data, model_axis],
         "mode": mode,
-        "losses": losses,
-        "grad_norms": grad_norms,
+        "loss": loss,
+        "losses": [float(m["loss"]) for m in history],
+        "ref_losses": [float(m["loss"]) for m in ref["history"]],
+        "max_metric_diff": metric_diff(history, ref["history"]),
+        "metric_keys": sorted(history[0]),
         "max_param_diff": diff,
-        "sharded": {k: {**v, "shard_shapes": [list(s) for s in v["shard_shapes"]]} for k, v in sharded.items()},
+        "sharded": {
+            k: {**v, "shard_shapes": [list(s) for s in v["shard_shapes"]]} for k, v in sharded.items()
+        },
         "moments_follow_params": moments_follow,
         "count_replicated": str(adam.count.sharding.spec),
         "donated": first_leaf.is_deleted(),
@@ -155,21 +188,20 @@ def check_errors() -> dict:
 
 def main() -> None:
     assert len(jax.devices()) == 8, jax.devices()
-    loss_cfg = LossConfig()
-    optimizer = make_optimizer(1e-3, 1.0)
+    optimizer = optax.chain(optax.clip_by_global_norm(1.0), optax.adamw(1e-3, eps=1e-3))
     batches = [random_batch(TINY, seed) for seed in range(STEPS)]
-    graphdef, params = model.create(TINY, 0)
-    ref_step = make_train_step(graphdef, optimizer, loss_cfg)
-    params, _, losses, grad_norms = run_steps(ref_step, params, optimizer.init(params), batches)
-    ref = {"params": model.params_to_flat(params), "losses": losses, "grad_norms": grad_norms}
-    _, init_params = model.create(TINY, 0)
+    graphdef, init_params = model.create(TINY, 0)
     init_flat = model.params_to_flat(init_params)
-    moved = max(float(np.max(np.abs(ref["params"][k] - init_flat[k]))) for k in init_flat)
-    layouts = [check_layout(*layout, graphdef, optimizer, loss_cfg, batches, ref) for layout in LAYOUTS]
+    refs, moved = {}, {}
+    for loss in sorted({layout[3] for layout in LAYOUTS}):
+        _, params = model.create(TINY, 0)
+        ref_step = make_train_step(graphdef, optimizer, LOSSES[loss])  # the unsharded step
+        params, _, history = run_steps(ref_step, params, optimizer.init(params), batches)
+        refs[loss] = {"params": model.params_to_flat(params), "history": history}
+        moved[loss] = max(float(np.max(np.abs(refs[loss]["params"][k] - init_flat[k]))) for k in init_flat)
+    layouts = [check_layout(*layout, graphdef, optimizer, batches, refs[layout[3]]) for layout in LAYOUTS]
     result = {
         "devices": len(jax.devices()),
-        "ref_losses": ref["losses"],
-        "ref_grad_norms": ref["grad_norms"],
         "ref_param_change": moved,
         "layouts": layouts,
         "errors": check_errors(),
