@@ -34,6 +34,7 @@ def discounted_returns(
     rewards [B, T], values [B, T + 1] (critic on every observation, including the final one),
     length [B] int, terminal [B] bool. Padded steps get 0.
     """
+    rewards, values = jnp.asarray(rewards), jnp.asarray(values)  # also callable on host arrays
     num_steps = rewards.shape[1]
     bootstrap = jnp.where(terminal, 0.0, jnp.take_along_axis(values, length[:, None], axis=1)[:, 0])
 

@@ -7,8 +7,11 @@ import numpy as np
 from common.protocol import STEP_ARRAYS, Episode
 
 
-def collate(episodes: list[Episode], max_steps: int) -> dict[str, np.ndarray | dict[str, np.ndarray]]:
-    """Episodes -> {"obs": {name: [B, T + 1, ...]}, step arrays [B, T], "length" [B], "terminal" [B]}.
+def collate(
+    episodes: list[Episode], max_steps: int, weights: np.ndarray | None = None
+) -> dict[str, np.ndarray | dict[str, np.ndarray]]:
+    """Episodes -> {"obs": {name: [B, T + 1, ...]}, step arrays [B, T], "length" [B], "terminal" [B],
+    "weights" [B] (replay importance weights, default 1)}.
 
     T is max_steps; padding is zeros (padded observations have empty masks, padded steps are masked
     out of the loss by `length`).
@@ -28,6 +31,7 @@ def collate(episodes: list[Episode], max_steps: int) -> dict[str, np.ndarray | d
         **steps,
         "length": np.array([ep.length for ep in episodes], np.int32),
         "terminal": np.array([not ep.truncated for ep in episodes], bool),
+        "weights": np.ones(b, np.float32) if weights is None else np.asarray(weights, np.float32),
     }
 
 
@@ -44,4 +48,5 @@ def example_batch(
         **{k: np.zeros((batch_size, max_steps), np.dtype(dt)) for k, dt in STEP_ARRAYS.items()},
         "length": np.ones(batch_size, np.int32),
         "terminal": np.ones(batch_size, bool),
+        "weights": np.ones(batch_size, np.float32),
     }

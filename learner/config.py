@@ -47,8 +47,30 @@ class LearnerConfig:
     """Episodes per update."""
     max_steps: int = 12
     """Longest episode in steps; actors truncate there and the learner refuses longer ones."""
-    queue_capacity: int = 1024
-    """Episodes waiting for training; beyond it the oldest are dropped (counted as dropped_episodes)."""
+    algorithm: str = "aride"
+    """"aride": Retrace(lambda) targets, truncated-IS advantages, replay weights (DistRL); "a2c": the plain
+    actor-critic (an ablation)."""
+    lambda_: float = 0.95
+    """Retrace trace decay lambda."""
+    rho_clip: float = 1.0
+    """Clip of the importance ratios pi/mu (rho-bar, c-bar and the policy-gradient weight)."""
+    replay: str = "prioritized"
+    """"prioritized" (DPER: sampling proportional to priority^alpha) or "uniform" (an ablation)."""
+    samples_per_insert: float = 4.0
+    """Rate limit (as Reverb's): reinforcement-learning updates stop once they have sampled, on average,
+    this many times per episode inserted; they resume as new episodes arrive."""
+    replay_capacity: int = 2048
+    """Episodes kept for training; the oldest is evicted at capacity (counted in dropped_episodes)."""
+    alpha: float = 0.6
+    """Priority exponent of prioritized sampling."""
+    beta_start: float = 0.4
+    """Initial importance-weight exponent, annealed linearly to 1."""
+    beta_steps: int = 2000
+    """Updates over which beta reaches 1."""
+    priority_weights: tuple[float, float, float] = (1.0, 0.5, 0.1)
+    """(w1, w2, w3) of the trajectory priority w1*mean|delta| + w2*mean(min(rho_clip, rho)) + w3*mean(-log pi)."""
+    max_policy_lag: int = 50
+    """Trajectories whose oldest step is more than this many policy versions old are dropped (0: keep all)."""
     publish_every: int = 2
     """Publish a new parameter snapshot every this many updates."""
     learning_rate: float = 1e-3

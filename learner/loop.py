@@ -1,7 +1,7 @@
 """The learner's whole training loop, readable in one sitting.
 
 bind sockets -> publish version 0 -> (start local actors) -> repeat:
-    take in messages (trajectories go into the queue, ACKed once stored)
+    take in messages (trajectories go into the prioritized replay, ACKed once stored)
     when a batch is ready: collate -> jitted train step -> every K updates publish a new version
     every few seconds: a metrics.jsonl line and a progress print
 until the time limit, the update limit, or Ctrl-C / SIGTERM; then stop actors and close sockets.
@@ -27,31 +27,15 @@ from common import featurize, model
 from common.protocol import Episode
 from common.trajectory_file import load_episodes
 from learner.algorithm import LossConfig, step_mask
+from learner.aride import ARideConfig
 from learner.batch import collate, example_batch
 from learner.checkpoint import Checkpointer, TrainState, rng_state, set_rng_state
 from learner.config import LearnerConfig
 from learner.ingest import IngestServer
 from learner.local_actors import LocalActors
 from learner.metrics import MetricsWriter
+from learner.replay import PrioritizedReplay, oldest_version
 from learner.train_step import make_optimizer, make_train_step
-
-
-class EpisodeQueue:
-    """Episodes waiting for training, oldest first; bounded, and every overflow is counted."""
-
-    def __init__(self, capacity: int):
-        self.items: deque[Episode] = deque()
-        self.capacity = capacity
-        self.dropped = 0
-
-    def extend(self, episodes: list[Episode]) -> None:
-        self.items.extend(episodes)
-        while len(self.items) > self.capacity:
-            self.items.popleft()
-            self.dropped += 1
-
-    def take(self, n: int) -> list[Episode]:
-        return [self.items.popleft() for _ in range(n)]
 
 
 class _Stop:
@@ -73,7 +57,22 @@ def run(cfg: LearnerConfig, console: Console | None = None) -> dict:
     graphdef, params = model.create(cfg.model, cfg.seed)
     optimizer = make_optimizer(cfg.learning_rate, cfg.max_grad_norm)
     opt_state = optimizer.init(params)
-    loss_cfg = LossConfig(cfg.gamma, cfg.value_coef, cfg.entropy_coef)
+    if cfg.algorithm == "aride":
+        loss_cfg = ARideConfig(
+            gamma=cfg.gamma,
+            lambda_=cfg.lambda_,
+            rho_clip=cfg.rho_clip,
+            c_clip=cfg.rho_clip,
+            pg_rho_clip=cfg.rho_clip,
+            entropy_coef=cfg.entropy_coef,
+            value_coef=cfg.value_coef,
+        )
+    elif cfg.algorithm == "a2c":
+        loss_cfg = LossConfig(cfg.gamma, cfg.value_coef, cfg.entropy_coef, cfg.rho_clip)
+    else:
+        raise SystemExit(f"--algorithm must be 'aride' or 'a2c', got {cfg.algorithm!r}")
+    if cfg.replay not in ("prioritized", "uniform"):
+        raise SystemExit(f"--replay must be 'prioritized' or 'uniform', got {cfg.replay!r}")
     train_step = make_train_step(graphdef, optimizer, loss_cfg)
     warmup_step = make_train_step(graphdef, optimizer, loss_cfg, warmup=True)
     demos = load_warmup_demos(cfg, console)
@@ -92,13 +91,23 @@ def run(cfg: LearnerConfig, console: Console | None = None) -> dict:
             f"learner: resuming from the checkpoint at update {resumed.update} (policy v{resumed.policy_version})"
         )
 
-    queue = EpisodeQueue(cfg.queue_capacity)
+    replay: PrioritizedReplay[Episode] = PrioritizedReplay(
+        cfg.replay_capacity,
+        alpha=cfg.alpha,
+        beta_start=cfg.beta_start,
+        beta_steps=cfg.beta_steps,
+        priority_weights=cfg.priority_weights,
+        max_policy_lag=cfg.max_policy_lag,
+        uniform=cfg.replay == "uniform",
+        seed=cfg.seed,
+    )
     recent_success: deque[bool] = deque(maxlen=100)
     recent_by_task: dict[str, deque[bool]] = {}
     totals = Counter()
 
     def on_episodes(episodes: list[Episode]) -> None:
-        queue.extend(episodes)
+        for ep in episodes:
+            replay.add(ep, oldest_version(ep))
         for ep in episodes:
             recent_success.append(ep.success)
             recent_by_task.setdefault(ep.task, deque(maxlen=100)).append(ep.success)
@@ -147,6 +156,7 @@ def run(cfg: LearnerConfig, console: Console | None = None) -> dict:
 
     update = resumed.update if resumed else 0
     saved_update = update
+    rl_updates = 0
     last_log = time.monotonic()
     train_metrics: dict = {}
     lag_mean, lag_max = 0.0, 0
@@ -169,10 +179,11 @@ def run(cfg: LearnerConfig, console: Console | None = None) -> dict:
             "skipped_nonfinite": totals["skipped_nonfinite"],
             "behavior_version_max": totals["behavior_version_max"],
             "actors": server.connected_actors(),
-            "replay_size": len(queue.items),
+            "replay_size": len(replay),
             "rejected": sum(server.rejected.values()),
             "rejected_by_reason": dict(server.rejected),
-            "dropped_episodes": queue.dropped,
+            "dropped_episodes": replay.counts["evicted_fifo"] + replay.counts["dropped_stale"],
+            **{f"replay/{k}": v for k, v in replay.stats().items()},
             **{f"train/{k}": float(v) for k, v in train_metrics.items()},
             **{f"time/{k}": round(v, 3) for k, v in timing.items()},
         }
@@ -211,7 +222,10 @@ def run(cfg: LearnerConfig, console: Console | None = None) -> dict:
                 stop.reason = "update limit"
                 break
             warming = bool(demos) and update < cfg.warmup_updates
-            ready = warming or len(queue.items) >= cfg.batch_size
+            ready = warming or (
+                len(replay) >= cfg.batch_size
+                and (rl_updates + 1) * cfg.batch_size <= cfg.samples_per_insert * replay.counts["added"]
+            )
             t0 = time.monotonic()
             server.poll(0 if ready else 50)
             timing["ingest_s"] += time.monotonic() - t0
@@ -222,15 +236,28 @@ def run(cfg: LearnerConfig, console: Console | None = None) -> dict:
                     batch = collate([demos[i] for i in picks], cfg.max_steps)
                     params, opt_state, metrics = warmup_step(params, opt_state, batch)
                 else:
-                    batch = collate(queue.take(cfg.batch_size), cfg.max_steps)
+                    sample = replay.sample(cfg.batch_size, policy_version=version)
+                    batch = collate(sample.items, cfg.max_steps, sample.weights)
                     mask = np.asarray(step_mask(batch["length"], cfg.max_steps))
                     lags = (version - batch["policy_version"])[mask]
                     lag_mean, lag_max = float(np.mean(lags)), int(np.max(lags))
                     params, opt_state, metrics = train_step(params, opt_state, batch)
+                    rl_updates += 1
                 train_metrics = jax.device_get(metrics)
+                priorities = {
+                    k: train_metrics.pop(k) for k in list(train_metrics) if k.startswith("priority_")
+                }
                 if train_metrics.pop("skipped_nonfinite"):
                     totals["skipped_nonfinite"] += 1
                     console.print(f"learner: update {update + 1} had a non-finite loss or gradient; skipped")
+                elif priorities and not warming:  # DPER: refresh the sampled trajectories' priorities
+                    replay.update_priorities(
+                        sample.indices,
+                        sample.generations,
+                        priorities["priority_delta"],
+                        priorities["priority_rho_clipped"],
+                        priorities["priority_nll"],
+                    )
                 update += 1
                 timing["train_s"] += time.monotonic() - t0
                 if update % cfg.publish_every == 0:
@@ -279,7 +306,7 @@ def _print_progress(console: Console, m: dict) -> None:
     console.print(
         f"{m['wall']:6.1f}s upd {m['update']:5d} v{m['policy_version']:<4d} eps {m['episodes']:6d} "
         f"success {m['success_rate']:.2f} lag {m['policy_lag_mean']:.1f} actors {m['actors']} "
-        f"queue {m['replay_size']} rej {m['rejected']} | {tasks}",
+        f"replay {m['replay_size']} rej {m['rejected']} | {tasks}",
         highlight=False,
         soft_wrap=True,
     )

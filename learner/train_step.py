@@ -12,6 +12,7 @@ from flax import nnx
 
 from common import distribution, model
 from learner.algorithm import LossConfig, actor_critic_loss, warmup_loss
+from learner.aride import ARideConfig, aride_loss
 
 
 def make_optimizer(learning_rate: float, max_grad_norm: float, weight_decay: float = 0.0):
@@ -24,12 +25,14 @@ def make_optimizer(learning_rate: float, max_grad_norm: float, weight_decay: flo
 def make_train_step(
     graphdef: nnx.GraphDef,
     optimizer: optax.GradientTransformation,
-    loss_cfg: LossConfig,
+    loss_cfg: LossConfig | ARideConfig,
     warmup: bool = False,
 ) -> Callable[[Any, Any, dict], tuple[Any, Any, dict]]:
     """Returns jitted step(params, opt_state, batch) -> (params, opt_state, metrics); params are donated.
 
-    `warmup=True` trains on demonstrations instead (behavior cloning + critic on returns).
+    `loss_cfg` picks the loss: an `ARideConfig` (Retrace targets, replay weights, priorities out) or a
+    `LossConfig` (the plain actor-critic). `warmup=True` trains on demonstrations instead (behavior
+    cloning + critic on returns; needs `gamma` and `value_coef`, which both configs have).
     """
 
     def loss_fn(params, batch):
@@ -40,6 +43,18 @@ def make_train_step(
         if warmup:
             return warmup_loss(logp, values, batch["reward"], batch["length"], batch["terminal"], loss_cfg)
         entropy = distribution.entropy(step_logits)
+        if isinstance(loss_cfg, ARideConfig):
+            return aride_loss(
+                logp,
+                batch["behavior_logp"],
+                entropy,
+                values,
+                batch["reward"],
+                batch["length"],
+                batch["terminal"],
+                loss_cfg,
+                weights=batch["weights"],
+            )
         return actor_critic_loss(
             logp,
             batch["behavior_logp"],

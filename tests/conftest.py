@@ -41,7 +41,7 @@ class LearnerProcess:
             "0",
             # Tests start from the small stand-in phone without warm-up unless they say otherwise
             # (a later flag wins).
-            *("--env", "standin", "--warmup-updates", "0", "--max-steps", "8"),
+            *("--env", "standin", "--warmup-updates", "0", "--max-steps", "8", "--samples-per-insert", "1"),
         ]
         self.proc = subprocess.Popen(
             [*cmd, *args], cwd=ROOT, stdout=self._log, stderr=subprocess.STDOUT, env=ACTOR_ENV

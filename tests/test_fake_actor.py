@@ -386,11 +386,13 @@ def test_traj_is_acked_and_trained_on(learner_process, fake_actor):
     assert ack == {"v": 1, "kind": "ACK", "seq": 43, "accepted": 5}
 
     line = wait_for_metrics(learner, lambda m: m["update"] >= 2, what="update >= 2")
-    assert line["update"] == 2  # 8 episodes, batches of 4
+    assert (
+        line["update"] == 2
+    )  # 8 episodes, batches of 4, at most one sample per insert (--samples-per-insert 1)
     assert line["episodes"] == 8
     assert line["env_steps"] == sum(len(ep["reward"]) for ep in sent)
     assert line["success_rate"] == pytest.approx(3 / 8)
-    assert line["replay_size"] == 0
+    assert line["replay_size"] == 8  # episodes stay in the replay after they are sampled
     assert line["rejected"] == 0
     assert line["policy_version"] == 2  # published after every update
     assert line["policy_lag_mean"] == pytest.approx(1.0)  # batch 2 was collected by v0, trained at v1
