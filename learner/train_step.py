@@ -43,19 +43,7 @@ def make_train_step(
         if warmup:
             return warmup_loss(logp, values, batch["reward"], batch["length"], batch["terminal"], loss_cfg)
         entropy = distribution.entropy(step_logits)
-        if isinstance(loss_cfg, ARideConfig):
-            return aride_loss(
-                logp,
-                batch["behavior_logp"],
-                entropy,
-                values,
-                batch["reward"],
-                batch["length"],
-                batch["terminal"],
-                loss_cfg,
-                weights=batch["weights"],
-            )
-        return actor_critic_loss(
+        args = (
             logp,
             batch["behavior_logp"],
             entropy,
@@ -63,8 +51,10 @@ def make_train_step(
             batch["reward"],
             batch["length"],
             batch["terminal"],
-            loss_cfg,
         )
+        if isinstance(loss_cfg, ARideConfig):
+            return aride_loss(*args, loss_cfg, weights=batch["weights"])
+        return actor_critic_loss(*args, loss_cfg)
 
     def step(params, opt_state, batch):
         grads, metrics = jax.grad(loss_fn, has_aux=True)(params, batch)
