@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Literal
 
 from actors.envs.simphone.emulator import EmulatorModelConfig
 
@@ -17,7 +18,7 @@ class ActorConfig:
     """The learner's ingest (ROUTER) port."""
     params_port: int = 5556
     """The learner's parameter (PUB) port."""
-    env: str = "simphone"
+    env: Literal["simphone", "standin"] = "simphone"
     """Environment backend: "simphone" (the built-in phone) or "standin" (a tiny phone with four task families)."""
     tasks: str = "general"
     """SimPhone tasks: a shipped suite ("general", "webshop"), a task .json file, or a folder of them."""

@@ -27,6 +27,7 @@ import numpy as np
 
 from actors.envs.simphone.env import SimPhoneConfig, SimPhoneEnv
 from actors.envs.simphone.oracle import Oracle
+from actors.policy_runner import to_action
 from common import featurize, protocol, trajectory_file, wire
 from common.config import ModelConfig
 from common.types import (
@@ -91,12 +92,6 @@ def _choices(obs: Observation, action: Action, cfg: ModelConfig) -> list[PolicyC
     return [PolicyChoice(kind)]
 
 
-def _to_action(obs: Observation, c: PolicyChoice, cfg: ModelConfig) -> Action:
-    from actors.policy_runner import to_action
-
-    return to_action(obs, c, cfg)
-
-
 def _random_choice(rng: np.random.Generator, n_elements: int, n_words: int) -> PolicyChoice:
     return PolicyChoice(
         int(rng.integers(NUM_ACTION_TYPES)),
@@ -150,7 +145,7 @@ def record_episode(
             choice = pending.pop(0)
         p = (1 - noise) * _same(choice, expert) + noise * _random_prob(choice, n_el, n_words)
         features = featurize.featurize(obs, cfg)
-        obs, reward, terminated, truncated, info = env.step(_to_action(obs, choice, cfg))
+        obs, reward, terminated, truncated, info = env.step(to_action(obs, choice, cfg))
         done = terminated or truncated
         traj.steps.append(Step(features, choice, math.log(p), float(reward), done, 0))
     traj.final_features = featurize.featurize(obs, cfg)

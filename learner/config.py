@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Literal
 
 from common.config import ModelConfig
 
@@ -22,7 +23,7 @@ class LearnerConfig:
     """PUB port for parameter snapshots (0 picks a free port)."""
     local_actors: int = 0
     """Actor processes to start on loopback (the one-command demo); 0 means actors connect from elsewhere."""
-    env: str = "simphone"
+    env: Literal["simphone", "standin"] = "simphone"
     """Environment of the local actors: "simphone" (the built-in phone) or "standin" (a tiny one)."""
     tasks: str = "general"
     """SimPhone tasks of the local actors (a suite name, a .json file or a folder)."""
@@ -47,14 +48,14 @@ class LearnerConfig:
     """Episodes per update."""
     max_steps: int = 12
     """Longest episode in steps; actors truncate there and the learner refuses longer ones."""
-    algorithm: str = "aride"
+    algorithm: Literal["aride", "a2c"] = "aride"
     """"aride": Retrace(lambda) targets, truncated-IS advantages, replay weights (DistRL); "a2c": the plain
     actor-critic (an ablation)."""
     lambda_: float = 0.95
     """Retrace trace decay lambda."""
     rho_clip: float = 1.0
     """Clip of the importance ratios pi/mu (rho-bar, c-bar and the policy-gradient weight)."""
-    replay: str = "prioritized"
+    replay: Literal["prioritized", "uniform"] = "prioritized"
     """"prioritized" (DPER: sampling proportional to priority^alpha) or "uniform" (an ablation)."""
     samples_per_insert: float = 4.0
     """Rate limit (as Reverb's): reinforcement-learning updates stop once they have sampled, on average,

@@ -67,15 +67,10 @@ def run(cfg: LearnerConfig, console: Console | None = None) -> dict:
             entropy_coef=cfg.entropy_coef,
             value_coef=cfg.value_coef,
         )
-    elif cfg.algorithm == "a2c":
+    else:  # "a2c" (tyro refuses anything else)
         loss_cfg = LossConfig(cfg.gamma, cfg.value_coef, cfg.entropy_coef, cfg.rho_clip)
-    else:
-        raise SystemExit(f"--algorithm must be 'aride' or 'a2c', got {cfg.algorithm!r}")
-    if cfg.replay not in ("prioritized", "uniform"):
-        raise SystemExit(f"--replay must be 'prioritized' or 'uniform', got {cfg.replay!r}")
     train_step = make_train_step(graphdef, optimizer, loss_cfg)
     warmup_step = make_train_step(graphdef, optimizer, loss_cfg, warmup=True)
-    demos = load_warmup_demos(cfg, console)
     demo_rng = np.random.default_rng(cfg.seed)
     checkpointer = Checkpointer(cfg.run_dir / "checkpoints") if cfg.checkpoint_every else None
     resumed = None
@@ -90,6 +85,8 @@ def run(cfg: LearnerConfig, console: Console | None = None) -> dict:
         console.print(
             f"learner: resuming from the checkpoint at update {resumed.update} (policy v{resumed.policy_version})"
         )
+    # A run resumed past its warm-up needs no demonstrations (nor their start-up cost).
+    demos = load_warmup_demos(cfg, console) if not resumed or resumed.update < cfg.warmup_updates else []
 
     replay: PrioritizedReplay[Episode] = PrioritizedReplay(
         cfg.replay_capacity,
@@ -108,7 +105,6 @@ def run(cfg: LearnerConfig, console: Console | None = None) -> dict:
     def on_episodes(episodes: list[Episode]) -> None:
         for ep in episodes:
             replay.add(ep, oldest_version(ep))
-        for ep in episodes:
             recent_success.append(ep.success)
             recent_by_task.setdefault(ep.task, deque(maxlen=100)).append(ep.success)
             totals["episodes"] += 1
@@ -197,17 +193,21 @@ def run(cfg: LearnerConfig, console: Console | None = None) -> dict:
             _print_progress(console, line)
 
     try:
-        # Compile the train step on a helper thread while this one keeps serving handshakes and data.
+        # Compile the train steps on a helper thread while this one keeps serving handshakes and data
+        # (the warm-up step only when there is a warm-up).
         t0 = time.monotonic()
         example = example_batch(featurize.feature_spec(cfg.model), cfg.batch_size, cfg.max_steps)
+
+        def compile_ahead():
+            rl = train_step.lower(params, opt_state, example).compile()
+            return rl, warmup_step.lower(params, opt_state, example).compile() if demos else None
+
         with ThreadPoolExecutor(1, thread_name_prefix="compile") as pool:
-            compiling = pool.submit(lambda: train_step.lower(params, opt_state, example).compile())
-            compiling_warmup = pool.submit(lambda: warmup_step.lower(params, opt_state, example).compile())
+            compiling = pool.submit(compile_ahead)
             while not compiling.done():
                 server.poll(50)
                 log_if_due()
-            train_step = compiling.result()
-            warmup_step = compiling_warmup.result()
+            train_step, warmup_step = compiling.result()
         timing["compile_s"] = time.monotonic() - t0
         console.print(f"learner: train step compiled in {timing['compile_s']:.1f}s")
 

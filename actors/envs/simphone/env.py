@@ -70,15 +70,7 @@ class SimPhoneEnv(gym.Env):
         assert self.task is not None, "call reset() first"
         self._steps += 1
         info: dict[str, Any] = {"task": self.task.template.id, "suite": self.task.template.suite}
-        if (
-            not isinstance(action, Action)
-            or not isinstance(action.type, int)
-            or not 0 <= int(action.type) <= 6
-        ):
-            info["invalid_action"] = "unknown_action"
-            flag = "unknown_action"
-        else:
-            flag = self.phone.act(action)
+        flag = self.phone.act(action) if self.action_space.contains(action) else "unknown_action"
         if flag:
             info["invalid_action"] = flag
         holds = self.task.predicate.evaluate(self.phone.state)
