@@ -1,4 +1,5 @@
-"""Files of episodes in the wire format (demonstrations today, saved replays later).
+"""Files of episodes in the wire format: demonstrations (kind DEMOS) and saved replays (kind REPLAY,
+learner/replay_file.py).
 
 A file is a sequence of records, each a u32 little-endian byte count followed by one wire message
 (common/wire.py): first a header map with `kind` "DEMOS" (`model`: the ModelConfig the observations were
@@ -11,10 +12,12 @@ from __future__ import annotations
 import struct
 from collections.abc import Iterator
 from pathlib import Path
-from typing import BinaryIO
+from typing import Any, BinaryIO
 
 from common import featurize, protocol, wire
 from common.config import ModelConfig
+
+DEMOS = "DEMOS"
 
 
 def write_record(f: BinaryIO, data: bytes) -> None:
@@ -35,25 +38,65 @@ def read_records(path: Path) -> Iterator[bytes]:
         pos += 4 + size
 
 
+def read_header(path: Path, records: Iterator[bytes], kind: str) -> dict[str, Any]:
+    """The first record as a header map of this `kind`; anything else is another format (or damage)."""
+    noun = kind.lower()
+    try:
+        header = wire.decode(next(records))
+    except StopIteration:
+        raise ValueError(f"{path}: not a {noun} file (empty)") from None
+    except ValueError as e:  # a WireError, or a first record longer than the file: random bytes
+        reason = str(e).removeprefix(f"{path}: ")
+        raise ValueError(f"{path}: not a {noun} file (unreadable first record: {reason})") from e
+    found = header.get("kind") if isinstance(header, dict) else None
+    if found != kind:
+        raise ValueError(f"{path}: not a {noun} file (header kind {found!r}, expected {kind!r})")
+    return header
+
+
+def header_int(path: Path, header: dict[str, Any], name: str, minimum: int = 0) -> int:
+    value = header.get(name)
+    if not isinstance(value, int) or isinstance(value, bool) or value < minimum:
+        raise ValueError(f"{path}: header field {name!r} must be an integer >= {minimum}, got {value!r}")
+    return value
+
+
+def check_model(path: Path, header: dict[str, Any], model: ModelConfig) -> None:
+    """Refuse a file featurized for another model (its arrays would not fit this one's inputs)."""
+    try:
+        saved = ModelConfig.from_dict(header["model"])
+    except (KeyError, TypeError, AttributeError, ValueError) as e:
+        raise ValueError(f"{path}: header has no valid model config ({e!r})") from e
+    if saved != model:
+        raise ValueError(f"{path}: recorded for model {header['model']}, the learner uses {model.to_dict()}")
+
+
+def read_episodes(
+    path: Path, index: int, record: bytes, model: ModelConfig, max_steps: int, newest_version: int
+) -> list[protocol.Episode]:
+    """The episodes of one TRAJ record, validated exactly as an actor's TRAJ; faults name the file."""
+    try:
+        msg = protocol.parse(record)
+        if msg["kind"] != protocol.TRAJ:
+            raise protocol.ProtocolError("bad_kind", f"expected a TRAJ message, got {msg['kind']}")
+        return protocol.validate_episodes(
+            msg,
+            featurize.feature_spec(model),
+            max_steps,
+            newest_version=newest_version,
+            vocab_size=model.vocab_size,
+        )
+    except protocol.ProtocolError as e:
+        raise ValueError(f"{path}: record {index}: {e}") from e
+
+
 def load_episodes(path: Path, model: ModelConfig) -> list[protocol.Episode]:
     """Read an episode file; refuse it if it was featurized for another model or is damaged."""
     records = read_records(path)
-    try:
-        header = wire.decode(next(records))
-    except (StopIteration, wire.WireError) as e:
-        raise ValueError(f"{path}: not a demos file ({e or 'empty'})") from e
-    if not isinstance(header, dict) or header.get("kind") != "DEMOS":
-        raise ValueError(f"{path}: not a demos file (no DEMOS header)")
-    if ModelConfig.from_dict(header["model"]) != model:
-        raise ValueError(f"{path}: recorded for model {header['model']}, the learner uses {model.to_dict()}")
+    header = read_header(path, records, DEMOS)
+    check_model(path, header, model)
+    max_steps = header_int(path, header, "max_steps", minimum=1)
     episodes = []
-    for record in records:
-        msg = protocol.parse(record)
-        episodes += protocol.validate_episodes(
-            msg,
-            featurize.feature_spec(model),
-            header["max_steps"],
-            newest_version=0,
-            vocab_size=model.vocab_size,
-        )
+    for index, record in enumerate(records, 1):
+        episodes += read_episodes(path, index, record, model, max_steps, newest_version=0)
     return episodes

@@ -2,6 +2,9 @@
 count, policy version, RNG and the run's config, written atomically (orbax writes to a temporary
 directory and renames it), the newest few kept.
 
+The replay buffer is saved beside them as `<dir>/replay/<update>.p<process>.replay` (learner/replay_file.py),
+one file per learner process, and pruned with the checkpoints it belongs to.
+
 A run dir that holds checkpoints resumes from the newest one. A checkpoint that cannot be read, or was
 written for another model, is an error naming the directory and the reason; nothing is overwritten.
 """
@@ -9,12 +12,18 @@ written for another model, is an error naming the directory and the reason; noth
 from __future__ import annotations
 
 import dataclasses
+import re
 from pathlib import Path
 from typing import Any
 
 import jax
 import numpy as np
 import orbax.checkpoint as ocp
+
+from common.config import ModelConfig
+from common.protocol import Episode
+from learner.replay import PrioritizedReplay
+from learner.replay_file import load_replay, save_replay
 
 
 @dataclasses.dataclass
@@ -78,6 +87,51 @@ class Checkpointer:
         return TrainState(
             tree["params"], tree["opt_state"], meta["update"], meta["policy_version"], np.asarray(tree["rng"])
         )
+
+    def replay_path(self, update: int, process_index: int = 0) -> Path:
+        return self.directory / "replay" / f"{update}.p{process_index}.replay"
+
+    def save_replay(
+        self,
+        update: int,
+        replay: PrioritizedReplay[Episode],
+        model_cfg: ModelConfig,
+        max_steps: int,
+        process_index: int = 0,
+    ) -> Path:
+        """Save the buffer for the checkpoint of `update` (call after `save`), then delete this process's
+        replay files of updates that no longer have a checkpoint. `update` itself is kept explicitly: an
+        asynchronous orbax save may not be listed yet."""
+        path = self.replay_path(update, process_index)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        save_replay(path, replay, model_cfg, max_steps)
+        self._prune_replays(process_index, keep={*self.manager.all_steps(), update})
+        return path
+
+    def restore_replay(
+        self,
+        update: int,
+        replay: PrioritizedReplay[Episode],
+        model_cfg: ModelConfig,
+        process_index: int = 0,
+        *,
+        max_steps: int | None = None,
+    ) -> int | None:
+        """Fill `replay` from the file saved with checkpoint `update`; returns its number of episodes, or
+        None when there is none (the run then starts with an empty replay). A damaged file raises a
+        ValueError naming it and leaves `replay` untouched."""
+        path = self.replay_path(update, process_index)
+        if not path.is_file():
+            return None
+        return load_replay(path, replay, model_cfg, max_steps=max_steps)
+
+    def _prune_replays(self, process_index: int, keep: set[int]) -> None:
+        """Delete this process's replay files (and leftover temporaries) whose update is not in `keep`."""
+        pattern = re.compile(rf"(\d+)\.p{process_index}\.replay(\.tmp)?")
+        for path in (self.directory / "replay").iterdir():
+            match = pattern.fullmatch(path.name)
+            if match and int(match[1]) not in keep:
+                path.unlink(missing_ok=True)
 
     def close(self) -> None:
         self.manager.wait_until_finished()

@@ -10,10 +10,11 @@ trajectory with the DistRL (2024) priority p = w1 mean|delta| + w2 mean(rho) + w
 
 from __future__ import annotations
 
+import json
 import math
 from collections import deque
 from dataclasses import dataclass
-from typing import Generic, TypeVar
+from typing import Any, Generic, TypeVar
 
 import numpy as np
 
@@ -293,6 +294,57 @@ class PrioritizedReplay(Generic[T]):
             self.max_priority = max(self.max_priority, float(p.max()))
         return int(ok.sum())
 
+    def state_dict(self) -> tuple[list[T], dict[str, Any]]:
+        """The stored items oldest first and plain arrays and scalars: all `load_state_dict` needs to
+        continue exactly as this buffer would (slots, generations, free stack, tree leaves, rng, counts)."""
+        slots = np.array([s for s, g in self._order if self._generation[s] == g], np.int64)
+        state = {
+            "capacity": self.capacity,
+            "slots": slots,  # of the items, oldest first
+            "versions": self._version[slots],
+            "priorities": self.priorities[slots],
+            "leaves": self.tree.leaves[slots],  # p^alpha exactly as stored (1 when uniform)
+            "generations": self._generation.copy(),  # every slot's, so old ones stay outdated
+            "free": np.array(self._free, np.int64),  # the stack, bottom first
+            "max_priority": self.max_priority,
+            "cutoff": None if self._cutoff == -math.inf else int(self._cutoff),
+            "sample_calls": self._sample_calls,
+            "counts": dict(self.counts),
+            "rng": json.dumps(self._rng.bit_generator.state),
+            "alpha": self.alpha,
+            "uniform": self.uniform,
+            "max_policy_lag": self.max_policy_lag,
+        }
+        return [self._items[s] for s in slots.tolist()], state  # type: ignore[misc]
+
+    def load_state_dict(self, items: list[T], state: dict[str, Any]) -> None:
+        """Replace this buffer's contents with a `state_dict()`, checking all of it before changing anything
+        (a ValueError leaves the buffer as it was). The capacity must match. The other settings are this
+        buffer's: with another alpha or uniform the tree is recomputed from the raw priorities, and with
+        another max_policy_lag the stale cutoff restarts (the next `sample` sets it again)."""
+        s = _checked_state(self, items, state)
+        slots, rng = s["slots"], s["rng"]
+        same_leaves = state.get("alpha") == self.alpha and state.get("uniform") == self.uniform
+        leaves = s["leaves"] if same_leaves else self._leaf(s["priorities"])
+        self.tree = SumTree(self.capacity)
+        self.tree.set(slots, leaves)
+        self.priorities[:] = 0.0
+        self.priorities[slots] = s["priorities"]
+        self._items = [None] * self.capacity
+        for slot, item in zip(slots.tolist(), items, strict=True):
+            self._items[slot] = item
+        self._live[:] = False
+        self._live[slots] = True
+        self._generation[:] = s["generations"]
+        self._version[:] = 0
+        self._version[slots] = s["versions"]
+        self._free = s["free"].tolist()
+        self._order = deque(zip(slots.tolist(), s["generations"][slots].tolist(), strict=True))
+        same_lag = state.get("max_policy_lag") == self.max_policy_lag
+        self._cutoff = s["cutoff"] if same_lag else -math.inf
+        self._rng, self.max_priority = rng, s["max_priority"]
+        self.counts, self._sample_calls = s["counts"], s["sample_calls"]
+
     def stats(self) -> dict[str, float | int]:
         live = self.priorities[self._live]
         return {
@@ -304,3 +356,68 @@ class PrioritizedReplay(Generic[T]):
             "priority_max": float(live.max()) if live.size else 0.0,
             "priority_mean": float(live.mean()) if live.size else 0.0,
         }
+
+
+def _checked_state(replay: PrioritizedReplay, items: list, state: dict[str, Any]) -> dict[str, Any]:
+    """The fields of a replay state dict, parsed and checked against `replay` (ValueError on any fault)."""
+    if not isinstance(state, dict):
+        raise ValueError(f"a replay state is a map, got {type(state).__name__}")
+    cap = replay.capacity
+    if _int(state, "capacity") != cap:
+        raise ValueError(f"the replay state is for capacity {state['capacity']}, this buffer holds {cap}")
+    n = len(items)
+    s = {name: _array(state, name, np.int64, (n,)) for name in ("slots", "versions")}
+    s |= {name: _array(state, name, np.float64, (n,)) for name in ("priorities", "leaves")}
+    s["generations"] = _array(state, "generations", np.int64, (cap,))
+    s["free"] = _array(state, "free", np.int64, (cap - n,))
+    if not np.array_equal(np.sort(np.concatenate([s["slots"], s["free"]])), np.arange(cap)):
+        raise ValueError("the replay state's item slots and free slots do not cover each slot once")
+    for name in ("priorities", "leaves"):
+        if not np.all(np.isfinite(s[name]) & (s[name] >= 0)):
+            raise ValueError(f"the replay state's {name} must be finite and >= 0")
+    s["max_priority"] = _number(state, "max_priority")
+    if not (math.isfinite(s["max_priority"]) and s["max_priority"] > 0):
+        raise ValueError("the replay state's max_priority must be finite and > 0")
+    s["cutoff"] = -math.inf if state.get("cutoff") is None else _int(state, "cutoff")
+    s["sample_calls"] = _int(state, "sample_calls")
+    counts = state.get("counts")
+    if not isinstance(counts, dict) or set(counts) != set(replay.counts):
+        raise ValueError(f"the replay state needs counts {sorted(replay.counts)}")
+    s["counts"] = {k: _int(counts, k) for k in replay.counts}
+    s["rng"] = _rng(state.get("rng"))
+    return s
+
+
+def _int(state: dict[str, Any], name: str) -> int:
+    value = state.get(name)
+    if not isinstance(value, int) or isinstance(value, bool):
+        raise ValueError(f"the replay state needs an integer {name}, got {value!r}")
+    return value
+
+
+def _number(state: dict[str, Any], name: str) -> float:
+    value = state.get(name)
+    if not isinstance(value, int | float) or isinstance(value, bool):
+        raise ValueError(f"the replay state needs a number {name}, got {value!r}")
+    return float(value)
+
+
+def _array(state: dict[str, Any], name: str, dtype: type, shape: tuple[int, ...]) -> np.ndarray:
+    value = state.get(name)
+    kind = "iu" if dtype is np.int64 else "iuf"
+    if not isinstance(value, np.ndarray) or value.dtype.kind not in kind or value.shape != shape:
+        got = f"{value.dtype} {value.shape}" if isinstance(value, np.ndarray) else type(value).__name__
+        raise ValueError(
+            f"the replay state's {name} must be a {np.dtype(dtype)} array of shape {shape}, got {got}"
+        )
+    return value.astype(dtype)
+
+
+def _rng(blob: Any) -> np.random.Generator:
+    """A PCG64 Generator in the state saved as JSON (the buffer's own is default_rng's PCG64)."""
+    rng = np.random.default_rng(0)
+    try:
+        rng.bit_generator.state = json.loads(blob)
+    except (TypeError, ValueError, KeyError) as e:
+        raise ValueError(f"the replay state's rng is not a PCG64 state: {e}") from e
+    return rng

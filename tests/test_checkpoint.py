@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import re
 
 import jax
 import numpy as np
@@ -13,7 +14,9 @@ from common.config import ModelConfig
 from learner.algorithm import LossConfig
 from learner.batch import example_batch
 from learner.checkpoint import Checkpointer, TrainState, rng_state, set_rng_state
+from learner.replay import PrioritizedReplay, oldest_version
 from learner.train_step import make_optimizer, make_train_step
+from tests.test_replay_file import MAX_STEPS, make_episodes
 
 CFG = ModelConfig(vocab_size=256, d_model=16, num_heads=2, num_layers=1, mlp_dim=32)
 
@@ -79,3 +82,35 @@ def test_bad_checkpoints_are_refused(tmp_path):
     with pytest.raises(ValueError, match="written for model"):
         Checkpointer(tmp_path / "ckpt").restore(template, other)
     assert jax.tree.leaves(params)  # nothing was consumed or overwritten
+
+
+def test_replay_files_follow_their_checkpoints(tmp_path):
+    """One replay file per kept checkpoint (max_to_keep 3); None where an update has none."""
+    model_cfg = ModelConfig()
+    episodes = make_episodes(5)
+    state = TrainState({"w": np.zeros(2, np.float32)}, {}, 0, 0, rng_state(np.random.default_rng()))
+    ckpt = Checkpointer(tmp_path / "ckpt")
+    replay = PrioritizedReplay(4, seed=1)
+    for update, ep in enumerate(episodes, 1):
+        replay.add(ep, oldest_version(ep))
+        ckpt.save(dataclasses.replace(state, update=update), {"model": model_cfg.to_dict()})
+        assert ckpt.save_replay(update, replay, model_cfg, MAX_STEPS) == ckpt.replay_path(update)
+    (ckpt.replay_path(1).parent / "9.p1.replay").write_bytes(b"another process's file stays")
+    ckpt.close()
+    names = sorted(p.name for p in (tmp_path / "ckpt" / "replay").iterdir())
+    assert names == ["3.p0.replay", "4.p0.replay", "5.p0.replay", "9.p1.replay"]
+
+    reopened = Checkpointer(tmp_path / "ckpt")
+    assert reopened.latest_update() == 5  # the replay folder does not confuse orbax
+    restored = PrioritizedReplay(4, seed=1)
+    assert reopened.restore_replay(5, restored, model_cfg) == 4
+    assert restored.stats() == replay.stats()
+    assert [ep.task for ep in restored.items()] == [ep.task for ep in replay.items()]
+    assert reopened.restore_replay(2, PrioritizedReplay(4), model_cfg) is None
+    assert reopened.restore_replay(5, PrioritizedReplay(4), model_cfg, process_index=3) is None
+    reopened.replay_path(4).write_bytes(reopened.replay_path(4).read_bytes()[:-7])
+    empty = PrioritizedReplay(4)
+    with pytest.raises(ValueError, match=re.escape(str(reopened.replay_path(4)))):
+        reopened.restore_replay(4, empty, model_cfg)
+    assert len(empty) == 0
+    reopened.close()
