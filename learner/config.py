@@ -8,6 +8,33 @@ from typing import Literal
 
 from common.config import ModelConfig
 
+ParamSharding = Literal["replicated", "fsdp", "model"]
+PARAM_SHARDINGS: tuple[str, ...] = ("replicated", "fsdp", "model")
+
+
+@dataclass(frozen=True)
+class MeshConfig:
+    """Device mesh of the sharded train step, with axes ('data', 'model')."""
+
+    data: int = -1
+    """Devices along 'data': the batch (episodes) is split over them. -1 = all devices not taken by 'model'."""
+    model: int = 1
+    """Devices along 'model': with param_sharding "model" or "fsdp", big kernels are split over them
+    (tensor parallelism). data * model must divide the device count (the first data * model devices are used)."""
+    param_sharding: ParamSharding = "replicated"
+    """How parameters and optimizer state are laid out: "replicated" (plain data parallelism: a full copy
+    on every device), "model" (embeddings, attention and MLP kernels split over 'model', replicated over
+    'data'), or "fsdp" (the "model" split plus each big parameter's largest remaining dim split over 'data',
+    ZeRO-3 style: parameters are gathered for the forward/backward pass and gradients reduce-scattered)."""
+
+    def __post_init__(self) -> None:
+        if self.param_sharding not in PARAM_SHARDINGS:
+            raise ValueError(f"param_sharding must be one of {PARAM_SHARDINGS}, got {self.param_sharding!r}")
+        if self.model < 1:
+            raise ValueError(f"mesh model axis must be >= 1, got {self.model}")
+        if self.data == 0 or self.data < -1:
+            raise ValueError(f"mesh data axis must be >= 1 or -1 (all remaining devices), got {self.data}")
+
 
 @dataclass
 class LearnerConfig:
@@ -95,3 +122,21 @@ class LearnerConfig:
     """Seed of the model initialization and of the local actors' environments."""
     model: ModelConfig = field(default_factory=ModelConfig)
     """Policy network size (sent to every actor in WELCOME)."""
+    model_preset: Literal["custom", "large"] = "custom"
+    """"custom": the network --model.* describes (default: the small CPU model); "large": the ~134M-parameter
+    preset for accelerators (learner.mesh.large_model_config; replaces --model.*), meant for
+    --mesh.param-sharding model or fsdp."""
+    mesh: MeshConfig = field(default_factory=MeshConfig)
+    """Device mesh of the train step (axes 'data' x 'model'); the batch size must be a multiple of 'data'."""
+    prefill_demos: bool = True
+    """Also put the warm-up demonstrations into the replay (as DigiRL and DistRL do with offline data), so
+    early reinforcement-learning batches mix them with the actors' episodes."""
+    coordinator: str | None = None
+    """Multi-host training: HOST:PORT of process 0's jax.distributed coordinator (the same on every
+    learner process). Each process serves its own actors, trains on its share of every batch, and
+    publishes the same parameters; process 0 leads checkpointing."""
+    num_processes: int = 1
+    """Multi-host training: number of learner processes (with --coordinator)."""
+    process_id: int = 0
+    """Multi-host training: this process's index in [0, num_processes). Processes other than 0 write
+    their metrics, endpoints and actor logs to RUN_DIR/process-I; checkpoints are shared in RUN_DIR."""

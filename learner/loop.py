@@ -10,6 +10,7 @@ until the time limit, the update limit, or Ctrl-C / SIGTERM; then stop actors an
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import json
 import os
 import signal
@@ -18,6 +19,7 @@ import sys
 import time
 from collections import Counter, deque
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 
 import jax
 import numpy as np
@@ -26,6 +28,7 @@ from rich.console import Console
 from common import featurize, model
 from common.protocol import Episode
 from common.trajectory_file import load_episodes
+from learner import multihost
 from learner.algorithm import LossConfig, step_mask
 from learner.aride import ARideConfig
 from learner.batch import collate, example_batch
@@ -33,9 +36,18 @@ from learner.checkpoint import Checkpointer, TrainState, rng_state, set_rng_stat
 from learner.config import LearnerConfig
 from learner.ingest import IngestServer
 from learner.local_actors import LocalActors
+from learner.mesh import (
+    batch_sharding,
+    init_opt_state,
+    large_model_config,
+    make_mesh,
+    make_sharded_train_step,
+    named_shardings,
+    param_specs,
+)
 from learner.metrics import MetricsWriter
 from learner.replay import PrioritizedReplay, oldest_version
-from learner.train_step import make_optimizer, make_train_step
+from learner.train_step import make_optimizer
 
 
 class _Stop:
@@ -53,10 +65,30 @@ def run(cfg: LearnerConfig, console: Console | None = None) -> dict:
     start = time.monotonic()
     stop = _Stop()
     old_handlers = {s: signal.signal(s, stop) for s in (signal.SIGINT, signal.SIGTERM)}
+    multihost.initialize(cfg.coordinator, cfg.num_processes, cfg.process_id)
+    if cfg.model_preset == "large":
+        cfg = dataclasses.replace(cfg, model=large_model_config())
+    rank = jax.process_index()
+    run_dir = cfg.run_dir if rank == 0 else cfg.run_dir / f"process-{rank}"  # checkpoints: cfg.run_dir's
 
-    graphdef, params = model.create(cfg.model, cfg.seed)
+    # The device mesh: the batch is split over 'data', parameters laid out per --mesh.param-sharding.
+    try:
+        mesh = make_mesh(cfg.mesh)
+    except ValueError as e:
+        raise SystemExit(f"--mesh: {e}") from e
+    data_devices = dict(mesh.shape)["data"]
+    if cfg.batch_size % data_devices:
+        raise SystemExit(
+            f"--batch-size {cfg.batch_size} must be a multiple of the mesh's 'data' axis ({data_devices} devices)"
+        )
+    rows = multihost.local_rows(batch_sharding(mesh), cfg.batch_size)  # this process's share of a batch
+    local_batch = rows.stop - rows.start
+    graphdef, host_params = model.create(cfg.model, cfg.seed)
+    specs = param_specs(host_params, mesh, cfg.mesh.param_sharding)
+    params = multihost.place(host_params, named_shardings(specs, mesh))
+    del host_params
     optimizer = make_optimizer(cfg.learning_rate, cfg.max_grad_norm)
-    opt_state = optimizer.init(params)
+    opt_state = init_opt_state(optimizer, params, mesh, specs)
     if cfg.algorithm == "aride":
         loss_cfg = ARideConfig(
             gamma=cfg.gamma,
@@ -69,9 +101,20 @@ def run(cfg: LearnerConfig, console: Console | None = None) -> dict:
         )
     else:  # "a2c" (tyro refuses anything else)
         loss_cfg = LossConfig(cfg.gamma, cfg.value_coef, cfg.entropy_coef, cfg.rho_clip)
-    train_step = make_train_step(graphdef, optimizer, loss_cfg)
-    warmup_step = make_train_step(graphdef, optimizer, loss_cfg, warmup=True)
-    demo_rng = np.random.default_rng(cfg.seed)
+    train_step = make_sharded_train_step(graphdef, optimizer, loss_cfg, mesh, specs)
+    warmup_step = make_sharded_train_step(graphdef, optimizer, loss_cfg, mesh, specs, warmup=True)
+    # Process I's demonstration draws: process 0's stream jumped I times (so a restored state stays right).
+    demo_rng = _jumped(np.random.default_rng(cfg.seed), rank)
+    replay: PrioritizedReplay[Episode] = PrioritizedReplay(
+        cfg.replay_capacity,
+        alpha=cfg.alpha,
+        beta_start=cfg.beta_start,
+        beta_steps=cfg.beta_steps,
+        priority_weights=cfg.priority_weights,
+        max_policy_lag=cfg.max_policy_lag,
+        uniform=cfg.replay == "uniform",
+        seed=cfg.seed + rank,
+    )
     checkpointer = Checkpointer(cfg.run_dir / "checkpoints") if cfg.checkpoint_every else None
     resumed = None
     if checkpointer is not None and checkpointer.latest_update() is not None:
@@ -82,22 +125,22 @@ def run(cfg: LearnerConfig, console: Console | None = None) -> dict:
             raise SystemExit(str(e)) from e
         params, opt_state = resumed.params, resumed.opt_state
         set_rng_state(demo_rng, resumed.rng)
+        demo_rng = _jumped(demo_rng, rank)
+        try:
+            kept = checkpointer.restore_replay(
+                resumed.update, replay, cfg.model, rank, max_steps=cfg.max_steps
+            )
+        except (OSError, ValueError) as e:
+            raise SystemExit(f"cannot resume the replay: {e}") from e
         console.print(
-            f"learner: resuming from the checkpoint at update {resumed.update} (policy v{resumed.policy_version})"
+            f"learner: resuming from the checkpoint at update {resumed.update} (policy v{resumed.policy_version}), "
+            + (f"{kept} episodes in the replay" if kept is not None else "no saved replay: it starts empty")
         )
     # A run resumed past its warm-up needs no demonstrations (nor their start-up cost).
-    demos = load_warmup_demos(cfg, console) if not resumed or resumed.update < cfg.warmup_updates else []
-
-    replay: PrioritizedReplay[Episode] = PrioritizedReplay(
-        cfg.replay_capacity,
-        alpha=cfg.alpha,
-        beta_start=cfg.beta_start,
-        beta_steps=cfg.beta_steps,
-        priority_weights=cfg.priority_weights,
-        max_policy_lag=cfg.max_policy_lag,
-        uniform=cfg.replay == "uniform",
-        seed=cfg.seed,
+    demos = (
+        load_warmup_demos(cfg, run_dir, console) if not resumed or resumed.update < cfg.warmup_updates else []
     )
+
     recent_success: deque[bool] = deque(maxlen=100)
     recent_by_task: dict[str, deque[bool]] = {}
     totals = Counter()
@@ -124,16 +167,17 @@ def run(cfg: LearnerConfig, console: Console | None = None) -> dict:
         on_episodes=on_episodes,
         actor_timeout=cfg.actor_timeout,
     )
-    writer = MetricsWriter(cfg.run_dir)
+    writer = MetricsWriter(run_dir)
     endpoints = {"ingest_port": server.ingest_port, "params_port": server.params_port, "bind": cfg.bind}
-    tmp = cfg.run_dir / "endpoints.json.tmp"
+    tmp = run_dir / "endpoints.json.tmp"
     tmp.write_text(json.dumps(endpoints))
-    tmp.replace(cfg.run_dir / "endpoints.json")  # atomic: readers never see half a file
+    tmp.replace(run_dir / "endpoints.json")  # atomic: readers never see half a file
     version = resumed.policy_version if resumed else 0
-    server.publish(version, model.params_to_flat(params))
+    server.publish(version, snapshot(params))
     console.print(
         f"learner: ingest tcp://{cfg.bind}:{server.ingest_port}, params tcp://{cfg.bind}:{server.params_port}, "
-        f"run dir {cfg.run_dir}"
+        f"run dir {run_dir}, mesh {dict(mesh.shape)} ({cfg.mesh.param_sharding} parameters)"
+        + (f", process {rank} of {jax.process_count()}" if jax.process_count() > 1 else "")
     )
     actors = None
     if cfg.local_actors:
@@ -142,13 +186,11 @@ def run(cfg: LearnerConfig, console: Console | None = None) -> dict:
             server.ingest_port,
             server.params_port,
             cfg.envs_per_actor,
-            cfg.seed,
-            cfg.run_dir,
+            cfg.seed + 1000 * rank,
+            run_dir,
             extra_args=("--env", cfg.env, "--tasks", cfg.tasks, "--split", cfg.split),
         )
-        console.print(
-            f"learner: started {cfg.local_actors} local actor(s), logs in {cfg.run_dir}/actor-*.log"
-        )
+        console.print(f"learner: started {cfg.local_actors} local actor(s), logs in {run_dir}/actor-*.log")
 
     update = resumed.update if resumed else 0
     saved_update = update
@@ -192,11 +234,25 @@ def run(cfg: LearnerConfig, console: Console | None = None) -> dict:
             writer.write(line)
             _print_progress(console, line)
 
+    prefill = cfg.prefill_demos and bool(demos)
+
+    def save_checkpoint() -> None:
+        nonlocal saved_update
+        t0 = time.monotonic()
+        state = TrainState(params, opt_state, update, version, rng_state(demo_rng))
+        checkpointer.save(state, _jsonable(cfg))
+        checkpointer.save_replay(update, replay, cfg.model, cfg.max_steps, rank)
+        saved_update = update
+        timing["checkpoint_s"] += time.monotonic() - t0
+
     try:
         # Compile the train steps on a helper thread while this one keeps serving handshakes and data
         # (the warm-up step only when there is a warm-up).
         t0 = time.monotonic()
-        example = example_batch(featurize.feature_spec(cfg.model), cfg.batch_size, cfg.max_steps)
+        example = jax.tree.map(
+            lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=batch_sharding(mesh)),
+            example_batch(featurize.feature_spec(cfg.model), cfg.batch_size, cfg.max_steps),
+        )
 
         def compile_ahead():
             rl = train_step.lower(params, opt_state, example).compile()
@@ -212,40 +268,47 @@ def run(cfg: LearnerConfig, console: Console | None = None) -> dict:
         console.print(f"learner: train step compiled in {timing['compile_s']:.1f}s")
 
         while True:
-            if stop.requested:
-                break
-            elapsed = time.monotonic() - start
-            if cfg.time_limit and elapsed >= cfg.time_limit:
-                stop.reason = "time limit"
-                break
+            wanted = stop.reason if stop.requested else ""
+            if cfg.time_limit and time.monotonic() - start >= cfg.time_limit:
+                wanted = "time limit"
             if cfg.max_updates and update >= cfg.max_updates:
-                stop.reason = "update limit"
-                break
+                wanted = "update limit"
             warming = bool(demos) and update < cfg.warmup_updates
+            if prefill and not warming:  # offline data joins the replay as reinforcement learning starts
+                prefill = False
+                for ep in demos:
+                    replay.add(_as_version(ep, version), version)
+                console.print(f"learner: {len(demos)} demonstrations added to the replay")
             ready = warming or (
-                len(replay) >= cfg.batch_size
-                and (rl_updates + 1) * cfg.batch_size <= cfg.samples_per_insert * replay.counts["added"]
+                len(replay) >= local_batch
+                and (rl_updates + 1) * local_batch <= cfg.samples_per_insert * replay.counts["added"]
             )
             t0 = time.monotonic()
             server.poll(0 if ready else 50)
             timing["ingest_s"] += time.monotonic() - t0
+            ready, stopping = multihost.agree(ready, bool(wanted))  # every process steps together
+            if stopping:
+                stop.reason = wanted or "another learner process stopped"
+                break
             if ready:
                 t0 = time.monotonic()
                 if warming:  # behavior cloning on demonstrations; actors keep acting meanwhile
-                    picks = demo_rng.integers(len(demos), size=cfg.batch_size)
+                    picks = demo_rng.integers(len(demos), size=local_batch)
                     batch = collate([demos[i] for i in picks], cfg.max_steps)
-                    params, opt_state, metrics = warmup_step(params, opt_state, batch)
+                    step_fn = warmup_step
                 else:
-                    sample = replay.sample(cfg.batch_size, policy_version=version)
+                    sample = replay.sample(local_batch, policy_version=version)
                     batch = collate(sample.items, cfg.max_steps, sample.weights)
                     mask = np.asarray(step_mask(batch["length"], cfg.max_steps))
                     lags = (version - batch["policy_version"])[mask]
                     lag_mean, lag_max = float(np.mean(lags)), int(np.max(lags))
-                    params, opt_state, metrics = train_step(params, opt_state, batch)
+                    step_fn = train_step
                     rl_updates += 1
-                train_metrics = jax.device_get(metrics)
+                batch = multihost.global_batch(batch, batch_sharding(mesh), cfg.batch_size)
+                params, opt_state, metrics = step_fn(params, opt_state, batch)
+                train_metrics = jax.device_get(multihost.host_copy(metrics))
                 priorities = {
-                    k: train_metrics.pop(k) for k in list(train_metrics) if k.startswith("priority_")
+                    k: train_metrics.pop(k)[rows] for k in list(train_metrics) if k.startswith("priority_")
                 }
                 if train_metrics.pop("skipped_nonfinite"):
                     totals["skipped_nonfinite"] += 1
@@ -263,25 +326,19 @@ def run(cfg: LearnerConfig, console: Console | None = None) -> dict:
                 if update % cfg.publish_every == 0:
                     t0 = time.monotonic()
                     version += 1
-                    server.publish(version, model.params_to_flat(params))
+                    server.publish(version, snapshot(params))
                     timing["publish_s"] += time.monotonic() - t0
                 if checkpointer is not None and update % cfg.checkpoint_every == 0:
-                    t0 = time.monotonic()
-                    checkpointer.save(
-                        TrainState(params, opt_state, update, version, rng_state(demo_rng)), _jsonable(cfg)
-                    )
-                    saved_update = update
-                    timing["checkpoint_s"] += time.monotonic() - t0
+                    save_checkpoint()
             log_if_due()
     finally:
         if checkpointer is not None:
             if update > saved_update:
-                checkpointer.save(
-                    TrainState(params, opt_state, update, version, rng_state(demo_rng)), _jsonable(cfg)
-                )
+                save_checkpoint()
             checkpointer.close()
         last = record()
         last["stopped"] = stop.reason or "error"
+        last["params_digest"] = _digest(snapshot(params))
         writer.write(last)
         writer.close()
         if actors is not None:
@@ -312,18 +369,19 @@ def _print_progress(console: Console, m: dict) -> None:
     )
 
 
-def load_warmup_demos(cfg: LearnerConfig, console: Console) -> list[Episode]:
-    """Demonstrations to warm up on: `--demos FILE`, or `--warmup-demos N` generated by the SimPhone oracle
-    in a `python -m actors demos` subprocess (the learner never imports actor code)."""
-    if not cfg.warmup_updates:
+def load_warmup_demos(cfg: LearnerConfig, run_dir: Path, console: Console) -> list[Episode]:
+    """Demonstrations to warm up on and prefill the replay with: `--demos FILE`, or `--warmup-demos N`
+    generated by the SimPhone oracle in a `python -m actors demos` subprocess (the learner never imports
+    actor code)."""
+    if not cfg.warmup_updates and not cfg.prefill_demos:
         return []
     if cfg.demos is None and cfg.env != "simphone":
-        console.print("learner: no warm-up (demonstrations come from the SimPhone oracle; pass --demos FILE)")
+        console.print("learner: no demonstrations (they come from the SimPhone oracle; pass --demos FILE)")
         return []
     path = cfg.demos
     if path is None and cfg.warmup_demos:
-        cfg.run_dir.mkdir(parents=True, exist_ok=True)
-        path = cfg.run_dir / "demos.msgpack"
+        run_dir.mkdir(parents=True, exist_ok=True)
+        path = run_dir / "demos.msgpack"
         model_args = [
             a
             for f in dataclasses.fields(cfg.model)
@@ -332,25 +390,58 @@ def load_warmup_demos(cfg: LearnerConfig, console: Console) -> list[Episode]:
         cmd = [
             sys.executable, "-m", "actors", "demos", "--out", str(path), "--tasks", cfg.tasks, "--split", cfg.split,
             "--episodes", str(cfg.warmup_demos), "--noise", str(cfg.warmup_noise), "--max-steps", str(cfg.max_steps),
-            "--seed", str(cfg.seed), *model_args,
+            "--seed", str(cfg.seed + 1000 * jax.process_index()), *model_args,
         ]  # fmt: skip
         console.print(f"learner: writing {cfg.warmup_demos} oracle demonstrations to {path}")
         done = subprocess.run(cmd, capture_output=True, text=True, env={**os.environ, "JAX_PLATFORMS": "cpu"})
         if done.returncode != 0:
             raise SystemExit(f"generating demonstrations failed:\n{done.stdout}{done.stderr}")
     if path is None:
-        raise SystemExit("--warmup-updates needs demonstrations: --demos FILE or --warmup-demos N")
+        if cfg.warmup_updates:
+            raise SystemExit("--warmup-updates needs demonstrations: --demos FILE or --warmup-demos N")
+        return []
     try:
         episodes = load_episodes(path, cfg.model)
     except (OSError, ValueError) as e:
         raise SystemExit(f"cannot use demonstrations {path}: {e}") from e
     if not episodes:
         raise SystemExit(f"{path} holds no episodes")
+    longest = max(ep.length for ep in episodes)
+    if longest > cfg.max_steps:
+        raise SystemExit(
+            f"{path}: episodes of up to {longest} steps, longer than --max-steps {cfg.max_steps}"
+        )
     success = np.mean([ep.success for ep in episodes])
-    console.print(
-        f"learner: warming up for {cfg.warmup_updates} updates on {len(episodes)} demonstrations (success {success:.2f})"
-    )
+    uses = [f"warm-up for {cfg.warmup_updates} updates"] if cfg.warmup_updates else []
+    uses += ["the replay when reinforcement learning starts"] if cfg.prefill_demos else []
+    console.print(f"learner: {len(episodes)} demonstrations (success {success:.2f}) for {' and '.join(uses)}")
     return episodes
+
+
+def snapshot(params) -> dict[str, np.ndarray]:
+    """The parameters as the host copy actors receive (gathered from every device and process)."""
+    return model.params_to_flat(multihost.host_copy(params))
+
+
+def _digest(flat: dict[str, np.ndarray]) -> str:
+    """A short hash of a snapshot: equal digests mean bit-identical parameters (across processes, runs)."""
+    h = hashlib.sha256()
+    for name in sorted(flat):
+        h.update(name.encode())
+        h.update(np.ascontiguousarray(flat[name]).tobytes())
+    return h.hexdigest()[:16]
+
+
+def _as_version(ep: Episode, version: int) -> Episode:
+    """A demonstration stamped with the current policy version: it enters the replay as fresh data (its
+    exact behavior log-probs still drive the off-policy correction) and ages out by max_policy_lag."""
+    stamped = np.full_like(ep.steps["policy_version"], version)
+    return dataclasses.replace(ep, steps={**ep.steps, "policy_version": stamped})
+
+
+def _jumped(rng: np.random.Generator, times: int) -> np.random.Generator:
+    """`rng`'s stream advanced by `times` x 2^127 draws (PCG64 jumps): disjoint streams per process."""
+    return np.random.Generator(rng.bit_generator.jumped(times)) if times else rng
 
 
 def _jsonable(cfg: LearnerConfig) -> dict:

@@ -29,8 +29,7 @@ from __future__ import annotations
 import math
 import re
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -42,41 +41,16 @@ from jax.sharding import PartitionSpec as P
 
 from common import model
 from common.config import ModelConfig
+from learner.config import PARAM_SHARDINGS, MeshConfig, ParamSharding  # noqa: F401 (re-exported)
 from learner.train_step import make_train_step
 
 DATA, MODEL = "data", "model"
 AXES = (DATA, MODEL)
-ParamSharding = Literal["replicated", "fsdp", "model"]
-PARAM_SHARDINGS: tuple[str, ...] = ("replicated", "fsdp", "model")
 
 FSDP_MIN_SIZE = 4096
 """Parameters with fewer elements than this stay replicated over 'data' under FSDP (not worth a gather)."""
 GENERIC_MIN_DIM = 128
 """A kernel no rule names is split over 'model' only if all its dims are at least this (not a small head)."""
-
-
-@dataclass(frozen=True)
-class MeshConfig:
-    """Device mesh of the sharded train step, with axes ('data', 'model')."""
-
-    data: int = -1
-    """Devices along 'data': the batch (episodes) is split over them. -1 = all devices not taken by 'model'."""
-    model: int = 1
-    """Devices along 'model': with param_sharding "model" or "fsdp", big kernels are split over them
-    (tensor parallelism). data * model must divide the device count (the first data * model devices are used)."""
-    param_sharding: ParamSharding = "replicated"
-    """How parameters and optimizer state are laid out: "replicated" (plain data parallelism: a full copy
-    on every device), "model" (embeddings, attention and MLP kernels split over 'model', replicated over
-    'data'), or "fsdp" (the "model" split plus each big parameter's largest remaining dim split over 'data',
-    ZeRO-3 style: parameters are gathered for the forward/backward pass and gradients reduce-scattered)."""
-
-    def __post_init__(self) -> None:
-        if self.param_sharding not in PARAM_SHARDINGS:
-            raise ValueError(f"param_sharding must be one of {PARAM_SHARDINGS}, got {self.param_sharding!r}")
-        if self.model < 1:
-            raise ValueError(f"mesh model axis must be >= 1, got {self.model}")
-        if self.data == 0 or self.data < -1:
-            raise ValueError(f"mesh data axis must be >= 1 or -1 (all remaining devices), got {self.data}")
 
 
 def make_mesh(cfg: MeshConfig, devices: Sequence[jax.Device] | None = None) -> Mesh:

@@ -65,6 +65,8 @@ def make_train_step(
         ok = jnp.isfinite(metrics["loss"]) & jnp.isfinite(metrics["grad_norm"])
         keep = lambda new, old: jnp.where(ok, new, old)  # noqa: E731
         metrics["skipped_nonfinite"] = (~ok).astype(jnp.int32)
-        return jax.tree.map(keep, new_params, params), jax.tree.map(keep, new_opt_state, opt_state), metrics
+        new_params = jax.tree.map(keep, new_params, params)
+        metrics["param_norm"] = optax.global_norm(new_params)
+        return new_params, jax.tree.map(keep, new_opt_state, opt_state), metrics
 
     return jax.jit(step, donate_argnums=(0, 1))

@@ -64,7 +64,8 @@ def test_default_simphone_run_warms_up_then_success_rises(learner_process):
     rc = learner.proc.wait(timeout=280)
     log = learner.log()
     assert rc == 0, log
-    assert "warming up for 100 updates on 600 demonstrations" in log
+    assert "600 demonstrations (success" in log and "for warm-up for 100 updates and the replay" in log
+    assert "600 demonstrations added to the replay" in log
     metrics = learner.metrics()
     final = metrics[-1]
     assert final["update"] == 180 and final["phase"] == "rl"

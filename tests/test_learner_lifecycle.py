@@ -47,7 +47,7 @@ def test_time_limit_exits_zero(learner_process):
     assert learner.proc.wait(timeout=60) == 0, learner.log()
     final = learner.metrics()[-1]
     assert final["stopped"] == "time limit"
-    assert 3 <= final["wall"] < 20
+    assert 3 <= final["wall"] < 60  # start-up and the compile (not interruptible) come first
 
 
 def test_actors_exit_when_the_learner_is_killed(learner_process):
