@@ -91,16 +91,27 @@ def warmup_loss(
     length: jax.Array,
     terminal: jax.Array,
     cfg: LossConfig,
+    behavior_logp: jax.Array | None = None,
 ) -> tuple[jax.Array, dict[str, jax.Array]]:
     """Behavior cloning on demonstrations, plus the critic regressed on their returns.
 
     `-mean(log pi(a_demo | s))` over real steps warms the policy up from an oracle; fitting V to the
     demonstrations' discounted returns warms the critic up, so the first actor-critic advantages after
     warm-up are not pure noise.
+
+    With `behavior_logp` (the demonstrator's log-probability of each recorded action), each step's
+    imitation term is weighted by that probability, mean_w = sum(w x) / sum(w), w = exp(behavior_logp):
+    a noisy demonstrator's own choices (probability >= 1 - noise) dominate and the random actions mixed in
+    (noise / number of actions) barely count, so the policy imitates the oracle rather than its noise.
+    Clean demonstrations (log-prob 0) give the plain mean.
     """
     mean = _masked_mean(length, rewards.shape[1])
     returns = discounted_returns(rewards, jax.lax.stop_gradient(values), length, terminal, cfg.gamma)
-    bc = -mean(logp)
+    if behavior_logp is None:
+        bc = -mean(logp)
+    else:
+        w = step_mask(length, rewards.shape[1]) * jnp.exp(behavior_logp)
+        bc = -jnp.sum(w * logp) / jnp.maximum(jnp.sum(w), 1e-6)
     value_loss = 0.5 * mean((returns - values[:, :-1]) ** 2)
     total = bc + cfg.value_coef * value_loss
     return total, {"loss": total, "bc_loss": bc, "value_loss": value_loss}

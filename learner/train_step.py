@@ -41,7 +41,15 @@ def make_train_step(
         choice = {k: batch[k] for k in distribution.CHOICE_KEYS}
         logp = distribution.log_prob(step_logits, choice)
         if warmup:
-            return warmup_loss(logp, values, batch["reward"], batch["length"], batch["terminal"], loss_cfg)
+            return warmup_loss(
+                logp,
+                values,
+                batch["reward"],
+                batch["length"],
+                batch["terminal"],
+                loss_cfg,
+                batch["behavior_logp"],
+            )
         entropy = distribution.entropy(step_logits)
         args = (
             logp,

@@ -239,3 +239,31 @@ def test_warmup_loss_against_loops():
     np.testing.assert_allclose(float(parts["bc_loss"]), bc_sum / count, rtol=1e-5)
     np.testing.assert_allclose(float(parts["value_loss"]), value_sum / count, rtol=1e-5)
     np.testing.assert_allclose(float(total), bc_sum / count + 0.25 * value_sum / count, rtol=1e-5)
+
+
+def test_warmup_imitation_is_weighted_by_the_demonstrator_probability():
+    """With behavior log-probs, each step's -log pi counts in proportion to exp(behavior_logp) (loops)."""
+    from learner.algorithm import LossConfig, warmup_loss
+
+    rng = np.random.default_rng(12)
+    b, t = 4, 5
+    logp = -rng.random((b, t)).astype(np.float32)
+    values = rng.standard_normal((b, t + 1)).astype(np.float32)
+    rewards = rng.random((b, t)).astype(np.float32)
+    length = np.array([5, 3, 1, 0], np.int32)
+    terminal = np.array([True, False, True, True])
+    # Oracle steps (probability 0.7) and noise steps (0.3 / 50), as a noisy demonstrator records them.
+    behavior_logp = np.where(rng.random((b, t)) < 0.7, np.log(0.7), np.log(0.3 / 50)).astype(np.float32)
+    args = [jnp.asarray(x) for x in (logp, values, rewards, length, terminal)]
+    _, weighted = warmup_loss(*args, LossConfig(), jnp.asarray(behavior_logp))
+    num = den = 0.0
+    for i in range(b):
+        for s in range(length[i]):
+            w = float(np.exp(behavior_logp[i, s]))
+            num -= w * float(logp[i, s])
+            den += w
+    np.testing.assert_allclose(float(weighted["bc_loss"]), num / den, rtol=1e-5)
+    _, plain = warmup_loss(*args, LossConfig())
+    _, clean = warmup_loss(*args, LossConfig(), jnp.zeros((b, t), jnp.float32))  # a noiseless demonstrator
+    np.testing.assert_allclose(float(clean["bc_loss"]), float(plain["bc_loss"]), rtol=1e-6)
+    assert abs(float(weighted["bc_loss"]) - float(plain["bc_loss"])) > 1e-3
