@@ -3,10 +3,14 @@
 from __future__ import annotations
 
 import signal
+import subprocess
+import sys
 import time
 from pathlib import Path
 
 import pytest
+
+from tests.conftest import ACTOR_ENV, ROOT
 
 
 def actor_children(learner_pid: int) -> list[int]:
@@ -64,12 +68,31 @@ def test_restart_resumes_from_the_checkpoint(learner_process, tmp_path):
     args = ("--local-actors", "1", "--envs-per-actor", "4", "--batch-size", "4", "--checkpoint-every", "5")
     first = learner_process(*args, "--max-updates", "6", run_dir=run_dir)
     assert first.proc.wait(timeout=120) == 0, first.log()
-    assert first.metrics()[-1]["update"] == 6 and first.metrics()[-1]["policy_version"] == 3
+    first_final = first.metrics()[-1]  # read now: the second run appends to the same metrics.jsonl
+    assert first_final["update"] == 6 and first_final["policy_version"] == 3
     first.stop()
     second = learner_process(*args, "--max-updates", "10", run_dir=run_dir)
     assert second.proc.wait(timeout=120) == 0, second.log()
     assert "resuming from the checkpoint at update 6 (policy v3)" in second.log()
+    # The replay came back with the checkpoint: as many episodes as the first run held when it stopped.
+    assert f"{first_final['replay_size']} episodes in the replay" in second.log()
     lines = second.metrics()
     run_ids = list(dict.fromkeys(m["run_id"] for m in lines))
     resumed = [m for m in lines if m["run_id"] == run_ids[-1]]
     assert resumed[0]["update"] >= 6 and resumed[-1]["update"] == 10 and resumed[-1]["policy_version"] == 5
+
+
+@pytest.mark.parametrize(
+    ("args", "says"),
+    [
+        (("--mesh.model", "2"), "--mesh: mesh model axis 2 does not divide the 1 available devices"),
+        (("--mesh.data", "2"), "--mesh: mesh shape data=2 x model=1"),
+        (("--num-processes", "2"), "needs --coordinator"),
+    ],
+)
+def test_impossible_layouts_are_refused_clearly(tmp_path, args, says):
+    cmd = [sys.executable, "-m", "learner", "--run-dir", str(tmp_path), "--ingest-port", "0", *args]
+    done = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, env=ACTOR_ENV, timeout=120)
+    assert done.returncode != 0
+    assert says in done.stderr, done.stderr
+    assert not (tmp_path / "endpoints.json").exists()  # refused before binding anything
