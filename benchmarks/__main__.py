@@ -11,6 +11,7 @@ BENCHMARKS = {
     "wire": "benchmarks.wire",
     "learner_step": "benchmarks.learner_step",
     "simphone": "benchmarks.simphone",
+    "train_scaling": "benchmarks.train_scaling",
 }
 
 

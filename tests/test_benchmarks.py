@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 
@@ -22,3 +23,26 @@ def test_wire_benchmark_writes_json(tmp_path):
         assert row["bytes"] > 0
         for key in ("encode_gbps", "decode_gbps", "memcpy_gbps"):
             assert row[key] > 0, (key, row)
+
+
+def test_train_scaling_quick_has_1_and_8_devices(tmp_path):
+    out = tmp_path / "train_scaling.json"
+    cmd = [sys.executable, "-m", "benchmarks", "train_scaling", "--quick", "--json", str(out)]
+    env = {**os.environ, "JAX_PLATFORMS": "cpu"}  # forced host devices, whatever accelerator is present
+    result = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stdout + result.stderr
+    report = json.loads(out.read_text())
+    assert report["benchmark"] == "train_scaling"
+    rows = report["rows"]
+    assert {row["devices"] for row in rows} == {1, 8}
+    for row in rows:
+        for key in ("ms_per_step", "traj_per_s", "env_steps_per_s", "gflop_per_step", "utilization"):
+            assert row[key] > 0, (key, row)
+        assert row["loss_finite"], row
+    (single,) = [row for row in rows if row["devices"] == 1]
+    eight = [row for row in rows if row["devices"] == 8]
+    assert {(row["mesh"], row["param_sharding"]) for row in eight} == {("8x1", "replicated"), ("4x2", "fsdp")}
+    # The same global batch: total FLOPs per step barely depend on the layout (replicated work is counted
+    # once per device). A per-device count taken as the total would be 8x too small.
+    for row in eight:
+        assert 0.7 < row["gflop_per_step"] / single["gflop_per_step"] < 1.5, (row, single)
