@@ -140,7 +140,9 @@ def record_episode(
         expert = pending[0]
         if rng.random() < noise:
             choice = _random_choice(rng, n_el, n_words)
-            pending = []  # the oracle re-plans from whatever the random action did
+            if not _same(choice, expert):
+                oracle.undo()  # its action was not taken: it re-plans from whatever the random one did
+            pending = []
         else:
             choice = pending.pop(0)
         p = (1 - noise) * _same(choice, expert) + noise * _random_prob(choice, n_el, n_words)

@@ -210,3 +210,52 @@ def test_phrase_typed_word_by_word_gets_spaces():
     save = next(e for e in env.phone.screen().elements if e.text == "Save")
     _, reward, terminated, _, _ = env.step(Action.tap(save.center[0] / 1080, save.center[1] / 2400))
     assert terminated and reward == 1.0
+
+
+def _run_oracle_with_upsets(
+    env: SimPhoneEnv, task: task_lib.Task, seed: int, upsets: dict[int, Action]
+) -> bool:
+    """The oracle plays, except that at step k (a key of `upsets`) the given action is taken instead."""
+    obs, _ = env.reset(seed=seed, options={"task": task})
+    oracle, done, step = Oracle(task.plan), False, 0
+    while not done:
+        action = oracle.act(obs)
+        if step in upsets:
+            action = upsets[step]
+            oracle.undo()
+        obs, _, terminated, truncated, info = env.step(action)
+        done, step = terminated or truncated, step + 1
+    return bool(info["success"])
+
+
+def test_oracle_recovers_from_actions_it_did_not_choose():
+    """Noisy demonstrations stay useful: after a wrong word typed into its field, or the home button
+    pressed mid-task, the oracle reselects and retypes the phrase, or reopens the app and carries on."""
+    env = SimPhoneEnv(SimPhoneConfig(tasks="general", success_on="complete", max_steps=60))
+    typed_wrong = pressed_home = recovered_typing = recovered_home = 0
+    for template in env.templates:
+        if not task_lib.available(template, "train"):
+            continue
+        values = {n: v["train"][0] for n, v in template.params.items()}
+        task = task_lib.bind(template, values)
+        types = [i for i, s in enumerate(task.plan) if "type" in s]
+        if types:
+            # The oracle's first word goes in, then a stray word: the field must be fixed before moving on.
+            obs, _ = env.reset(seed=0, options={"task": task})
+            oracle, step, first_type = Oracle(task.plan), 0, None
+            while first_type is None and step < 30:
+                action = oracle.act(obs)
+                if action.type == ActionType.TYPE:
+                    first_type = step
+                obs, *_ = env.step(action)
+                step += 1
+            assert first_type is not None, template.id
+            typed_wrong += 1
+            recovered_typing += _run_oracle_with_upsets(
+                env, task, 0, {first_type + 1: Action(ActionType.TYPE, text="zebra")}
+            )
+        pressed_home += 1
+        recovered_home += _run_oracle_with_upsets(env, task, 0, {2: Action(ActionType.PRESS_HOME)})
+    assert typed_wrong >= 10 and recovered_typing == typed_wrong
+    # Re-running steps after reopening the app can undo a toggle, so not every template recovers.
+    assert pressed_home >= 30 and recovered_home >= 0.8 * pressed_home, (recovered_home, pressed_home)

@@ -4,7 +4,13 @@ reading only the observation, so it also shows that a task is solvable from what
 Each plan step is turned into primitive actions from the current screen: a dialog is dismissed first;
 `open` goes home, then taps the icon or swipes up into the app drawer and scrolls until it is found;
 `tap` scrolls the list until an element with that label is visible; `type` focuses the field, then
-types. When the plan is done, the oracle answers `status_complete`.
+types the phrase one word at a time (as the policy does), reading the field to see how far it got.
+When the plan is done, the oracle answers `status_complete`.
+
+It recovers from actions it did not choose (the random ones of noisy demonstrations): a phrase typed
+wrong is selected again (tapping a field selects its text) and retyped, and a plan that finds itself
+on the home screen, or on a screen without its target and nothing to scroll, goes back to its last
+`open` step and carries on from there.
 """
 
 from __future__ import annotations
@@ -21,20 +27,36 @@ class Oracle:
         self._scrolls = 0
         self._scroll_dir = SwipeDirection.UP
         self._last_labels: list[str] = []
+        self._selected = False  # the oracle just tapped the field of its `type` step: its text is selected
+        self._typing = False  # the oracle has typed words of its `type` step
+        self._before: dict = {}
 
     def act(self, obs: Observation) -> Action:
+        """The next action; the oracle assumes it is taken (see `undo`)."""
+        self._before = {k: v for k, v in vars(self).items() if k != "_before"}
+        return self._act(obs)
+
+    def undo(self) -> None:
+        """Forget the last `act`: another action was taken instead (the progress it counted did not happen)."""
+        vars(self).update(self._before)
+
+    def _act(self, obs: Observation) -> Action:
         els = obs.elements
         dialog = _find(els, "Don't allow")
         if dialog is not None and any(e.resource_id == "android:id/alertTitle" for e in els):
             return _tap(dialog)
-        if self.index >= len(self.plan):
+        done = self.index >= len(self.plan)
+        step = self.plan[-1 if done else self.index]
+        left_app = not ({"open", "back", "home"} & step.keys()) or (done and "open" in step)
+        if left_app and _on_launcher(els) and self._rewind():  # e.g. home pressed mid-task: reopen the app
+            return self._act(obs)
+        if done:
             return Action(ActionType.STATUS_COMPLETE)
-        step = self.plan[self.index]
         kind = next(iter(step.keys() & {"open", "tap", "tap_nth", "type", "enter", "back", "home", "swipe"}))
         if kind == "open":
             return self._open(els, step["open"])
         if kind == "tap":
-            return self._tap_label(els, step["tap"])
+            return self._tap_label(obs, step["tap"])
         if kind == "tap_nth":
             items = [e for e in els if e.clickable and _inside_list(e, els)]
             self._advance()
@@ -46,11 +68,8 @@ class Oracle:
         if kind == "type":
             field = _field(els, step["field"])
             if field is None:
-                return self._scroll(els)
-            if not field.focused:
-                return _tap(field)
-            self._advance()
-            return Action(ActionType.TYPE, text=str(step["type"]))
+                return self._lost(obs)
+            return self._type(obs, field, str(step["type"]).split())
         self._advance()
         if kind == "swipe":
             return Action(ActionType.SWIPE, direction=SwipeDirection[step["swipe"].upper()])
@@ -64,9 +83,58 @@ class Oracle:
         self.index += 1
         self._scrolls = 0
         self._scroll_dir = SwipeDirection.UP
+        self._selected = self._typing = False
+
+    def _type(self, obs: Observation, field: UIElement, words: list[str]) -> Action:
+        """The next word of the phrase, judged from the field's text; reselect the field if it went wrong."""
+        if not field.focused:
+            self._selected, self._typing = True, False
+            return _tap(field)
+        shown = field.text.split()
+        if self._selected or not self._typing:  # selected text or an empty field's hint: the word replaces it
+            done = 0
+        elif shown == words:
+            self._advance()
+            return self._act(obs)
+        elif shown == words[: len(shown)]:
+            done = len(shown)
+        else:  # something else got typed: select the text and start over
+            self._selected, self._typing = True, False
+            return _tap(field)
+        self._selected, self._typing = False, True
+        return Action(ActionType.TYPE, text=words[done])
+
+    def _rewind(self) -> bool:
+        """Go back to the last `open` step before the current one (the app was left); False if none."""
+        opens = [i for i in range(self.index) if "open" in self.plan[i]]
+        if not opens:
+            return False
+        self.index = opens[-1]
+        self._scrolls, self._scroll_dir = 0, SwipeDirection.UP
+        self._selected = self._typing = False
+        return True
+
+    def _lost(self, obs: Observation) -> Action:
+        """The current step's target is not on screen. A later step's target is (the app reopened where it
+        was, past this step): skip to it. Otherwise scroll for it, or reopen the app if nothing scrolls."""
+        els = obs.elements
+        for j in range(self.index + 1, len(self.plan)):
+            later = self.plan[j]
+            if "open" in later:
+                break
+            if ("tap" in later and _find(els, later["tap"])) or (
+                "type" in later and _field(els, later["field"])
+            ):
+                self.index = j
+                self._scrolls, self._scroll_dir = 0, SwipeDirection.UP
+                self._selected = self._typing = False
+                return self._act(obs)
+        if not any(e.scrollable for e in els) and self._rewind():
+            return self._open(els, self.plan[self.index]["open"])
+        return self._scroll(els)
 
     def _open(self, els, app: str) -> Action:
-        on_launcher = any(e.resource_id == "com.android.launcher3:id/icon" for e in els)
+        on_launcher = _on_launcher(els)
         if not on_launcher:
             return Action(ActionType.PRESS_HOME)
         icon = next(
@@ -78,12 +146,13 @@ class Oracle:
             return _tap(icon)
         return Action(ActionType.SWIPE, direction=SwipeDirection.UP)  # opens the drawer, then scrolls it
 
-    def _tap_label(self, els, label: str) -> Action:
+    def _tap_label(self, obs: Observation, label: str) -> Action:
+        els = obs.elements
         target = _find(els, label)
         if target is not None:
             self._advance()
             return _tap(target)
-        return self._scroll(els)
+        return self._lost(obs)
 
     def _scroll(self, els) -> Action:
         """Scroll up (towards later items) until the screen stops changing, then back down; give up after a while."""
@@ -106,6 +175,10 @@ def _find(els, label: str) -> UIElement | None:
         return exact[0]
     prefix = [e for e in els if e.clickable and e.text.startswith(label)]
     return prefix[0] if prefix else None
+
+
+def _on_launcher(els) -> bool:
+    return any(e.resource_id == "com.android.launcher3:id/icon" for e in els)
 
 
 def _field(els, name: str) -> UIElement | None:
