@@ -82,6 +82,10 @@ class LearnerConfig:
     """Retrace trace decay lambda."""
     rho_clip: float = 1.0
     """Clip of the importance ratios pi/mu (rho-bar, c-bar and the policy-gradient weight)."""
+    advantage_threshold: float | None = None
+    """A-RIDE: only steps with advantage above this train the actor (DigiRL's filtering uses 0; None: all)."""
+    binarize_advantage: bool = False
+    """A-RIDE: the actor uses 1[A > 0] instead of the advantage A (DigiRL's binarization)."""
     replay: Literal["prioritized", "uniform"] = "prioritized"
     """"prioritized" (DPER: sampling proportional to priority^alpha) or "uniform" (an ablation)."""
     samples_per_insert: float = 4.0

@@ -98,6 +98,8 @@ def run(cfg: LearnerConfig, console: Console | None = None) -> dict:
             pg_rho_clip=cfg.rho_clip,
             entropy_coef=cfg.entropy_coef,
             value_coef=cfg.value_coef,
+            advantage_threshold=cfg.advantage_threshold,
+            binarize_advantage=cfg.binarize_advantage,
         )
     else:  # "a2c" (tyro refuses anything else)
         loss_cfg = LossConfig(cfg.gamma, cfg.value_coef, cfg.entropy_coef, cfg.rho_clip)
