@@ -340,7 +340,8 @@ def run(cfg: LearnerConfig, console: Console | None = None) -> dict:
             checkpointer.close()
         last = record()
         last["stopped"] = stop.reason or "error"
-        last["params_digest"] = _digest(snapshot(params))
+        if stop.reason:  # a clean stop (after an error the donated parameters may be gone)
+            last["params_digest"] = _digest(snapshot(params))
         writer.write(last)
         writer.close()
         if actors is not None:

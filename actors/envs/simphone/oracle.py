@@ -10,7 +10,8 @@ When the plan is done, the oracle answers `status_complete`.
 It recovers from actions it did not choose (the random ones of noisy demonstrations): a phrase typed
 wrong is selected again (tapping a field selects its text) and retyped, and a plan that finds itself
 on the home screen, or on a screen without its target and nothing to scroll, goes back to its last
-`open` step and carries on from there.
+`open` step and carries on from there; when a reopened app shows a later step's target, it skips ahead.
+`undo` takes back a decision that was replaced by another action.
 """
 
 from __future__ import annotations
@@ -80,7 +81,11 @@ class Oracle:
         )
 
     def _advance(self) -> None:
-        self.index += 1
+        self._goto(self.index + 1)
+
+    def _goto(self, index: int) -> None:
+        """Make plan step `index` the current one, with fresh scroll and typing state."""
+        self.index = index
         self._scrolls = 0
         self._scroll_dir = SwipeDirection.UP
         self._selected = self._typing = False
@@ -109,9 +114,7 @@ class Oracle:
         opens = [i for i in range(self.index) if "open" in self.plan[i]]
         if not opens:
             return False
-        self.index = opens[-1]
-        self._scrolls, self._scroll_dir = 0, SwipeDirection.UP
-        self._selected = self._typing = False
+        self._goto(opens[-1])
         return True
 
     def _lost(self, obs: Observation) -> Action:
@@ -125,9 +128,7 @@ class Oracle:
             if ("tap" in later and _find(els, later["tap"])) or (
                 "type" in later and _field(els, later["field"])
             ):
-                self.index = j
-                self._scrolls, self._scroll_dir = 0, SwipeDirection.UP
-                self._selected = self._typing = False
+                self._goto(j)
                 return self._act(obs)
         if not any(e.scrollable for e in els) and self._rewind():
             return self._open(els, self.plan[self.index]["open"])
