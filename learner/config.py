@@ -107,6 +107,11 @@ class LearnerConfig:
     """Publish a new parameter snapshot every this many updates."""
     learning_rate: float = 1e-3
     """AdamW learning rate."""
+    lr_decay_updates: int = 0
+    """Cosine-decay the learning rate to lr_final_fraction of itself over this many updates (warm-up
+    included), constant after; 0 keeps it constant. About the number of updates a run will make."""
+    lr_final_fraction: float = 0.1
+    """Where the cosine decay ends, as a fraction of --learning-rate."""
     max_grad_norm: float = 1.0
     """Global-norm gradient clipping."""
     gamma: float = 0.95

@@ -87,7 +87,12 @@ def run(cfg: LearnerConfig, console: Console | None = None) -> dict:
     specs = param_specs(host_params, mesh, cfg.mesh.param_sharding)
     params = multihost.place(host_params, named_shardings(specs, mesh))
     del host_params
-    optimizer = make_optimizer(cfg.learning_rate, cfg.max_grad_norm)
+    optimizer = make_optimizer(
+        cfg.learning_rate,
+        cfg.max_grad_norm,
+        decay_updates=cfg.lr_decay_updates,
+        final_fraction=cfg.lr_final_fraction,
+    )
     opt_state = init_opt_state(optimizer, params, mesh, specs)
     if cfg.algorithm == "aride":
         loss_cfg = ARideConfig(

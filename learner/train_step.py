@@ -15,10 +15,28 @@ from learner.algorithm import LossConfig, actor_critic_loss, warmup_loss
 from learner.aride import ARideConfig, aride_loss
 
 
-def make_optimizer(learning_rate: float, max_grad_norm: float, weight_decay: float = 0.0):
+def make_optimizer(
+    learning_rate: float,
+    max_grad_norm: float,
+    weight_decay: float = 0.0,
+    decay_updates: int = 0,
+    final_fraction: float = 0.1,
+) -> optax.GradientTransformation:
+    """Global-norm clipping, then AdamW with a learning-rate schedule: constant when decay_updates is 0,
+    else a cosine decay from learning_rate to final_fraction * learning_rate over decay_updates updates,
+    constant after that (SGDR, Loshchilov & Hutter 2017, without restarts). The schedule counts every
+    applied update (warm-up included). Both forms keep the same state layout, so checkpoints and
+    evaluation need not know which one trained them."""
+    if decay_updates < 0 or not 0.0 <= final_fraction <= 1.0:
+        raise ValueError("need decay_updates >= 0 and final_fraction in [0, 1]")
+    schedule = (
+        optax.cosine_decay_schedule(learning_rate, decay_updates, alpha=final_fraction)
+        if decay_updates
+        else optax.constant_schedule(learning_rate)
+    )
     return optax.chain(
         optax.clip_by_global_norm(max_grad_norm),
-        optax.adamw(learning_rate, weight_decay=weight_decay),
+        optax.adamw(schedule, weight_decay=weight_decay),
     )
 
 

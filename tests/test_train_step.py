@@ -44,3 +44,33 @@ def test_nonfinite_loss_is_skipped_and_parameters_stay():
     after = model.params_to_flat(params)
     assert all(np.array_equal(before[k], after[k]) for k in before)
     assert all(np.isfinite(np.asarray(x)).all() for x in jax.tree.leaves(opt_state))
+
+
+def test_learning_rate_follows_the_cosine_schedule():
+    """With a constant gradient Adam's step is about the learning rate, so the step sizes trace the
+    schedule: lr at first, lr * (f + (1 - f)(1 + cos(pi t / T)) / 2) at update t, f * lr from T on."""
+    import jax.numpy as jnp
+    import optax
+
+    lr, decay, final = 0.1, 10, 0.2
+    sizes = {}
+    for updates in (0, decay):
+        optimizer = make_optimizer(lr, max_grad_norm=1e9, decay_updates=updates, final_fraction=final)
+        params = {"w": jnp.zeros(())}
+        state = optimizer.init(params)
+        steps = []
+        for _ in range(decay + 3):
+            update, state = optimizer.update({"w": jnp.ones(())}, state, params)
+            params = optax.apply_updates(params, update)
+            steps.append(-float(update["w"]))
+        sizes[updates] = np.array(steps)
+    np.testing.assert_allclose(sizes[0], lr, rtol=1e-3)  # constant
+    t = np.arange(decay + 3)
+    want = lr * (final + (1 - final) * 0.5 * (1 + np.cos(np.pi * np.minimum(t, decay) / decay)))
+    np.testing.assert_allclose(sizes[decay], want, rtol=1e-3)
+    # Both forms keep one state layout (checkpoints and eval build the optimizer without the schedule).
+    layout = [
+        jax.tree.structure(make_optimizer(lr, 1.0, decay_updates=d).init({"w": jnp.zeros(())}))
+        for d in (0, 5)
+    ]
+    assert layout[0] == layout[1]
