@@ -116,9 +116,10 @@ class LearnerConfig:
     """Global-norm gradient clipping."""
     gamma: float = 0.95
     """Discount."""
-    entropy_coef: float = 0.001
-    """Weight of the exact entropy bonus (at 0.01 the policy's entropy kept growing through 15-minute
-    SimPhone runs once the sparse advantages were small, and success sagged)."""
+    entropy_coef: float | None = None
+    """Weight of the exact entropy bonus. Default: 0.01 when learning from scratch (exploration), 0.001
+    after a warm-up on demonstrations (at 0.01 the entropy kept growing through 15-minute SimPhone runs
+    once the sparse advantages were small, undoing the imitation, and success sagged)."""
     value_coef: float = 0.5
     """Weight of the critic loss."""
     checkpoint_every: int = 200
@@ -150,3 +151,15 @@ class LearnerConfig:
     process_id: int = 0
     """Multi-host training: this process's index in [0, num_processes). Processes other than 0 write
     their metrics, endpoints and actor logs to RUN_DIR/process-I; checkpoints are shared in RUN_DIR."""
+
+    def uses_demonstrations(self) -> bool:
+        """Whether this run warms up on, or prefills its replay with, demonstrations (a --demos file, or
+        SimPhone oracle ones written at start-up)."""
+        wanted = self.warmup_updates > 0 or self.prefill_demos
+        return wanted and (self.demos is not None or (self.env == "simphone" and self.warmup_demos > 0))
+
+    def entropy(self) -> float:
+        """--entropy-coef, or its default: 0.001 after demonstrations, 0.01 from scratch."""
+        if self.entropy_coef is not None:
+            return self.entropy_coef
+        return 0.001 if self.uses_demonstrations() else 0.01
