@@ -107,9 +107,11 @@ class LearnerConfig:
     """Publish a new parameter snapshot every this many updates."""
     learning_rate: float = 1e-3
     """AdamW learning rate."""
-    lr_decay_updates: int = 0
+    lr_decay_updates: int = 2000
     """Cosine-decay the learning rate to lr_final_fraction of itself over this many updates (warm-up
-    included), constant after; 0 keeps it constant. About the number of updates a run will make."""
+    included), constant after; 0 keeps it constant. Set it to about the number of updates a run will
+    make (2000: about 15 minutes on a 2-core CPU). Without the decay, 15-minute SimPhone runs swung
+    between 0.7 and 0.9 success late in training; with it they held 0.98."""
     lr_final_fraction: float = 0.1
     """Where the cosine decay ends, as a fraction of --learning-rate."""
     max_grad_norm: float = 1.0
