@@ -86,13 +86,13 @@ def make_train_step(
         grads, metrics = jax.grad(loss_fn, has_aux=True)(params, batch)
         updates, new_opt_state = optimizer.update(grads, opt_state, params)
         new_params = optax.apply_updates(params, updates)
-        metrics["grad_norm"] = optax.global_norm(grads)
+        metrics["grad_norm"] = optax.tree.norm(grads)
         # A non-finite loss or gradient must not poison the parameters: keep the old ones, report it.
         ok = jnp.isfinite(metrics["loss"]) & jnp.isfinite(metrics["grad_norm"])
         keep = lambda new, old: jnp.where(ok, new, old)  # noqa: E731
         metrics["skipped_nonfinite"] = (~ok).astype(jnp.int32)
         new_params = jax.tree.map(keep, new_params, params)
-        metrics["param_norm"] = optax.global_norm(new_params)
+        metrics["param_norm"] = optax.tree.norm(new_params)
         return new_params, jax.tree.map(keep, new_opt_state, opt_state), metrics
 
     return jax.jit(step, donate_argnums=(0, 1))
