@@ -9,27 +9,16 @@ from __future__ import annotations
 import time
 
 import jax
-import jax.numpy as jnp
 
 from actors.envs.standin import StandInPhoneEnv
 from actors.policy_runner import PolicyRunner
 from benchmarks import data
-from benchmarks.report import best_seconds
+from benchmarks.report import best_seconds, matmul_gflops
 from common import featurize, model
 from common.config import ModelConfig
 from learner.algorithm import LossConfig
 from learner.batch import collate
 from learner.train_step import make_optimizer, make_train_step
-
-
-def _matmul_gflops(d: int, repeats: int) -> float:
-    kx, kw = jax.random.split(jax.random.key(0))
-    x = jax.random.normal(kx, (4096, d), jnp.float32)
-    w = jax.random.normal(kw, (d, d), jnp.float32) / d
-    f = jax.jit(lambda x, w: jnp.tanh(jnp.tanh(x @ w) @ w) @ w)
-    f(x, w).block_until_ready()
-    sec = best_seconds(lambda: f(x, w).block_until_ready(), repeats, inner=20)
-    return 3 * 2 * 4096 * d * d / sec / 1e9
 
 
 def run(quick: bool) -> list[dict]:
@@ -55,7 +44,7 @@ def run(quick: bool) -> list[dict]:
         jax.block_until_ready(m)
 
     step_s = best_seconds(one_update, repeats, inner=3)
-    ref_gflops = _matmul_gflops(cfg.d_model, repeats)
+    ref_gflops = matmul_gflops(cfg.d_model, repeats)
     rows = [
         {
             "path": "learner train step",

@@ -54,3 +54,19 @@ def emit(name: str, rows: list[dict], json_path: str | None) -> dict:
 
 def _cell(value: object) -> str:
     return f"{value:.4g}" if isinstance(value, float) else str(value)
+
+
+def matmul_gflops(d: int, repeats: int) -> float:
+    """A jitted chain of three [4096, d] x [d, d] matmuls on one device (jax.devices()[0]); GFLOP/s: the
+    reference that train-step throughput is stated against (jax imported here: workers set devices first)."""
+    import jax
+    import jax.numpy as jnp
+
+    kx, kw = jax.random.split(jax.random.key(0))
+    x = jax.random.normal(kx, (4096, d), jnp.float32)
+    w = jax.random.normal(kw, (d, d), jnp.float32) / d
+    f = jax.jit(lambda x, w: jnp.tanh(jnp.tanh(x @ w) @ w) @ w)
+    f(x, w).block_until_ready()
+    inner = 20 if d <= 256 else 2  # ~0.3 ms per call at d=64, ~0.1 s at d=1024
+    sec = best_seconds(lambda: f(x, w).block_until_ready(), repeats, inner=inner)
+    return 3 * 2 * 4096 * d * d / sec / 1e9

@@ -35,7 +35,7 @@ import time
 
 import numpy as np
 
-from benchmarks.report import best_seconds
+from benchmarks.report import best_seconds, matmul_gflops
 
 BATCH, MAX_STEPS = 32, 12
 LARGE_BATCH, LARGE_STEPS = 4, 4
@@ -160,21 +160,6 @@ def time_layout(cfg, devices, data_axis: int, model_axis: int, sharding: str, ba
         "first_step_s": first_s,
         "loss_finite": bool(np.isfinite(float(metrics["loss"]))),
     }
-
-
-def matmul_gflops(d: int, repeats: int) -> float:
-    """A jitted chain of three [4096, d] x [d, d] matmuls on one device (jax.devices()[0]); GFLOP/s."""
-    import jax
-    import jax.numpy as jnp
-
-    kx, kw = jax.random.split(jax.random.key(0))
-    x = jax.random.normal(kx, (4096, d), jnp.float32)
-    w = jax.random.normal(kw, (d, d), jnp.float32) / d
-    f = jax.jit(lambda x, w: jnp.tanh(jnp.tanh(x @ w) @ w) @ w)
-    f(x, w).block_until_ready()
-    inner = 20 if d <= 256 else 2  # ~0.3 ms per call at d=64, ~0.1 s at d=1024
-    sec = best_seconds(lambda: f(x, w).block_until_ready(), repeats, inner=inner)
-    return 3 * 2 * 4096 * d * d / sec / 1e9
 
 
 def worker(devices: int, quick: bool, large: bool) -> list[dict]:
