@@ -23,6 +23,8 @@ class UIElement:
     """Visible text."""
     content_desc: str = ""
     """Accessibility description (icons often have only this)."""
+    hint: str = ""
+    """Placeholder of an empty text field (uiautomator's `hint`): it says what to type, but is not typed."""
     resource_id: str = ""
     """View id, e.g. `com.android.settings:id/switch_widget`."""
     bounds: tuple[int, int, int, int] = (0, 0, 0, 0)
@@ -40,7 +42,7 @@ class UIElement:
     @property
     def label(self) -> str:
         """The text a person would read on or for this element."""
-        return self.text or self.content_desc
+        return self.text or self.content_desc or self.hint
 
 
 @dataclass(frozen=True)

@@ -364,6 +364,7 @@ class SimPhone:
             w.cls,
             text=w.text,
             content_desc=w.desc,
+            hint=w.hint,
             resource_id=w.rid,
             bounds=box,
             clickable=w.clickable,

@@ -28,6 +28,8 @@ class Widget:
     cls: str
     text: str = ""
     desc: str = ""
+    hint: str = ""
+    """For text fields: the placeholder shown while the field is empty."""
     rid: str = ""
     on_tap: Callable[[], None] | None = None
     field: str | None = None
@@ -86,5 +88,5 @@ def switch(text: str, checked: bool, on_tap: Callable[[], None], *, rid: str = "
 
 
 def text_field(page: Page, key: str, hint: str, *, rid: str = "") -> Widget:
-    """An EditText showing the page's buffer for `key`, or its hint when empty."""
-    return Widget(EDIT, text=page.fields.get(key, "") or hint, rid=rid or f"field_{key}", field=key)
+    """An EditText showing the page's buffer for `key` (its hint shows while the buffer is empty)."""
+    return Widget(EDIT, text=page.fields.get(key, ""), hint=hint, rid=rid or f"field_{key}", field=key)
