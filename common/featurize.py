@@ -1,8 +1,11 @@
 """Turn an Observation into fixed-shape arrays the policy network reads.
 
 Shapes (one observation; batches add leading axes):
-    instr_tokens [Li] int32   instr_mask [Li] bool   instr_feats [Li, 1] f32 (word is visible on screen)
+    instr_tokens [Li] int32   instr_mask [Li] bool   instr_feats [Li, 3] f32
     elem_tokens [E, Le] int32 elem_mask [E] bool     elem_feats [E, 10] f32
+instr_feats: the word is visible on screen; it is in a text field (already typed); the word before it is
+in a text field. The last two let the typed-text pointer find the next word to type by where it sits
+(right after what is typed) rather than by what it is, so it can type values it never saw in training.
 elem_feats: box (left, top, right, bottom) / screen size, clickable, checked, focused, scrollable,
 editable, and the share of the element's words that occur in the instruction (the grounding cue).
 """
@@ -16,7 +19,7 @@ from common.config import ModelConfig
 from common.types import Observation
 
 NUM_ELEMENT_FEATURES = 10
-NUM_INSTRUCTION_FEATURES = 1
+NUM_INSTRUCTION_FEATURES = 3
 
 
 def feature_spec(cfg: ModelConfig) -> dict[str, tuple[tuple[int, ...], str]]:
@@ -47,9 +50,12 @@ def featurize(obs: Observation, cfg: ModelConfig) -> dict[str, np.ndarray]:
     elem_mask = np.zeros(e, bool)
     elem_feats = np.zeros((e, NUM_ELEMENT_FEATURES), np.float32)
     screen_words: set[str] = set()
+    field_words: set[str] = set()
     for i, el in enumerate(elements):
         label_words = tokenizer.words(el.label)
         screen_words.update(label_words)
+        if "EditText" in el.cls:
+            field_words.update(tokenizer.words(el.text))  # what is typed, not the hint
         elem_tokens[i], _ = tokenizer.encode(el.label, le, v)
         elem_mask[i] = True
         left, top, right, bottom = el.bounds
@@ -69,6 +75,8 @@ def featurize(obs: Observation, cfg: ModelConfig) -> dict[str, np.ndarray]:
     instr_feats = np.zeros((li, NUM_INSTRUCTION_FEATURES), np.float32)
     for i, w in enumerate(instruction_words(obs.instruction, cfg)):
         instr_feats[i, 0] = w.lower() in screen_words
+        instr_feats[i, 1] = w.lower() in field_words
+        instr_feats[i, 2] = i > 0 and instr_feats[i - 1, 1]
     return {
         "instr_tokens": instr_tokens,
         "instr_mask": instr_mask,

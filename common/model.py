@@ -42,7 +42,10 @@ class PhonePolicy(nnx.Module):
     def __init__(self, cfg: ModelConfig, rngs: nnx.Rngs):
         d = cfg.d_model
         self.cfg = cfg
-        self.embed = nnx.Embed(cfg.vocab_size, d, rngs=rngs)
+        # Small initial word vectors (as BERT and GPT-2 use): a word never trained on, such as a value
+        # first seen at test time, stays near zero, like the rarely renamed ids of learner/augment.py,
+        # instead of a unit-scale random vector that pulls the pointers at random.
+        self.embed = nnx.Embed(cfg.vocab_size, d, embedding_init=nnx.initializers.normal(0.02), rngs=rngs)
         self.summary = nnx.Param(jax.random.normal(rngs.params(), (d,)) * 0.02)
         self.instr_pos = nnx.Param(jax.random.normal(rngs.params(), (cfg.max_instruction_tokens, d)) * 0.02)
         self.instr_feat = nnx.Linear(NUM_INSTRUCTION_FEATURES, d, rngs=rngs)

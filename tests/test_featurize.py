@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import string
 import subprocess
@@ -143,7 +144,7 @@ ELEMENTS = (
     UIElement(_SWITCH, text="Bluetooth", bounds=(0, 500, 1080, 700), clickable=True, scrollable=True),
     UIElement(
         _EDIT,
-        content_desc="Turn notes",
+        text="Turn notes",
         bounds=(40, 300, 1040, 440),
         clickable=True,
         focused=True,
@@ -167,7 +168,7 @@ def test_feature_spec_shapes():
     assert spec == {
         "instr_tokens": ((6,), "<i4"),
         "instr_mask": ((6,), "|b1"),
-        "instr_feats": ((6, 1), "<f4"),
+        "instr_feats": ((6, 3), "<f4"),
         "elem_tokens": ((4, 3), "<i4"),
         "elem_mask": ((4,), "|b1"),
         "elem_feats": ((4, 10), "<f4"),
@@ -182,6 +183,9 @@ def test_featurize_hand_computed():
     np.testing.assert_array_equal(f["instr_mask"], [True] * 4 + [False] * 2)
     # visible: turn (element 3), wi-fi (element 1); "please" only on element 4, which is cut
     np.testing.assert_array_equal(f["instr_feats"][:, 0], [1, 0, 1, 0, 0, 0])
+    # typed: "turn" is in the EditText (element 3), so "on" is the word right after the typed ones
+    np.testing.assert_array_equal(f["instr_feats"][:, 1], [1, 0, 0, 0, 0, 0])
+    np.testing.assert_array_equal(f["instr_feats"][:, 2], [0, 1, 0, 0, 0, 0])
     np.testing.assert_array_equal(f["elem_mask"], [True] * 4)
     np.testing.assert_array_equal(
         f["elem_tokens"],
@@ -200,6 +204,18 @@ def test_featurize_hand_computed():
         [40 / 1080, 300 / 2400, 1040 / 1080, 440 / 2400, 1, 0, 1, 0, 1, 0.5],
     ]
     np.testing.assert_allclose(f["elem_feats"], np.array(want, np.float32), rtol=1e-6)
+
+
+def test_a_hint_names_its_field_but_is_not_typed_text():
+    field = UIElement(_EDIT, hint="Search or type URL", focused=True, bounds=(0, 0, 10, 10))
+    f = featurize.featurize(Observation("Search for jazz", (field,)), CFG)
+    assert f["elem_tokens"][0, 0] == id_ref("search")  # the label falls back to the hint
+    np.testing.assert_array_equal(f["instr_feats"][:3, 0], [1, 0, 0])  # "search" is visible...
+    assert not f["instr_feats"][:, 1:].any()  # ...but nothing is typed yet
+    typed = dataclasses.replace(field, text="jazz")
+    f = featurize.featurize(Observation("Search for jazz", (typed,)), CFG)
+    np.testing.assert_array_equal(f["instr_feats"][:3, 1], [0, 0, 1])
+    np.testing.assert_array_equal(f["instr_feats"][:3, 2], [0, 0, 0])
 
 
 def test_overlap_feature():
