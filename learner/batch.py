@@ -11,7 +11,8 @@ def collate(
     episodes: list[Episode], max_steps: int, weights: np.ndarray | None = None
 ) -> dict[str, np.ndarray | dict[str, np.ndarray]]:
     """Episodes -> {"obs": {name: [B, T + 1, ...]}, step arrays [B, T], "length" [B], "terminal" [B],
-    "weights" [B] (replay importance weights, default 1)}.
+    "weights" [B] (replay importance weights, default 1), "keep" [B] (the instruction-level filter on the
+    actor, default all True)}.
 
     T is max_steps; padding is zeros (padded observations have empty masks, padded steps are masked
     out of the loss by `length`).
@@ -32,6 +33,7 @@ def collate(
         "length": np.array([ep.length for ep in episodes], np.int32),
         "terminal": np.array([not ep.truncated for ep in episodes], bool),
         "weights": np.ones(b, np.float32) if weights is None else np.asarray(weights, np.float32),
+        "keep": np.ones(b, bool),
     }
 
 
@@ -49,4 +51,5 @@ def example_batch(
         "length": np.ones(batch_size, np.int32),
         "terminal": np.ones(batch_size, bool),
         "weights": np.ones(batch_size, np.float32),
+        "keep": np.ones(batch_size, bool),
     }

@@ -79,7 +79,7 @@ def make_train_step(
             batch["terminal"],
         )
         if isinstance(loss_cfg, ARideConfig):
-            return aride_loss(*args, loss_cfg, weights=batch["weights"])
+            return aride_loss(*args, loss_cfg, weights=batch["weights"], keep=batch.get("keep"))
         return actor_critic_loss(*args, loss_cfg)
 
     def step(params, opt_state, batch):

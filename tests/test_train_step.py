@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 
 from common import featurize, model
 from common.config import ModelConfig
 from learner.algorithm import LossConfig
+from learner.aride import ARideConfig
 from learner.batch import example_batch
 from learner.train_step import make_optimizer, make_train_step
 
@@ -74,3 +76,20 @@ def test_learning_rate_follows_the_cosine_schedule():
         for d in (0, 5)
     ]
     assert layout[0] == layout[1]
+
+
+def test_the_instruction_filter_reaches_the_a_ride_actor_loss():
+    """batch["keep"] (collate's default: all True) is the instruction-level filter of aride_loss."""
+    graphdef, params = model.create(CFG, 0)
+    optimizer = make_optimizer(1e-2, 1.0)
+    step = make_train_step(graphdef, optimizer, ARideConfig())
+    _, _, _, batch, _ = _setup(1.0)
+    kept = step(jax.tree.map(jnp.copy, params), optimizer.init(params), batch)[2]
+    assert float(kept["actor_step_fraction"]) == 1.0 and float(kept["policy_loss"]) != 0.0
+    batch["keep"][:] = [True, False, False, False]
+    one = step(jax.tree.map(jnp.copy, params), optimizer.init(params), batch)[2]
+    assert float(one["actor_step_fraction"]) == 0.25
+    batch["keep"][:] = False
+    none = step(jax.tree.map(jnp.copy, params), optimizer.init(params), batch)[2]
+    assert float(none["actor_step_fraction"]) == 0.0 and float(none["policy_loss"]) == 0.0
+    assert float(none["value_loss"]) == float(kept["value_loss"])  # the critic still learns from all
