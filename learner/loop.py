@@ -31,10 +31,12 @@ from common.trajectory_file import load_episodes
 from learner import multihost
 from learner.algorithm import LossConfig, step_mask
 from learner.aride import ARideConfig
+from learner.augment import rename_words
 from learner.batch import collate, example_batch
 from learner.checkpoint import Checkpointer, TrainState, rng_state, set_rng_state
 from learner.config import LearnerConfig
 from learner.ingest import IngestServer
+from learner.instruction_critic import InstructionCritic
 from learner.local_actors import LocalActors
 from learner.mesh import (
     batch_sharding,
@@ -62,6 +64,17 @@ class _Stop:
 def run(cfg: LearnerConfig, console: Console | None = None) -> dict:
     """Train until a stop condition; returns the last metrics record."""
     console = console or Console(stderr=True, soft_wrap=True)
+    for flag, rate in (
+        ("word-rename-rate", cfg.word_rename_rate),
+        ("typed-word-rename-rate", cfg.typed_word_rename_rate),
+    ):
+        if not 0.0 <= rate <= 1.0:
+            raise SystemExit(f"--{flag} must be in [0, 1], got {rate}")
+    if (
+        cfg.instruction_filter is not None
+        and not 0.0 <= cfg.instruction_filter[0] <= cfg.instruction_filter[1] <= 1.0
+    ):
+        raise SystemExit(f"--instruction-filter needs 0 <= LOW <= HIGH <= 1, got {cfg.instruction_filter}")
     start = time.monotonic()
     stop = _Stop()
     old_handlers = {s: signal.signal(s, stop) for s in (signal.SIGINT, signal.SIGTERM)}
@@ -150,14 +163,14 @@ def run(cfg: LearnerConfig, console: Console | None = None) -> dict:
     warmup_step = make_sharded_train_step(graphdef, optimizer, loss_cfg, mesh, specs, warmup=True)
 
     recent_success: deque[bool] = deque(maxlen=100)
-    recent_by_task: dict[str, deque[bool]] = {}
+    task_critic = InstructionCritic(window=100)  # recent success per task: metrics and the filter
     totals = Counter()
 
     def on_episodes(episodes: list[Episode]) -> None:
         for ep in episodes:
             replay.add(ep, oldest_version(ep))
             recent_success.append(ep.success)
-            recent_by_task.setdefault(ep.task, deque(maxlen=100)).append(ep.success)
+            task_critic.observe(ep.task, ep.success)
             totals["episodes"] += 1
             totals["env_steps"] += ep.length
             totals["behavior_version_max"] = max(
@@ -209,7 +222,7 @@ def run(cfg: LearnerConfig, console: Console | None = None) -> dict:
     timing = Counter()
 
     def record() -> dict:
-        by_task = {k: float(np.mean(v)) for k, v in sorted(recent_by_task.items()) if v}
+        by_task = task_critic.values()
         return {
             "run_id": server.run_id,
             "wall": round(time.monotonic() - start, 3),
@@ -223,6 +236,7 @@ def run(cfg: LearnerConfig, console: Console | None = None) -> dict:
             "policy_lag_mean": lag_mean,
             "policy_lag_max": lag_max,
             "skipped_nonfinite": totals["skipped_nonfinite"],
+            "instruction_filtered": totals["instruction_filtered"],
             "behavior_version_max": totals["behavior_version_max"],
             "actors": server.connected_actors(),
             "replay_size": len(replay),
@@ -307,11 +321,24 @@ def run(cfg: LearnerConfig, console: Console | None = None) -> dict:
                 else:
                     sample = replay.sample(local_batch, policy_version=version)
                     batch = collate(sample.items, cfg.max_steps, sample.weights)
+                    if cfg.instruction_filter is not None:
+                        batch["keep"] = task_critic.keep(
+                            [ep.task for ep in sample.items], *cfg.instruction_filter
+                        )
+                        totals["instruction_filtered"] += int((~batch["keep"]).sum())
                     mask = np.asarray(step_mask(batch["length"], cfg.max_steps))
                     lags = (version - batch["policy_version"])[mask]
                     lag_mean, lag_max = float(np.mean(lags)), int(np.max(lags))
                     step_fn = train_step
                     rl_updates += 1
+                # A seed per (update, process): a resumed run renames exactly as an uninterrupted one.
+                batch["obs"] = rename_words(
+                    batch["obs"],
+                    cfg.word_rename_rate,
+                    cfg.model.vocab_size,
+                    seed=[cfg.seed, update, rank],
+                    typed_rate=cfg.typed_word_rename_rate,
+                )
                 batch = multihost.global_batch(batch, batch_sharding(mesh), cfg.batch_size)
                 params, opt_state, metrics = step_fn(params, opt_state, batch)
                 train_metrics = jax.device_get(multihost.host_copy(metrics))

@@ -88,9 +88,10 @@ def test_restart_resumes_from_the_checkpoint(learner_process, tmp_path):
         (("--mesh.model", "2"), "--mesh: mesh model axis 2 does not divide the 1 available devices"),
         (("--mesh.data", "2"), "--mesh: mesh shape data=2 x model=1"),
         (("--num-processes", "2"), "needs --coordinator"),
+        (("--word-rename-rate", "1.5"), "--word-rename-rate must be in [0, 1], got 1.5"),
     ],
 )
-def test_impossible_layouts_are_refused_clearly(tmp_path, args, says):
+def test_impossible_settings_are_refused_clearly(tmp_path, args, says):
     cmd = [sys.executable, "-m", "learner", "--run-dir", str(tmp_path), "--ingest-port", "0", *args]
     done = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, env=ACTOR_ENV, timeout=120)
     assert done.returncode != 0
