@@ -70,6 +70,8 @@ def run(cfg: LearnerConfig, console: Console | None = None) -> dict:
     ):
         if not 0.0 <= rate <= 1.0:
             raise SystemExit(f"--{flag} must be in [0, 1], got {rate}")
+    if cfg.demo_update_every < 0:
+        raise SystemExit(f"--demo-update-every must be >= 0, got {cfg.demo_update_every}")
     if (
         cfg.instruction_filter is not None
         and not 0.0 <= cfg.instruction_filter[0] <= cfg.instruction_filter[1] <= 1.0
@@ -140,10 +142,10 @@ def run(cfg: LearnerConfig, console: Console | None = None) -> dict:
             f"learner: resuming from the checkpoint at update {resumed.update} (policy v{resumed.policy_version}), "
             + (f"{kept} episodes in the replay" if kept is not None else "no saved replay: it starts empty")
         )
-    # A run resumed past its warm-up needs no demonstrations (nor their start-up cost).
-    demos = (
-        load_warmup_demos(cfg, run_dir, console) if not resumed or resumed.update < cfg.warmup_updates else []
-    )
+    # A run resumed past its warm-up needs no demonstrations (nor their start-up cost), unless it keeps
+    # imitating them (--demo-update-every); its replay already holds any prefilled ones.
+    past_warmup = resumed is not None and resumed.update >= cfg.warmup_updates
+    demos = load_warmup_demos(cfg, run_dir, console) if not past_warmup or cfg.demo_update_every else []
     entropy_coef = cfg.entropy()
     if cfg.algorithm == "aride":
         loss_cfg = ARideConfig(
@@ -237,6 +239,7 @@ def run(cfg: LearnerConfig, console: Console | None = None) -> dict:
             "policy_lag_max": lag_max,
             "skipped_nonfinite": totals["skipped_nonfinite"],
             "instruction_filtered": totals["instruction_filtered"],
+            "imitation_updates": totals["imitation_updates"],
             "behavior_version_max": totals["behavior_version_max"],
             "actors": server.connected_actors(),
             "replay_size": len(replay),
@@ -256,7 +259,7 @@ def run(cfg: LearnerConfig, console: Console | None = None) -> dict:
             writer.write(line)
             _print_progress(console, line)
 
-    prefill = cfg.prefill_demos and bool(demos)
+    prefill = cfg.prefill_demos and bool(demos) and not past_warmup
 
     def save_checkpoint() -> None:
         nonlocal saved_update
@@ -295,8 +298,12 @@ def run(cfg: LearnerConfig, console: Console | None = None) -> dict:
                 wanted = "time limit"
             if cfg.max_updates and update >= cfg.max_updates:
                 wanted = "update limit"
-            warming = bool(demos) and update < cfg.warmup_updates
-            if prefill and not warming:  # offline data joins the replay as reinforcement learning starts
+            in_warmup = bool(demos) and update < cfg.warmup_updates
+            every = cfg.demo_update_every
+            warming = in_warmup or bool(
+                demos and every and (update - cfg.warmup_updates) % every == every - 1
+            )
+            if prefill and not in_warmup:  # offline data joins the replay as reinforcement learning starts
                 prefill = False
                 for ep in demos:
                     replay.add(_as_version(ep, version), version)
@@ -318,6 +325,7 @@ def run(cfg: LearnerConfig, console: Console | None = None) -> dict:
                     picks = demo_rng.integers(len(demos), size=local_batch)
                     batch = collate([demos[i] for i in picks], cfg.max_steps)
                     step_fn = warmup_step
+                    totals["imitation_updates"] += 1
                 else:
                     sample = replay.sample(local_batch, policy_version=version)
                     batch = collate(sample.items, cfg.max_steps, sample.weights)
@@ -447,6 +455,7 @@ def load_warmup_demos(cfg: LearnerConfig, run_dir: Path, console: Console) -> li
     success = np.mean([ep.success for ep in episodes])
     uses = [f"warm-up for {cfg.warmup_updates} updates"] if cfg.warmup_updates else []
     uses += ["the replay when reinforcement learning starts"] if cfg.prefill_demos else []
+    uses += [f"one in {cfg.demo_update_every} updates after the warm-up"] if cfg.demo_update_every else []
     console.print(f"learner: {len(episodes)} demonstrations (success {success:.2f}) for {' and '.join(uses)}")
     return episodes
 

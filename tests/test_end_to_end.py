@@ -48,6 +48,7 @@ def test_learner_and_two_actors_train_and_success_rises(learner_process):
 def test_default_simphone_run_warms_up_then_success_rises(learner_process):
     learner = learner_process(
         *("--env", "simphone", "--max-steps", "12", "--warmup-demos", "600", "--warmup-updates", "100"),
+        *("--demo-update-every", "4"),
         *(
             "--local-actors",
             "2",
@@ -69,6 +70,8 @@ def test_default_simphone_run_warms_up_then_success_rises(learner_process):
     metrics = learner.metrics()
     final = metrics[-1]
     assert final["update"] == 180 and final["phase"] == "rl"
+    assert "and one in 4 updates after the warm-up" in log
+    assert final["imitation_updates"] == 100 + 80 // 4  # the warm-up, then every 4th update
     assert any(m["phase"] == "warmup" and m["update"] > 0 for m in metrics)
     assert all(
         name.split(".")[0]

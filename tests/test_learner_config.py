@@ -12,8 +12,9 @@ def test_demonstrations_are_used_when_a_warm_up_or_prefill_can_get_them():
     assert not LearnerConfig(env="standin").uses_demonstrations()  # no oracle demonstrations there
     assert LearnerConfig(env="standin", demos=Path("d.msgpack")).uses_demonstrations()
     assert not LearnerConfig(warmup_demos=0).uses_demonstrations()
-    assert not LearnerConfig(warmup_updates=0, prefill_demos=False).uses_demonstrations()
+    assert not LearnerConfig(warmup_updates=0, prefill_demos=False, demo_update_every=0).uses_demonstrations()
     assert LearnerConfig(warmup_updates=0).uses_demonstrations()  # prefill alone
+    assert LearnerConfig(warmup_updates=0, prefill_demos=False, demo_update_every=4).uses_demonstrations()
 
 
 def test_entropy_default_explores_from_scratch_and_keeps_imitation():

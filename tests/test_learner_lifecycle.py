@@ -89,6 +89,7 @@ def test_restart_resumes_from_the_checkpoint(learner_process, tmp_path):
         (("--mesh.data", "2"), "--mesh: mesh shape data=2 x model=1"),
         (("--num-processes", "2"), "needs --coordinator"),
         (("--word-rename-rate", "1.5"), "--word-rename-rate must be in [0, 1], got 1.5"),
+        (("--demo-update-every", "-1"), "--demo-update-every must be >= 0, got -1"),
     ],
 )
 def test_impossible_settings_are_refused_clearly(tmp_path, args, says):
