@@ -57,7 +57,7 @@ def rename_words(
         return obs
     episodes = obs[TOKEN_KEYS[0]].shape[0]
     episode_seed = np.random.default_rng(seed).integers(0, 2**63, size=episodes, dtype=np.uint64)
-    typed = _typed_ids(obs) if typed_rate != rate else [np.zeros(0, np.int64)] * episodes
+    typed = _typed_ids(obs) if typed_rate != rate else None
     out = dict(obs)
     with np.errstate(over="ignore"):
         for key in TOKEN_KEYS:
@@ -65,8 +65,10 @@ def rename_words(
             salt = episode_seed.reshape((episodes,) + (1,) * (ids.ndim - 1))
             h = _mix(ids.astype(np.uint64) * _GOLDEN ^ salt)
             renamed = (1 + _mix(h) % np.uint64(vocab_size - 1)).astype(ids.dtype)
-            is_typed = np.stack([np.isin(ids[b], typed[b]) for b in range(episodes)])
-            threshold = np.where(is_typed, _threshold(typed_rate), _threshold(rate))
+            threshold = _threshold(rate)
+            if typed is not None:
+                is_typed = np.stack([np.isin(ids[b], typed[b]) for b in range(episodes)])
+                threshold = np.where(is_typed, _threshold(typed_rate), threshold)
             chosen = (h < threshold) & (ids != 0)
             out[key] = np.where(chosen, renamed, ids)
     return out
