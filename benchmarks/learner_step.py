@@ -17,6 +17,7 @@ from benchmarks.report import best_seconds, matmul_gflops
 from common import featurize, model
 from common.config import ModelConfig
 from learner.algorithm import LossConfig
+from learner.augment import rename_words
 from learner.batch import collate
 from learner.train_step import make_optimizer, make_train_step
 
@@ -57,6 +58,23 @@ def run(quick: bool) -> list[dict]:
             "vs_matmul": step_gflop / step_s / ref_gflops,
         }
     ]
+    # Host-side batch preparation on the learner's critical path: padding, then word renaming.
+    episodes = data.episodes(cfg, batch, steps)
+
+    def prepare():
+        prepared = collate(episodes, steps)
+        rename_words(prepared["obs"], 0.0, cfg.vocab_size, seed=0, typed_rate=0.5)
+
+    prep_s = best_seconds(prepare, repeats, inner=3)
+    rows.append(
+        {
+            "path": "learner batch prep (collate + word renaming)",
+            "batch": f"{batch} eps x {steps + 1} obs",
+            "ms_per_call": prep_s * 1e3,
+            "samples_per_s": batch * steps / prep_s,
+            "vs_train_step": prep_s / step_s,
+        }
+    )
     runner = PolicyRunner(cfg, 0)
     runner.load(0, model.params_to_flat(state[0]))
     for n in (1, 16) if quick else (1, 16, 64):
