@@ -21,6 +21,7 @@ import numpy as np
 import orbax.checkpoint as ocp
 
 from common.config import ModelConfig
+from common.featurize import feature_spec
 from common.protocol import Episode
 from learner.replay import PrioritizedReplay
 from learner.replay_file import load_replay, save_replay
@@ -58,7 +59,12 @@ class Checkpointer:
 
     def save(self, state: TrainState, config: dict[str, Any]) -> None:
         tree = {"params": state.params, "opt_state": state.opt_state, "rng": state.rng}
-        meta = {"update": state.update, "policy_version": state.policy_version, "config": config}
+        meta = {
+            "update": state.update,
+            "policy_version": state.policy_version,
+            "config": config,
+            "features": _features(config["model"]),
+        }
         self.manager.save(
             state.update,
             args=ocp.args.Composite(state=ocp.args.StandardSave(tree), meta=ocp.args.JsonSave(meta)),
@@ -79,6 +85,14 @@ class Checkpointer:
             saved_model = meta["config"].get("model")
             if saved_model != model_config:
                 raise ValueError(f"it was written for model {saved_model}, this run uses {model_config}")
+            # The featurizer's layout is code, not config: a change to common/featurize.py changes it.
+            saved_features, features = meta.get("features"), _features(model_config)
+            if saved_features is not None and saved_features != features:
+                changed = sorted(k for k in features if saved_features.get(k) != features[k])
+                raise ValueError(
+                    f"it was written for other observation features ({', '.join(changed)}: "
+                    f"{[saved_features.get(k) for k in changed]}, this code makes {[features[k] for k in changed]})"
+                )
             tree = self.manager.restore(
                 step, args=ocp.args.Composite(state=ocp.args.StandardRestore(abstract))
             )["state"]
@@ -136,6 +150,12 @@ class Checkpointer:
     def close(self) -> None:
         self.manager.wait_until_finished()
         self.manager.close()
+
+
+def _features(model_config: dict[str, Any]) -> dict[str, list]:
+    """The featurized arrays' shapes and dtypes for this model config, as JSON values."""
+    spec = feature_spec(ModelConfig.from_dict(model_config))
+    return {name: [list(shape), dtype] for name, (shape, dtype) in spec.items()}
 
 
 def rng_state(rng: np.random.Generator) -> np.ndarray:

@@ -81,6 +81,16 @@ def test_bad_checkpoints_are_refused(tmp_path):
     other = dataclasses.replace(CFG, d_model=32).to_dict()
     with pytest.raises(ValueError, match="written for model"):
         Checkpointer(tmp_path / "ckpt").restore(template, other)
+    # Same model config, but written when the featurizer made one instruction feature instead of three.
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(featurize, "NUM_INSTRUCTION_FEATURES", 1)
+        old = Checkpointer(tmp_path / "old_features")
+        old.save(dataclasses.replace(template, update=1), {"model": CFG.to_dict()})
+        old.close()
+    with pytest.raises(
+        ValueError, match=r"other observation features \(instr_feats: \[\[\[16, 1\], '<f4'\]\]"
+    ):
+        Checkpointer(tmp_path / "old_features").restore(template, CFG.to_dict())
     assert jax.tree.leaves(params)  # nothing was consumed or overwritten
 
 
