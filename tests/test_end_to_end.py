@@ -11,7 +11,7 @@ import pytest
 def test_learner_and_two_actors_train_and_success_rises(learner_process):
     learner = learner_process(
         *("--local-actors", "2", "--envs-per-actor", "8"),
-        *("--max-updates", "130", "--log-every", "1", "--seed", "3"),
+        *("--max-updates", "200", "--log-every", "1", "--seed", "3"),
     )
     rc = learner.proc.wait(timeout=220)
     log = learner.log()
@@ -19,13 +19,13 @@ def test_learner_and_two_actors_train_and_success_rises(learner_process):
     metrics = learner.metrics()
     final = metrics[-1]
     assert final["stopped"] == "update limit"
-    assert final["update"] == 130
+    assert final["update"] == 200
     # Trajectories flowed from both actors.
     assert final["episodes"] > 500 and final["env_steps"] > final["episodes"]
     assert max(m["actors"] for m in metrics) == 2
     assert final["rejected"] == 0
     # The actors swapped to newer parameters: the learner received steps taken with late versions.
-    assert final["policy_version"] == 65
+    assert final["policy_version"] == 100
     assert final["behavior_version_max"] >= 30
     for i in range(2):
         actor_log = (learner.run_dir / f"actor-{i}.log").read_text()
@@ -35,8 +35,9 @@ def test_learner_and_two_actors_train_and_success_rises(learner_process):
     # Success rose clearly above where it started.
     started = next(m["success_rate"] for m in metrics if m["episodes"] >= 100)
     assert started < 0.15, metrics[:5]
-    # Thresholds leave room for run-to-run spread (asynchrony makes runs differ): at this point
-    # observed runs were between 0.22 and 0.6 overall, with open_app above 0.85.
+    # Thresholds leave room for run-to-run spread (asynchrony makes runs differ). At 130 updates runs
+    # reached 0.22 to 0.6, but once 0.03 under a loaded clean-clone CI (with small word-vector init),
+    # so the run now has 200 updates.
     assert final["success_rate"] >= max(0.15, started + 0.1), [m["success_rate"] for m in metrics]
     # The easiest family (tap the named app's icon, after going home if needed) is all but solved.
     assert final["success_by_task"]["open_app"] >= 0.6, final["success_by_task"]
