@@ -1,26 +1,49 @@
 """The actor loop: N environments, one batched policy call per step, finished episodes streamed out.
 
 handshake -> ask for the newest parameters -> repeat:
-    take in replies and snapshots (swap to a newer version at once)
+    take in replies and snapshots (swap to a newer version at once; settle ACKs, raise the grant)
     featurize all observations -> one jitted call samples every env's action -> step every env
-    episodes that ended go out in one TRAJ message; heartbeat every few seconds
+    finished episodes go to the outbox; send the batches the learner's grant allows; heartbeat
+
+Nothing is lost on a reconnect: the environments, the episodes in progress and every unacknowledged
+batch survive it (actors/outbox.py), and the batches are sent again under the same `seq`.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import signal
 import time
+import uuid
 from collections import Counter
 
 from actors.config import ActorConfig
 from actors.connection import LearnerConnection
 from actors.envs.factory import make_env, task_name
 from actors.envs.simphone.emulator import DeviceFault
+from actors.outbox import Batch, Outbox
 from actors.policy_runner import PolicyRunner, to_action
 from common import featurize, protocol
 from common.config import ModelConfig
 from common.types import Step, Trajectory
+
+KEEP_ON_ERROR = frozenset({"no_credit", "not_welcomed"})
+"""ERROR codes after which a refused batch is sent again (after a new grant or handshake)."""
+
+
+@dataclasses.dataclass
+class _World:
+    """The environments and the policy: built on the first WELCOME, kept across reconnects."""
+
+    model_cfg: ModelConfig
+    max_steps: int
+    runner: PolicyRunner
+    envs: list
+    observations: list
+    episodes: list[Trajectory]
+    reload: bool = False
+    """Load the next snapshot even at an equal version (after joining a restarted learner)."""
 
 
 class Actor:
@@ -28,9 +51,12 @@ class Actor:
         self.cfg = cfg
         self.log = log
         self.stats = Counter()
+        self.instance = uuid.uuid4().hex
+        self.outbox = Outbox(cfg.max_pending_episodes, cfg.max_batch_episodes, cfg.when_blocked, self.stats)
         self._stop_reason = ""
-        self._rejoin = False
-        """Set when the learner answers not_welcomed (it restarted or expired us): handshake again."""
+        self._rejoin = ""
+        """Why the session ended (not_welcomed, a silent learner, an overdue ACK): handshake again."""
+        self._run_id = ""
 
     def request_stop(self, reason: str) -> None:
         self._stop_reason = reason
@@ -42,111 +68,213 @@ class Actor:
 
     def run(self) -> Counter:
         cfg = self.cfg
-        conn = LearnerConnection(cfg.host, cfg.ingest_port, cfg.params_port, self.log)
+        conn = LearnerConnection(cfg.host, cfg.ingest_port, cfg.params_port, self.log, cfg.params_endpoint)
+        world = None
         try:
             while not self._should_stop():
                 welcome = conn.handshake(
-                    cfg.name, cfg.num_envs, cfg.handshake_timeout, cfg.max_backoff, self._should_stop
+                    cfg.name,
+                    cfg.num_envs,
+                    self.instance,
+                    lambda: self.outbox.first_unacked,
+                    cfg.handshake_timeout,
+                    cfg.max_backoff,
+                    self._should_stop,
                 )
                 if welcome is None:
                     break
-                self._rejoin = False
-                self._loop(conn, welcome)  # returns on stop, or when the learner no longer knows us
+                world = self._join(conn, welcome, world)
+                if world is not None:
+                    self._loop(conn, world)  # returns on stop, or when the session must start again
+            if world is not None and self._stop_reason == "episode limit":
+                self._flush(conn, world)  # a signal means now: what is held is counted instead
         finally:
+            self.stats["episodes_unacked_at_exit"] = self.outbox.held()
             conn.close()
             self.log(f"actor: stopped ({self._stop_reason}); {dict(self.stats)}")
         return self.stats
 
-    def _loop(self, conn: LearnerConnection, welcome: dict) -> None:
-        cfg = self.cfg
+    def _join(self, conn: LearnerConnection, welcome: dict, world: _World | None) -> _World | None:
+        """Start a session: settle what the learner already stores, rebuild only what changed, re-send."""
         model_cfg = ModelConfig.from_dict(protocol.require(welcome, "model", dict))
         max_steps = protocol.require(welcome, "max_steps", int)
-        self.log(f"actor {conn.actor_id}: joined run {welcome.get('run_id')} at {conn.ingest_addr}")
+        version = protocol.require(welcome, "policy_version", int)
+        run_id = str(welcome.get("run_id"))
+        self.outbox.on_welcome(
+            protocol.require(welcome, "acked_upto", int), protocol.require(welcome, "grant", int)
+        )
+        if self._run_id:
+            self.stats["rejoins"] += 1
+        self.log(
+            f"actor {conn.actor_id}: joined run {run_id} at {conn.ingest_addr}"
+            + (f" ({self._rejoin}; {self.outbox.held()} episodes held)" if self._rejoin else "")
+        )
+        self._rejoin = ""
+        if world is not None and (world.model_cfg != model_cfg or world.max_steps != max_steps):
+            self.log("actor: the learner runs another model now; starting the environments again")
+            self.stats["episodes_lost_model_changed"] += self.outbox.held()
+            self.outbox.pending.clear()
+            self.outbox.unacked.clear()
+            world = None
+        if world is None:
+            world = self._build(conn, model_cfg, max_steps)  # asks for parameters and waits for them
+            if world is None:
+                return None
+        else:
+            conn.request_params(world.runner.version)
+        if run_id != self._run_id and world.runner.version > version:
+            # A restarted learner numbers its versions again from its checkpoint's and refuses newer ones.
+            changed = self.outbox.relabel_versions(version)
+            for ep in world.episodes:
+                for step in ep.steps:
+                    changed += step.policy_version > version
+                    step.policy_version = min(step.policy_version, version)
+            world.runner.version, world.reload = version, True
+            self.stats["steps_relabelled"] += changed
+        self._run_id = run_id
+        self._send(conn, self.outbox.to_resend())
+        return world
+
+    def _build(self, conn: LearnerConnection, model_cfg: ModelConfig, max_steps: int) -> _World | None:
+        cfg = self.cfg
         runner = PolicyRunner(model_cfg, cfg.seed)
         conn.request_params(runner.version)
         while runner.params is None and not self._should_stop() and not self._rejoin:
             conn.wait(200)
             self._take_in(conn, runner)
         if runner.params is None:
-            return
-
+            return None
         envs = [
             make_env(cfg.env, max_steps, cfg.tasks, cfg.split, cfg.emulator, i) for i in range(cfg.num_envs)
         ]
-        first_seed = cfg.seed * 100_003 + self.stats["rejoins"] * 1009
-        observations = [env.reset(seed=first_seed + i)[0] for i, env in enumerate(envs)]
+        observations = [env.reset(seed=cfg.seed * 100_003 + i)[0] for i, env in enumerate(envs)]
         episodes = [Trajectory(task_name(env)) for env in envs]
-        seq = 0
+        return _World(model_cfg, max_steps, runner, envs, observations, episodes)
+
+    def _loop(self, conn: LearnerConnection, world: _World) -> None:
+        cfg = self.cfg
         last_beat = last_status = time.monotonic()
         while not self._should_stop():
-            self._take_in(conn, runner)
-            if self._rejoin:
-                self.stats["rejoins"] += 1
-                self.stats["episodes_abandoned"] += sum(bool(ep.steps) for ep in episodes)
-                self.log(f"actor {conn.actor_id}: the learner no longer knows this actor; joining again")
-                return
-            features = [featurize.featurize(o, model_cfg) for o in observations]
-            choices, logps = runner.act(featurize.stack(features))
-            finished = []
-            for i, env in enumerate(envs):
-                episode, choice = episodes[i], choices[i]
-                try:
-                    obs, reward, terminated, truncated, info = env.step(
-                        to_action(observations[i], choice, model_cfg)
-                    )
-                except DeviceFault as fault:
-                    # The device failed mid-step: the episode ends here, truncated (it would have gone
-                    # on), with the last observation we have; reset() restarts or reconnects the device.
-                    self.stats[f"device_{fault.kind}"] += 1
-                    obs, reward, terminated, truncated = observations[i], 0.0, False, True
-                    info = {"success": False, "fault": fault.kind}
-                done = terminated or truncated
-                episode.steps.append(
-                    Step(features[i], choice, float(logps[i]), float(reward), done, runner.version)
+            self._take_in(conn, world.runner, world)
+            now = time.monotonic()
+            if not self._rejoin and now - conn.last_heard > cfg.learner_timeout:
+                self._rejoin = f"the learner was silent for {now - conn.last_heard:.0f}s"
+            if not self._rejoin and self.outbox.overdue(cfg.ack_timeout):
+                self._rejoin = (
+                    f"no ACK for {cfg.ack_timeout:.0f}s"  # Lazy Pirate: a fresh socket, then re-send
                 )
-                self.stats["env_steps"] += 1
-                if done:
-                    episode.final_features = featurize.featurize(obs, model_cfg)
-                    episode.success = bool(info["success"])
-                    episode.truncated = bool(truncated and not terminated)
-                    finished.append(protocol.trajectory_fields(episode))
-                    self.stats["successes"] += episode.success
-                    obs, _ = env.reset()
-                    episodes[i] = Trajectory(task_name(env))
-                observations[i] = obs
-            if finished:
-                seq += 1
-                traj = protocol.message(protocol.TRAJ, actor_id=conn.actor_id, seq=seq, episodes=finished)
-                if conn.send(traj):
-                    self.stats["episodes_sent"] += len(finished)
-                else:  # no acknowledged delivery yet: the loss is counted, never silent
-                    self.stats["episodes_dropped_send_queue_full"] += len(finished)
-                if cfg.max_episodes and self.stats["episodes_sent"] >= cfg.max_episodes:
-                    self.request_stop("episode limit")
+            if self._rejoin:
+                self.log(f"actor {conn.actor_id}: {self._rejoin}; joining again")
+                return
+            if self.outbox.blocked():  # the learner is behind: wait for credit instead of stepping
+                t0 = time.monotonic()
+                conn.wait(100)
+                self.stats["blocked_s"] = round(self.stats["blocked_s"] + time.monotonic() - t0, 1)
+            else:
+                self._step(world)
+            self._send(conn, self.outbox.take_batches())
             now = time.monotonic()
             if now - last_beat >= cfg.heartbeat_every:
                 last_beat = now
                 conn.send(protocol.message(protocol.HEARTBEAT, actor_id=conn.actor_id))
             if now - last_status >= cfg.status_every:
                 last_status = now
-                self.log(f"actor {conn.actor_id}: policy v{runner.version} {dict(self.stats)}")
+                self.log(f"actor {conn.actor_id}: policy v{world.runner.version} {dict(self.stats)}")
 
-    def _take_in(self, conn: LearnerConnection, runner: PolicyRunner) -> None:
+    def _step(self, world: _World) -> None:
+        """One batched policy call and one step of every environment; finished episodes go to the outbox."""
+        model_cfg, runner = world.model_cfg, world.runner
+        features = [featurize.featurize(o, model_cfg) for o in world.observations]
+        choices, logps = runner.act(featurize.stack(features))
+        finished = []
+        for i, env in enumerate(world.envs):
+            episode, choice = world.episodes[i], choices[i]
+            try:
+                obs, reward, terminated, truncated, info = env.step(
+                    to_action(world.observations[i], choice, model_cfg)
+                )
+            except DeviceFault as fault:
+                # The device failed mid-step: the episode ends here, truncated (it would have gone
+                # on), with the last observation we have; reset() restarts or reconnects the device.
+                self.stats[f"device_{fault.kind}"] += 1
+                obs, reward, terminated, truncated = world.observations[i], 0.0, False, True
+                info = {"success": False, "fault": fault.kind}
+            done = terminated or truncated
+            episode.steps.append(
+                Step(features[i], choice, float(logps[i]), float(reward), done, runner.version)
+            )
+            self.stats["env_steps"] += 1
+            if done:
+                episode.final_features = featurize.featurize(obs, model_cfg)
+                episode.success = bool(info["success"])
+                episode.truncated = bool(truncated and not terminated)
+                finished.append(protocol.trajectory_fields(episode))
+                self.stats["successes"] += episode.success
+                obs, _ = env.reset()
+                world.episodes[i] = Trajectory(task_name(env))
+            world.observations[i] = obs
+        if finished:
+            self.stats["episodes_finished"] += len(finished)
+            self.outbox.add(finished)
+            if self.cfg.max_episodes and self.stats["episodes_finished"] >= self.cfg.max_episodes:
+                self.request_stop("episode limit")
+
+    def _send(self, conn: LearnerConnection, batches: list[Batch]) -> None:
+        for batch in batches:
+            msg = protocol.message(
+                protocol.TRAJ, actor_id=conn.actor_id, seq=batch.seq, episodes=batch.episodes
+            )
+            if conn.send(msg):
+                self.stats["batches_sent"] += 1
+            else:  # kept in the outbox: sent again when its ACK is overdue
+                self.stats["send_queue_full"] += 1
+
+    def _flush(self, conn: LearnerConnection, world: _World) -> None:
+        """On stop, give the learner a few seconds to acknowledge what is still held."""
+        deadline = time.monotonic() + self.cfg.flush_timeout
+        while self.outbox.held() and time.monotonic() < deadline and not self._rejoin:
+            self._send(conn, self.outbox.take_batches())
+            conn.wait(100)
+            self._take_in(conn, world.runner, world)
+
+    def _take_in(self, conn: LearnerConnection, runner: PolicyRunner, world: _World | None = None) -> None:
         replies, newest = conn.receive()
         for msg in replies:
-            if msg["kind"] == protocol.ACK:
-                self.stats["episodes_acked"] += int(msg.get("accepted", 0))
-            elif msg["kind"] == protocol.ERROR:
-                self.stats["errors"] += 1
-                self._rejoin |= msg.get("code") == "not_welcomed"
-                self.log(f"actor: learner refused a message: {msg.get('code')}: {msg.get('reason')}")
-        if newest is not None and newest[0] > runner.version:
+            kind = msg["kind"]
+            if kind == protocol.ACK:
+                seq, grant = msg.get("seq"), msg.get("grant")
+                if isinstance(seq, int) and isinstance(grant, int):
+                    self.outbox.on_grant(grant)
+                    self.outbox.on_ack(seq, int(msg.get("accepted", 0)), bool(msg.get("duplicate")))
+                else:
+                    self.stats["bad_replies"] += 1
+            elif kind == protocol.HEARTBEAT:
+                if isinstance(msg.get("grant"), int):
+                    self.outbox.on_grant(msg["grant"])
+                if self._run_id and msg.get("run_id") not in (None, self._run_id):
+                    self._rejoin = "the learner restarted"
+            elif kind == protocol.ERROR:
+                self._refused(msg)
+        reload = world is not None and world.reload
+        if newest is not None and (newest[0] > runner.version or (reload and newest[0] >= runner.version)):
             try:
                 runner.load(*newest)
                 self.stats["param_swaps"] += 1
+                if world is not None:
+                    world.reload = False
             except ValueError as e:
                 self.stats["bad_snapshots"] += 1
                 self.log(f"actor: snapshot v{newest[0]} does not fit the model: {e}")
+
+    def _refused(self, msg: dict) -> None:
+        code, seq = msg.get("code"), msg.get("seq")
+        self.stats["errors"] += 1
+        if code == "not_welcomed":
+            self._rejoin = "the learner no longer knows this actor"
+        if isinstance(seq, int) and seq in self.outbox.unacked and code not in KEEP_ON_ERROR:
+            # The learner will never take this batch (it is malformed): drop it, counted, not re-sent forever.
+            self.stats["episodes_refused"] += len(self.outbox.unacked.pop(seq).episodes)
+        self.log(f"actor: learner refused a message: {code}: {msg.get('reason')}")
 
 
 def install_signal_handlers(actor: Actor) -> None:

@@ -18,6 +18,9 @@ class ActorConfig:
     """The learner's ingest (ROUTER) port."""
     params_port: int = 5556
     """The learner's parameter (PUB) port."""
+    params_endpoint: str = ""
+    """Take parameter snapshots from here instead, e.g. a per-host relay's "tcp://127.0.0.1:5566"
+    (`python -m actors relay`), so many actors on one machine share one network copy of each snapshot."""
     env: Literal["simphone", "standin"] = "simphone"
     """Environment backend: "simphone" (the built-in phone) or "standin" (a tiny phone with four task families)."""
     tasks: str = "general"
@@ -31,13 +34,29 @@ class ActorConfig:
     name: str = ""
     """Name shown in the learner's logs (default: hostname-pid)."""
     max_episodes: int = 0
-    """Stop after sending this many episodes (0 = run until stopped)."""
+    """Stop after this many episodes have finished, once they are acknowledged (or flush_timeout has
+    passed); 0 = run until stopped."""
     handshake_timeout: float = 2.0
     """Seconds to wait for the learner's WELCOME before retrying; doubles per retry up to max_backoff."""
     max_backoff: float = 15.0
     """Longest wait between handshake retries, in seconds."""
     heartbeat_every: float = 2.0
     """Seconds between heartbeats to the learner."""
+    learner_timeout: float = 20.0
+    """Join again (new socket, new handshake, unacknowledged batches re-sent) when the learner has said
+    nothing for this long; it sends a heartbeat every second."""
+    ack_timeout: float = 15.0
+    """Join again when a sent batch has waited this long for its ACK."""
+    when_blocked: Literal["wait", "discard"] = "wait"
+    """When the learner grants no credit and max_pending_episodes are waiting: "wait" stops stepping the
+    environments until it does; "discard" keeps collecting and drops the oldest waiting episodes (counted
+    as episodes_discarded_backlog)."""
+    max_pending_episodes: int = 256
+    """Finished episodes kept while waiting for credit (sent batches awaiting their ACK are extra)."""
+    max_batch_episodes: int = 32
+    """Most episodes in one TRAJ message."""
+    flush_timeout: float = 5.0
+    """On stop, seconds to wait for the learner to acknowledge what is still held."""
     status_every: float = 10.0
     """Seconds between status lines on the console."""
     emulator: EmulatorModelConfig = field(default_factory=EmulatorModelConfig)

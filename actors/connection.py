@@ -1,7 +1,9 @@
 """The actor's side of the sockets: a DEALER to the learner's ingest ROUTER and a SUB to its params PUB.
 
 The handshake follows the ZeroMQ guide's "Lazy Pirate": send HELLO, wait, and on silence close the
-socket, back off and try again, so stale requests never pile up inside a DEALER's queue.
+socket, back off and try again, so stale requests never pile up inside a DEALER's queue. `last_heard`
+tells the actor when the learner last said anything (it sends heartbeats), so a dead or restarted
+learner is noticed and the actor joins again ("Paranoid Pirate").
 """
 
 from __future__ import annotations
@@ -19,9 +21,16 @@ from common.protocol import ProtocolError
 
 
 class LearnerConnection:
-    def __init__(self, host: str, ingest_port: int, params_port: int, log: Callable[[str], None] = print):
+    def __init__(
+        self,
+        host: str,
+        ingest_port: int,
+        params_port: int,
+        log: Callable[[str], None] = print,
+        params_addr: str = "",
+    ):
         self.ingest_addr = f"tcp://{host}:{ingest_port}"
-        self.params_addr = f"tcp://{host}:{params_port}"
+        self.params_addr = params_addr or f"tcp://{host}:{params_port}"
         self.log = log
         self.ctx = zmq.Context()
         self.dealer: zmq.Socket | None = None
@@ -32,6 +41,8 @@ class LearnerConnection:
         self.sub.connect(self.params_addr)
         self.actor_id = -1
         self.welcome: dict = {}
+        self.last_heard = time.monotonic()
+        """When the learner last sent anything on the DEALER."""
 
     def _new_dealer(self) -> None:
         if self.dealer is not None:
@@ -41,14 +52,29 @@ class LearnerConnection:
         self.dealer.connect(self.ingest_addr)
 
     def handshake(
-        self, name: str, num_envs: int, timeout: float, max_backoff: float, should_stop: Callable[[], bool]
+        self,
+        name: str,
+        num_envs: int,
+        instance: str,
+        first_unacked: Callable[[], int],
+        timeout: float,
+        max_backoff: float,
+        should_stop: Callable[[], bool],
     ) -> dict | None:
-        """HELLO until a WELCOME arrives; returns it (None if asked to stop first)."""
+        """HELLO on a fresh socket until a WELCOME arrives; returns it (None if asked to stop first)."""
         name = name or f"{socket.gethostname()}-{os.getpid()}"
         wait = timeout
         while not should_stop():
             self._new_dealer()
-            self.send(protocol.message(protocol.HELLO, actor=name, num_envs=num_envs, pid=os.getpid()))
+            hello = protocol.message(
+                protocol.HELLO,
+                actor=name,
+                num_envs=num_envs,
+                pid=os.getpid(),
+                instance=instance,
+                first_unacked=first_unacked(),
+            )
+            self.send(hello)
             deadline = time.monotonic() + wait
             while time.monotonic() < deadline and not should_stop():
                 if self.dealer.poll(100):
@@ -56,10 +82,12 @@ class LearnerConnection:
                     if msg is not None and msg["kind"] == protocol.WELCOME:
                         self.actor_id = protocol.require(msg, "actor_id", int)
                         self.welcome = msg
+                        self.last_heard = time.monotonic()
                         return msg
-            self.log(f"actor: no answer from the learner at {self.ingest_addr}; retrying in {wait:.0f}s")
-            time.sleep(min(wait, 1.0))
-            wait = min(wait * 2, max_backoff)
+            wait = min(wait * 2, max_backoff)  # the next attempt waits longer: that is the backoff
+            self.log(
+                f"actor: no answer from the learner at {self.ingest_addr}; retrying, waiting {wait:.0f}s"
+            )
         return None
 
     def send(self, msg: dict) -> bool:
@@ -86,6 +114,7 @@ class LearnerConnection:
         replies, newest = [], None
         while self.dealer.poll(0):
             frames = self.dealer.recv_multipart(copy=False)
+            self.last_heard = time.monotonic()
             try:
                 head = protocol.parse(frames[0].buffer)
                 if head["kind"] == protocol.PARAMS:

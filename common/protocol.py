@@ -7,6 +7,7 @@ normative description; this module is its implementation, shared by both sides.
 from __future__ import annotations
 
 import math
+import zlib
 from dataclasses import dataclass
 from typing import Any
 
@@ -15,7 +16,8 @@ import numpy as np
 from common import wire
 from common.types import NUM_ACTION_TYPES, NUM_SWIPE_DIRECTIONS, Trajectory
 
-PROTOCOL_VERSION = 1
+PROTOCOL_VERSION = 2
+"""2: acknowledged delivery (HELLO `instance`, grants), snapshot checksums, instr_feats [Li, 3]."""
 
 HELLO, WELCOME, TRAJ, ACK = "HELLO", "WELCOME", "TRAJ", "ACK"
 PARAM_REQ, PARAMS, HEARTBEAT, ERROR = "PARAM_REQ", "PARAMS", "HEARTBEAT", "ERROR"
@@ -33,6 +35,8 @@ STEP_ARRAYS = {
 }
 MAX_EPISODES_PER_BATCH = 256
 MAX_TEXT = 256
+MAX_INSTANCE = 64
+"""Longest actor `instance` string (the reference actor sends 32 hex characters)."""
 
 
 class ProtocolError(ValueError):
@@ -48,8 +52,10 @@ def message(kind: str, **fields: Any) -> dict[str, Any]:
     return {"v": PROTOCOL_VERSION, "kind": kind, **fields}
 
 
-def error(code: str, reason: str) -> bytes:
-    return wire.encode(message(ERROR, code=code, reason=reason))
+def error(code: str, reason: str, seq: int | None = None) -> bytes:
+    """An ERROR reply; `seq` when the refused message was a TRAJ that carried one."""
+    fields = {"code": code, "reason": reason} | ({} if seq is None else {"seq": seq})
+    return wire.encode(message(ERROR, **fields))
 
 
 def parse(data: bytes | memoryview) -> dict[str, Any]:
@@ -238,14 +244,24 @@ def params_frames(version: int, flat: dict[str, np.ndarray]) -> list[Any]:
     """PARAMS as frames: a msgpack header then one raw little-endian buffer per array (sent zero-copy)."""
     names = sorted(flat)
     arrays = [np.asarray(flat[n], order="C") for n in names]
+    buffers = [memoryview(a.reshape(-1).view(np.uint8)) for a in arrays]
     header = message(
         PARAMS,
         version=version,
         names=names,
         dtypes=[a.dtype.str for a in arrays],
         shapes=[list(a.shape) for a in arrays],
+        crc32=snapshot_crc32(buffers),
     )
-    return [wire.encode(header), *(memoryview(a.reshape(-1).view(np.uint8)) for a in arrays)]
+    return [wire.encode(header), *buffers]
+
+
+def snapshot_crc32(buffers: list[bytes | memoryview]) -> int:
+    """CRC-32 of the array bytes in frame order: a snapshot damaged on the way is never loaded."""
+    crc = 0
+    for buf in buffers:
+        crc = zlib.crc32(buf, crc)
+    return crc
 
 
 def parse_params(frames: list[bytes | memoryview]) -> tuple[int, dict[str, np.ndarray]]:
@@ -259,6 +275,9 @@ def parse_params(frames: list[bytes | memoryview]) -> tuple[int, dict[str, np.nd
     names, dtypes, shapes = (require(head, k, list) for k in ("names", "dtypes", "shapes"))
     if not len(names) == len(dtypes) == len(shapes) == len(frames) - 1:
         raise ProtocolError("bad_params", "PARAMS header and frame count disagree")
+    crc = require(head, "crc32", int)
+    if snapshot_crc32(frames[1:]) != crc:
+        raise ProtocolError("bad_params", f"PARAMS v{version} fails its checksum: damaged or incomplete")
     flat = {}
     for name, dtype, shape, buf in zip(names, dtypes, shapes, frames[1:], strict=True):
         if (

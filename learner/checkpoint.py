@@ -12,6 +12,7 @@ written for another model, is an error naming the directory and the reason; noth
 from __future__ import annotations
 
 import dataclasses
+import json
 import re
 from pathlib import Path
 from typing import Any
@@ -139,9 +140,32 @@ class Checkpointer:
             return None
         return load_replay(path, replay, model_cfg, max_steps=max_steps)
 
+    def delivery_path(self, update: int, process_index: int = 0) -> Path:
+        return self.directory / "replay" / f"{update}.p{process_index}.delivery.json"
+
+    def save_delivery(self, update: int, state: dict[str, Any], process_index: int = 0) -> None:
+        """The ingest's delivery ledger (learner/delivery.py) for checkpoint `update`: which batches the
+        saved replay holds, so a batch re-sent after a restart is stored exactly once. Call before
+        `save_replay`, which prunes old files."""
+        path = self.delivery_path(update, process_index)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(path.name + ".tmp")
+        tmp.write_text(json.dumps(state))
+        tmp.replace(path)
+
+    def restore_delivery(self, update: int, process_index: int = 0) -> dict[str, Any] | None:
+        """The ledger saved with checkpoint `update`, or None when there is none; ValueError if damaged."""
+        path = self.delivery_path(update, process_index)
+        if not path.is_file():
+            return None
+        try:
+            return json.loads(path.read_text())
+        except (OSError, ValueError) as e:
+            raise ValueError(f"{path}: cannot read the delivery ledger: {e}") from e
+
     def _prune_replays(self, process_index: int, keep: set[int]) -> None:
-        """Delete this process's replay files (and leftover temporaries) whose update is not in `keep`."""
-        pattern = re.compile(rf"(\d+)\.p{process_index}\.replay(\.tmp)?")
+        """Delete this process's replay and ledger files (and temporaries) whose update is not in `keep`."""
+        pattern = re.compile(rf"(\d+)\.p{process_index}\.(replay|delivery\.json)(\.tmp)?")
         for path in (self.directory / "replay").iterdir():
             match = pattern.fullmatch(path.name)
             if match and int(match[1]) not in keep:
@@ -159,12 +183,8 @@ def _features(model_config: dict[str, Any]) -> dict[str, list]:
 
 
 def rng_state(rng: np.random.Generator) -> np.ndarray:
-    import json
-
     return np.frombuffer(json.dumps(rng.bit_generator.state).encode(), np.uint8).copy()
 
 
 def set_rng_state(rng: np.random.Generator, blob: np.ndarray) -> None:
-    import json
-
     rng.bit_generator.state = json.loads(bytes(np.asarray(blob, np.uint8)).decode())

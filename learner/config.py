@@ -149,7 +149,15 @@ class LearnerConfig:
     log_every: float = 2.0
     """Seconds between metrics.jsonl lines and progress prints."""
     actor_timeout: float = 15.0
-    """An actor silent this long no longer counts as connected."""
+    """An actor silent this long is forgotten: it no longer counts as connected and must HELLO again."""
+    actor_credit: int = 8
+    """Flow control: TRAJ batches each actor may have sent and not yet acknowledged. Bounds the learner's
+    ingest queue at (actors x credit) batches, whatever the actors do."""
+    insert_slack: int = 0
+    """Rate limit on the insert side (Reverb's error buffer): while stored episodes run more than this
+    many ahead of what reinforcement-learning updates have used (samples / samples_per_insert), the
+    learner grants no credit, so actors wait or discard (their --when-blocked). 0: never; actors keep
+    collecting as DistRL's do, and the replay evicts its oldest episodes."""
     seed: int = 0
     """Seed of the model initialization and of the local actors' environments."""
     model: ModelConfig = field(default_factory=ModelConfig)

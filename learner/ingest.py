@@ -1,5 +1,7 @@
-"""The learner's two sockets: the ingest ROUTER (handshakes, trajectories, acks, parameter requests)
-and the params PUB (versioned snapshots). All socket work happens in `poll`, on the caller's thread.
+"""The learner's two sockets: the ingest ROUTER (handshakes, trajectories, acks, parameter requests,
+heartbeats both ways) and the params PUB (versioned snapshots). All socket work happens in `poll`, on
+the caller's thread. Delivery is acknowledged and deduplicated, and flow is credit-based
+(learner/delivery.py).
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ import zmq
 
 from common import protocol, wire
 from common.protocol import Episode, ProtocolError
+from learner.delivery import DeliveryLedger
 
 
 @dataclass
@@ -22,6 +25,8 @@ class ActorInfo:
     actor_id: int
     identity: bytes
     name: str
+    instance: str
+    """The actor process's random id: its TRAJ seqs are numbered per instance, across reconnects."""
     num_envs: int
     last_seen: float
     episodes: int = 0
@@ -41,6 +46,8 @@ class IngestServer:
         max_steps: int,
         on_episodes: Callable[[list[Episode]], None],
         actor_timeout: float = 15.0,
+        credit: int = 8,
+        heartbeat_every: float = 1.0,
     ):
         self.ctx = zmq.Context()
         self.router = self.ctx.socket(zmq.ROUTER)
@@ -59,11 +66,18 @@ class IngestServer:
         self.max_steps = max_steps
         self.on_episodes = on_episodes
         self.actor_timeout = actor_timeout
+        self.heartbeat_every = heartbeat_every
+        self.ledger = DeliveryLedger(credit)
+        self.accepting = True
+        """False while the learner is behind (its rate limit): grants stop growing, actors wait."""
+        self._last_beat = time.monotonic()
         self.actors: dict[int, ActorInfo] = {}
         self.rejected: Counter[str] = Counter()
         """Refused messages by reason."""
         self.drops: Counter[str] = Counter()
         """Replies that could not be sent, by reason."""
+        self.duplicates = 0
+        """TRAJ batches received again after they were stored (acknowledged again, stored once)."""
         self.policy_version = -1
         self._params_frames: list = []
         self._next_actor_id = 1
@@ -86,13 +100,39 @@ class IngestServer:
             if len(frames) != 2:
                 self._refuse(identity, "bad_envelope", f"expected one message frame, got {len(frames) - 1}")
                 continue
+            msg = None
             try:
-                self._handle(identity, protocol.parse(frames[1].buffer))
+                msg = protocol.parse(frames[1].buffer)
+                self._handle(identity, msg)
             except ProtocolError as e:
-                self._refuse(identity, e.code, e.reason)
+                self._refuse(identity, e.code, e.reason, _seq_of(msg))
             except Exception as e:  # a validator gap must cost one message, never the learner
-                self._refuse(identity, "invalid", f"{type(e).__name__}: {e}")
+                self._refuse(identity, "invalid", f"{type(e).__name__}: {e}", _seq_of(msg))
+        if time.monotonic() - self._last_beat >= self.heartbeat_every:
+            self.heartbeat()
         return handled
+
+    def set_accepting(self, accepting: bool) -> None:
+        """Open or close the credit tap; opening tells every actor at once instead of at the next beat."""
+        if accepting != self.accepting:
+            self.accepting = accepting
+            if accepting:
+                self.heartbeat()
+
+    def heartbeat(self) -> None:
+        """HEARTBEAT to every live actor: they learn the learner is alive, its newest version, their grant."""
+        self._last_beat = time.monotonic()
+        self.connected_actors()  # expire the silent ones first
+        for actor in self.actors.values():
+            self._send(actor.identity, self._beat(actor))
+
+    def _beat(self, actor: ActorInfo) -> dict:
+        return protocol.message(
+            protocol.HEARTBEAT,
+            run_id=self.run_id,
+            policy_version=self.policy_version,
+            grant=self.ledger.grant(actor.instance, self.accepting),
+        )
 
     def connected_actors(self) -> int:
         """Actors heard from within actor_timeout; silent ones are forgotten (they must HELLO again)."""
@@ -111,16 +151,26 @@ class IngestServer:
         actor.active = True
         if kind == protocol.TRAJ:
             seq = protocol.require(msg, "seq", int)
-            episodes = protocol.validate_episodes(
-                msg, self.feature_spec, self.max_steps, self.policy_version, self.vocab_size
+            if self.ledger.is_duplicate(actor.instance, seq):  # stored before: acknowledge again only
+                self.duplicates += 1
+                accepted, duplicate = 0, True
+            else:
+                episodes = protocol.validate_episodes(
+                    msg, self.feature_spec, self.max_steps, self.policy_version, self.vocab_size
+                )
+                self.on_episodes(episodes)
+                self.ledger.record(actor.instance, seq)
+                actor.episodes += len(episodes)
+                accepted, duplicate = len(episodes), False
+            grant = self.ledger.grant(actor.instance, self.accepting)
+            self._send(
+                identity,
+                protocol.message(protocol.ACK, seq=seq, accepted=accepted, duplicate=duplicate, grant=grant),
             )
-            self.on_episodes(episodes)
-            actor.episodes += len(episodes)
-            self._send(identity, protocol.message(protocol.ACK, seq=seq, accepted=len(episodes)))
         elif kind == protocol.PARAM_REQ:
             self.router.send_multipart([identity, *self._params_frames], copy=False)
         elif kind == protocol.HEARTBEAT:
-            self._send(identity, protocol.message(protocol.HEARTBEAT, policy_version=self.policy_version))
+            self._send(identity, self._beat(actor))
         else:
             raise ProtocolError("unexpected_kind", f"{kind} is not something an actor sends")
 
@@ -129,9 +179,20 @@ class IngestServer:
         num_envs = protocol.require(msg, "num_envs", int)
         if num_envs < 1:
             raise ProtocolError("bad_field", f"HELLO num_envs must be at least 1, got {num_envs}")
+        instance = protocol.require(msg, "instance", str)
+        if not 1 <= len(instance) <= protocol.MAX_INSTANCE:
+            raise ProtocolError(
+                "bad_field", f"HELLO instance must have 1 to {protocol.MAX_INSTANCE} characters"
+            )
+        first_unacked = protocol.require(msg, "first_unacked", int)
+        if first_unacked < 1:
+            raise ProtocolError("bad_field", f"HELLO first_unacked must be at least 1, got {first_unacked}")
+        for old_id in [i for i, a in self.actors.items() if a.instance == instance]:
+            del self.actors[old_id]  # the same process on a new connection: its old id is void
+        acked_upto = self.ledger.join(instance, first_unacked)
         actor_id = self._next_actor_id
         self._next_actor_id += 1
-        self.actors[actor_id] = ActorInfo(actor_id, identity, name, num_envs, time.monotonic())
+        self.actors[actor_id] = ActorInfo(actor_id, identity, name, instance, num_envs, time.monotonic())
         self._send(
             identity,
             protocol.message(
@@ -139,6 +200,9 @@ class IngestServer:
                 run_id=self.run_id,
                 actor_id=actor_id,
                 policy_version=self.policy_version,
+                acked_upto=acked_upto,
+                grant=self.ledger.grant(instance, self.accepting),
+                heartbeat_every=self.heartbeat_every,
                 **self.welcome_fields,
             ),
         )
@@ -152,9 +216,9 @@ class IngestServer:
             )
         return actor
 
-    def _refuse(self, identity: bytes, code: str, reason: str) -> None:
+    def _refuse(self, identity: bytes, code: str, reason: str, seq: int | None = None) -> None:
         self.rejected[code] += 1
-        self._send_raw(identity, protocol.error(code, reason))
+        self._send_raw(identity, protocol.error(code, reason, seq))
 
     def _send(self, identity: bytes, msg: dict) -> None:
         self._send_raw(identity, wire.encode(msg))
@@ -169,6 +233,12 @@ class IngestServer:
         self.router.close(0)
         self.pub.close(0)
         self.ctx.term()
+
+
+def _seq_of(msg: dict | None) -> int | None:
+    """A refused TRAJ's seq, echoed in the ERROR so the actor knows which batch to give up on."""
+    seq = msg.get("seq") if isinstance(msg, dict) and msg.get("kind") == protocol.TRAJ else None
+    return seq if type(seq) is int else None
 
 
 def _bind(sock: zmq.Socket, host: str, port: int) -> int:

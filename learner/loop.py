@@ -70,6 +70,10 @@ def run(cfg: LearnerConfig, console: Console | None = None) -> dict:
     ):
         if not 0.0 <= rate <= 1.0:
             raise SystemExit(f"--{flag} must be in [0, 1], got {rate}")
+    if cfg.actor_credit < 1:
+        raise SystemExit(f"--actor-credit must be at least 1, got {cfg.actor_credit}")
+    if cfg.insert_slack < 0:
+        raise SystemExit(f"--insert-slack must be >= 0, got {cfg.insert_slack}")
     if cfg.demo_update_every < 0:
         raise SystemExit(f"--demo-update-every must be >= 0, got {cfg.demo_update_every}")
     if (
@@ -189,7 +193,16 @@ def run(cfg: LearnerConfig, console: Console | None = None) -> dict:
         max_steps=cfg.max_steps,
         on_episodes=on_episodes,
         actor_timeout=cfg.actor_timeout,
+        credit=cfg.actor_credit,
     )
+    if resumed is not None:
+        try:
+            ledger = checkpointer.restore_delivery(resumed.update, rank)
+            if ledger is not None:
+                server.ledger.load_state(ledger)
+        except ValueError as e:
+            server.close()
+            raise SystemExit(f"cannot resume the delivery ledger: {e}") from e
     writer = MetricsWriter(run_dir)
     endpoints = {"ingest_port": server.ingest_port, "params_port": server.params_port, "bind": cfg.bind}
     tmp = run_dir / "endpoints.json.tmp"
@@ -245,6 +258,9 @@ def run(cfg: LearnerConfig, console: Console | None = None) -> dict:
             "replay_size": len(replay),
             "rejected": sum(server.rejected.values()),
             "rejected_by_reason": dict(server.rejected),
+            "duplicates": server.duplicates,
+            "batches_lost_in_restart": server.ledger.lost_in_restart,
+            "accepting": server.accepting,
             "dropped_episodes": replay.counts["evicted_fifo"] + replay.counts["dropped_stale"],
             **{f"replay/{k}": v for k, v in replay.stats().items()},
             **{f"train/{k}": float(v) for k, v in train_metrics.items()},
@@ -266,6 +282,7 @@ def run(cfg: LearnerConfig, console: Console | None = None) -> dict:
         t0 = time.monotonic()
         state = TrainState(params, opt_state, update, version, rng_state(demo_rng))
         checkpointer.save(state, _jsonable(cfg))
+        checkpointer.save_delivery(update, server.ledger.state(), rank)
         checkpointer.save_replay(update, replay, cfg.model, cfg.max_steps, rank)
         saved_update = update
         timing["checkpoint_s"] += time.monotonic() - t0
@@ -312,6 +329,9 @@ def run(cfg: LearnerConfig, console: Console | None = None) -> dict:
                 len(replay) >= local_batch
                 and (rl_updates + 1) * local_batch <= cfg.samples_per_insert * replay.counts["added"]
             )
+            if cfg.insert_slack:  # the insert side of the rate limit: actors wait while training catches up
+                used = rl_updates * local_batch / cfg.samples_per_insert
+                server.set_accepting(totals["episodes"] - used <= cfg.insert_slack)
             t0 = time.monotonic()
             server.poll(0 if ready else 50)
             timing["ingest_s"] += time.monotonic() - t0

@@ -12,6 +12,7 @@ import json
 import math
 import struct
 import time
+import zlib
 from collections import Counter
 from pathlib import Path
 from typing import Any
@@ -24,7 +25,7 @@ import zmq
 pytestmark = pytest.mark.timeout(300)
 
 # ---- the wire format, from docs/PROTOCOL.md ------------------------------------------------------------
-PROTOCOL_VERSION = 1
+PROTOCOL_VERSION = 2
 ARRAY_EXT_CODE = 1
 NUM_ACTION_TYPES = 7  # TAP SWIPE TYPE PRESS_BACK PRESS_HOME PRESS_ENTER STATUS_COMPLETE
 NUM_SWIPE_DIRECTIONS = 4  # UP DOWN LEFT RIGHT
@@ -109,6 +110,10 @@ def parse_params(frames: list[bytes]) -> tuple[int, dict[str, np.ndarray]]:
     names, dtypes, shapes = head["names"], head["dtypes"], head["shapes"]
     assert len(names) == len(dtypes) == len(shapes) == len(frames) - 1
     assert names == sorted(names)
+    crc = 0
+    for buf in frames[1:]:
+        crc = zlib.crc32(buf, crc)
+    assert crc == head["crc32"], "the snapshot fails its checksum"
     arrays = {}
     for name, dtype, shape, buf in zip(names, dtypes, shapes, frames[1:], strict=True):
         dt = np.dtype(dtype)
@@ -172,6 +177,7 @@ class FakeActor:
         self.welcome: dict[str, Any] = {}
         self.actor_id = -1
         self.seq = 0
+        self.instance = f"{name}-{id(self):x}"
 
     def connect(self, routing_id: bytes | None = None) -> None:
         """(Re)open the DEALER: a new connection, which needs a new HELLO unless its routing id is fixed."""
@@ -198,19 +204,27 @@ class FakeActor:
                 pytest.fail(f"{self.name}: no reply within {timeout}s\n{self.learner.log()[-3000:]}")
         return self.dealer.recv_multipart()
 
-    def recv(self, timeout: float = REPLY_TIMEOUT) -> dict[str, Any]:
-        frames = self.recv_frames(timeout)
-        assert len(frames) == 1, f"expected a single-frame reply, got {len(frames)} frames"
-        msg = decode(frames[0])
-        assert isinstance(msg, dict) and msg.get("v") == PROTOCOL_VERSION, msg
-        return msg
+    def recv(self, timeout: float = REPLY_TIMEOUT, skip_beats: bool = True) -> dict[str, Any]:
+        """The next message; the learner's unsolicited HEARTBEATs (one a second) are skipped unless asked."""
+        while True:
+            frames = self.recv_frames(timeout)
+            assert len(frames) == 1, f"expected a single-frame reply, got {len(frames)} frames"
+            msg = decode(frames[0])
+            assert isinstance(msg, dict) and msg.get("v") == PROTOCOL_VERSION, msg
+            if not (skip_beats and msg["kind"] == "HEARTBEAT"):
+                return msg
 
     def request(self, msg: dict[str, Any]) -> dict[str, Any]:
+        if msg["kind"] == "HEARTBEAT":  # older unsolicited beats would pass for the reply: drop them first
+            while self.dealer.poll(0):
+                self.dealer.recv_multipart()
         self.send(msg)
-        return self.recv()
+        return self.recv(skip_beats=msg["kind"] != "HEARTBEAT")
 
-    def hello(self) -> dict[str, Any]:
-        reply = self.request(message("HELLO", actor=self.name, num_envs=4, pid=12345))
+    def hello(self, first_unacked: int = 1) -> dict[str, Any]:
+        hello = message("HELLO", actor=self.name, num_envs=4, pid=12345, instance=self.instance,
+                        first_unacked=first_unacked)  # fmt: skip
+        reply = self.request(hello)
         assert reply["kind"] == "WELCOME", reply
         self.welcome, self.actor_id = reply, reply["actor_id"]
         return reply
@@ -227,7 +241,10 @@ class FakeActor:
 
     def params_reply(self, have_version: int = -1) -> tuple[int, dict[str, np.ndarray]]:
         self.send(message("PARAM_REQ", actor_id=self.actor_id, have_version=have_version))
-        return parse_params(self.recv_frames())
+        while True:
+            frames = self.recv_frames()
+            if len(frames) > 1 or decode(frames[0]).get("kind") != "HEARTBEAT":
+                return parse_params(frames)
 
     def next_snapshot(self, newer_than: int, timeout: float = REPLY_TIMEOUT) -> tuple[int, dict]:
         """The first snapshot on the SUB whose version is above `newer_than`."""
@@ -319,7 +336,14 @@ def test_handshake_welcome_carries_run_and_model(learner_process, fake_actor):
 
     # The episode shapes follow the WELCOME config: a 5-step episode with 7 elements is accepted.
     seq, ack = a.traj([make_episode(model, 5, np.random.default_rng(0))])
-    assert ack == {"v": 1, "kind": "ACK", "seq": seq, "accepted": 1}
+    assert ack == {
+        "v": 2,
+        "kind": "ACK",
+        "seq": seq,
+        "accepted": 1,
+        "duplicate": False,
+        "grant": ack["grant"],
+    }
 
 
 def test_welcome_is_bound_to_the_connection(learner_process, fake_actor):
@@ -379,11 +403,10 @@ def test_traj_is_acked_and_trained_on(learner_process, fake_actor):
     rng = np.random.default_rng(2)
     sent = [*actor.episodes(3, rng, success=True), *actor.episodes(5, rng)]
 
-    actor.seq = 41
     _, ack = actor.traj(sent[:3])
-    assert ack == {"v": 1, "kind": "ACK", "seq": 42, "accepted": 3}
-    _, ack = actor.traj(sent[3:])
-    assert ack == {"v": 1, "kind": "ACK", "seq": 43, "accepted": 5}
+    assert ack == {"v": 2, "kind": "ACK", "seq": 1, "accepted": 3, "duplicate": False, "grant": 9}
+    _, ack = actor.traj(sent[3:])  # each stored batch raises the grant (credit 8 past the watermark)
+    assert ack == {"v": 2, "kind": "ACK", "seq": 2, "accepted": 5, "duplicate": False, "grant": 10}
 
     line = wait_for_metrics(learner, lambda m: m["update"] >= 2, what="update >= 2")
     assert (
@@ -402,7 +425,13 @@ def test_traj_is_acked_and_trained_on(learner_process, fake_actor):
     # A heartbeat reports the newest version and keeps the actor counted (the first train step may
     # compile for longer than the learner's actor timeout).
     beat = actor.request(message("HEARTBEAT", actor_id=actor.actor_id))
-    assert beat == {"v": 1, "kind": "HEARTBEAT", "policy_version": 2}
+    assert beat == {
+        "v": 2,
+        "kind": "HEARTBEAT",
+        "policy_version": 2,
+        "run_id": actor.welcome["run_id"],
+        "grant": 10,
+    }
     wait_for_metrics(learner, lambda m: m["wall"] > line["wall"] and m["actors"] >= 1, what="actors >= 1")
 
 
@@ -451,7 +480,7 @@ BAD_CASES = [
     (
         "wrong protocol version",
         "bad_version",
-        _frames({"v": 2, "kind": "HELLO", "actor": "x", "num_envs": 1}),
+        _frames({"v": 1, "kind": "HELLO", "actor": "x", "num_envs": 1}),
     ),
     ("missing protocol version", "bad_version", _frames({"kind": "HELLO", "actor": "x", "num_envs": 1})),
     (
@@ -463,6 +492,23 @@ BAD_CASES = [
     ("unknown kind", "unknown_kind", _with_actor_id("GOODBYE")),
     ("learner-only kind from an actor", "unexpected_kind", _with_actor_id("ACK", seq=1)),
     ("HELLO without num_envs", "bad_field", _frames(message("HELLO", actor="x"))),
+    (
+        "HELLO without instance",
+        "bad_field",
+        _frames(message("HELLO", actor="x", num_envs=1, first_unacked=1)),
+    ),
+    (
+        "HELLO with a 65-character instance",
+        "bad_field",
+        _frames(message("HELLO", actor="x", num_envs=1, instance="i" * 65, first_unacked=1)),
+    ),
+    (
+        "HELLO with first_unacked 0",
+        "bad_field",
+        _frames(message("HELLO", actor="x", num_envs=1, instance="i", first_unacked=0)),
+    ),
+    ("TRAJ with seq 0", "bad_field", _with_actor_id("TRAJ", seq=0, episodes=[])),
+    ("TRAJ beyond the grant", "no_credit", _with_actor_id("TRAJ", seq=10_000, episodes=[])),
     ("TRAJ without actor_id", "bad_field", _frames(message("TRAJ", seq=1, episodes=[]))),
     ("TRAJ without seq", "bad_field", _with_actor_id("TRAJ", episodes=[])),
     ("TRAJ with no episodes", "bad_field", _with_actor_id("TRAJ", seq=1, episodes=[])),
@@ -509,7 +555,14 @@ def test_bad_input_is_refused_and_the_learner_keeps_serving(learner_process, fak
         refused[code] += 1
         # The learner still serves a well-behaved actor after every refusal.
         seq, ack = good.traj(good.episodes(1, rng))
-        assert ack == {"v": 1, "kind": "ACK", "seq": seq, "accepted": 1}, f"after {name}: {ack}"
+        assert ack == {
+            "v": 2,
+            "kind": "ACK",
+            "seq": seq,
+            "accepted": 1,
+            "duplicate": False,
+            "grant": ack["grant"],
+        }, f"after {name}: {ack}"
         good_episodes += 1
 
     # ... and the misbehaving actor itself, once it sends something valid.
@@ -555,7 +608,7 @@ def test_metrics_lines_hold_the_contract_fields(learner_process, fake_actor):
 def test_unhashable_kind_is_refused(learner_process, fake_actor):
     learner = learner_process()
     actor = fake_actor(learner)
-    actor.send({"v": 1, "kind": ["HELLO"]})
+    actor.send({"v": 2, "kind": ["HELLO"]})
     reply = actor.recv(timeout=10)
     assert reply["kind"] == "ERROR" and reply["code"] == "unknown_kind"
     assert actor.hello()["kind"] == "WELCOME"
@@ -569,3 +622,38 @@ def test_token_id_beyond_vocab_is_refused(learner_process, fake_actor):
     ep["obs"]["instr_tokens"][:, 0] = actor.model["vocab_size"]
     _, reply = actor.traj([ep])
     assert reply["kind"] == "ERROR" and reply["code"] == "bad_array"
+
+
+def test_batches_are_stored_once_across_resends_reconnects_and_a_learner_restart(learner_process, fake_actor):
+    learner = learner_process("--batch-size", "2", "--log-every", "0.2")
+    a = fake_actor(learner, "a")
+    a.hello()
+    rng = np.random.default_rng(5)
+
+    def send(seq: int, episodes: list) -> dict[str, Any]:
+        return a.request(message("TRAJ", actor_id=a.actor_id, seq=seq, episodes=episodes))
+
+    batch = {seq: a.episodes(2, rng) for seq in (1, 2, 3, 4)}
+    assert send(1, batch[1])["accepted"] == 2
+    again = send(1, batch[1])  # its ACK was lost, say: acknowledged again, stored once
+    assert (again["kind"], again["accepted"], again["duplicate"]) == ("ACK", 0, True)
+    assert send(3, batch[3])["accepted"] == 2  # overtakes seq 2
+    # A new connection of the same actor process: the learner says what it already holds.
+    a.connect()
+    assert a.hello(first_unacked=2)["acked_upto"] == 1
+    assert send(2, batch[2])["accepted"] == 2
+    assert send(3, batch[3])["duplicate"] is True
+    line = wait_for_metrics(learner, lambda m: m["update"] >= 1 and m["duplicates"] == 2, what="2 duplicates")
+    assert line["episodes"] == 6 and line["rejected"] == 0
+    assert learner.stop() == 0  # checkpoints at exit, with the ledger
+
+    restarted = learner_process("--batch-size", "2", "--log-every", "0.2", run_dir=learner.run_dir)
+    b = fake_actor(restarted, "a")
+    b.instance = a.instance  # the same actor process, reconnecting to the restarted learner
+    a = b
+    welcome = a.hello(first_unacked=3)
+    assert welcome["acked_upto"] == 3 and welcome["run_id"] != line["run_id"]
+    assert send(3, batch[3])["duplicate"] is True  # stored before the restart: still known
+    assert send(4, batch[4])["accepted"] == 2
+    line = wait_for_metrics(restarted, lambda m: m["duplicates"] == 1 and m["episodes"] == 2, what="resumed")
+    assert line["batches_lost_in_restart"] == 0

@@ -52,10 +52,12 @@ class FakeLearner:
     def reply(self, identity: bytes, kind: str, **fields) -> None:
         self.router.send_multipart([identity, wire.encode(protocol.message(kind, **fields))])
 
-    def welcome(self, identity: bytes, actor_id: int = 7) -> None:
+    def welcome(self, identity: bytes, actor_id: int = 7, run_id: str = "fake", acked_upto: int = 0,
+                grant: int = 1000, policy_version: int = 0) -> None:  # fmt: skip
         self.reply(
-            identity, protocol.WELCOME, run_id="fake", actor_id=actor_id, policy_version=0,
-            model=TINY.to_dict(), max_steps=MAX_STEPS,
+            identity, protocol.WELCOME, run_id=run_id, actor_id=actor_id, policy_version=policy_version,
+            model=TINY.to_dict(), max_steps=MAX_STEPS, acked_upto=acked_upto, grant=grant,
+            heartbeat_every=1.0,
         )  # fmt: skip
 
     def params_frames(self, version: int) -> list:
@@ -103,6 +105,7 @@ def test_actor_handshakes_requests_params_and_streams_valid_episodes(fake_learne
     actor_procs.append(proc)
     identity, hello = fake_learner.recv_kind(protocol.HELLO)
     assert hello["num_envs"] == 3 and isinstance(hello["actor"], str)
+    assert len(hello["instance"]) == 32 and hello["first_unacked"] == 1
     fake_learner.welcome(identity)
 
     # A late joiner asks for parameters at once instead of waiting for the next publish.
@@ -150,8 +153,13 @@ def test_actor_waits_for_a_learner_that_is_not_there_yet(actor_procs):
     try:
         identity, _ = learner.recv_kind(protocol.HELLO, timeout=30)
         learner.welcome(identity, actor_id=1)
-        _, req = learner.recv_kind(protocol.PARAM_REQ)
-        assert req["actor_id"] == 1
+        while True:  # a retry's HELLO may cross our WELCOME (Lazy Pirate): welcome it too, as a learner does
+            _, msg = learner.recv(timeout=30)
+            if msg["kind"] == protocol.HELLO:
+                learner.welcome(_, actor_id=msg["first_unacked"] + 1)
+            elif msg["kind"] == protocol.PARAM_REQ:
+                break
+        assert msg["actor_id"] in (1, 2)
     finally:
         learner.close()
     rc, out = stop_and_read(proc)
@@ -173,7 +181,7 @@ def test_actor_survives_error_replies_and_bad_snapshots(fake_learner, actor_proc
     assert proc.poll() is None
     fake_learner.router.send_multipart([identity, *fake_learner.params_frames(0)])
     _, traj = fake_learner.recv_kind(protocol.TRAJ)
-    fake_learner.reply(identity, protocol.ERROR, code="bad_array", reason="test")
+    fake_learner.reply(identity, protocol.ERROR, code="bad_array", reason="test", seq=traj["seq"])
     sent_error = time.monotonic()
     while True:  # keep streaming well after the ERROR reached the actor
         _, traj2 = fake_learner.recv_kind(protocol.TRAJ)
@@ -184,6 +192,8 @@ def test_actor_survives_error_replies_and_bad_snapshots(fake_learner, actor_proc
     assert rc == 0, out
     assert "does not fit the model" in out and "bad_snapshots" in out
     assert "learner refused a message: bad_array" in out
+    refused = int(re.search(r"'episodes_refused': (\d+)", out)[1])
+    assert refused == len(traj["episodes"]), out  # the refused batch is given up, counted, not re-sent
 
 
 def test_actor_joins_again_when_the_learner_forgets_it(fake_learner, actor_procs):
@@ -202,19 +212,27 @@ def test_actor_joins_again_when_the_learner_forgets_it(fake_learner, actor_procs
         identity, msg = fake_learner.recv(max(0.1, deadline - time.monotonic()))
         if msg["kind"] == protocol.HELLO:
             break
-    fake_learner.welcome(identity, actor_id=8)
+    assert msg["first_unacked"] == traj["seq"] == 1  # the unacknowledged batch is still held
+    # A restarted learner (new run_id) that resumed at version 0: the held batch is sent again, same seq,
+    # with its versions capped at 0 (the new learner refuses versions it has not published).
+    fake_learner.welcome(identity, actor_id=8, run_id="restarted")
     _, req = fake_learner.recv_kind(protocol.PARAM_REQ)
-    assert req["actor_id"] == 8 and req["have_version"] == -1
+    assert req["actor_id"] == 8
+    _, resent = fake_learner.recv_kind(protocol.TRAJ)
+    assert resent["actor_id"] == 8 and resent["seq"] == 1
+    assert len(resent["episodes"]) == len(traj["episodes"])
+    spec = featurize.feature_spec(TINY)
+    eps = protocol.validate_episodes(resent, spec, MAX_STEPS, 0, TINY.vocab_size)
+    assert all((ep.steps["policy_version"] == 0).all() for ep in eps), "old-run versions leaked"
+    fake_learner.reply(identity, protocol.ACK, seq=1, accepted=len(eps), duplicate=False, grant=1000)
     fake_learner.router.send_multipart([identity, *fake_learner.params_frames(0)])
     _, traj = fake_learner.recv_kind(protocol.TRAJ)
-    assert traj["actor_id"] == 8
-    eps = protocol.validate_episodes(traj, featurize.feature_spec(TINY), MAX_STEPS, 0, TINY.vocab_size)
-    assert all((ep.steps["policy_version"] == 0).all() for ep in eps), (
-        "old-run versions leaked into the new run"
-    )
+    assert traj["actor_id"] == 8 and traj["seq"] >= 2
+    eps = protocol.validate_episodes(traj, spec, MAX_STEPS, 0, TINY.vocab_size)
+    assert all((ep.steps["policy_version"] == 0).all() for ep in eps), "old-run versions leaked"
     rc, out = stop_and_read(proc)
     assert rc == 0, out
-    assert "joining again" in out and "'rejoins': 1" in out
+    assert "joining again" in out and "'rejoins': 1" in out and "'steps_relabelled'" in out
 
 
 def test_actor_streams_simphone_episodes(fake_learner, actor_procs):

@@ -173,7 +173,9 @@ def test_traj_round_trip_validates_to_the_same_episodes():
 
 def test_error_helper_round_trip():
     got = protocol.parse(protocol.error("future_version", "too new"))
-    assert got == {"v": 1, "kind": "ERROR", "code": "future_version", "reason": "too new"}
+    assert got == {"v": 2, "kind": "ERROR", "code": "future_version", "reason": "too new"}
+    # A refused TRAJ's seq rides along, so the actor knows which batch will never be taken.
+    assert protocol.parse(protocol.error("bad_array", "x", seq=7))["seq"] == 7
 
 
 def _flat_params() -> dict[str, np.ndarray]:
@@ -195,12 +197,13 @@ def test_params_round_trip(as_bytes):
     # PROTOCOL.md 5: a header with sorted names, dtypes and shapes, then one raw C-order frame per array
     names = sorted(flat)
     assert wire.decode(frames[0]) == {
-        "v": 1,
+        "v": 2,
         "kind": "PARAMS",
         "version": 42,
         "names": names,
         "dtypes": [flat[n].dtype.str for n in names],
         "shapes": [list(flat[n].shape) for n in names],
+        "crc32": zlib.crc32(b"".join(np.ascontiguousarray(flat[n]).tobytes() for n in names)),
     }
     for name, frame in zip(names, frames[1:], strict=True):
         assert bytes(frame) == np.ascontiguousarray(flat[name]).tobytes()
@@ -243,7 +246,16 @@ def test_parse_params_refuses_inconsistent_frames():
         "version bool": (with_head(version=True), "bad_field"),
         "names not list": (with_head(names="a"), "bad_field"),
         "header garbage": ([b"\xc1", *frames[1:]], "bad_encoding"),
-        "header wrong version": (with_head(v=2), "bad_version"),
+        "header wrong version": (with_head(v=1), "bad_version"),
+        "one flipped byte": ([frames[0], bytes([frames[1][0] ^ 1]) + frames[1][1:], frames[2]], "bad_params"),
+        "two arrays swapped": (
+            [frames[0], frames[2][:4] + frames[1][4:], frames[1][:4] + frames[2][4:]],
+            "bad_params",
+        ),
+        "checksum missing": (
+            [wire.encode({k: v for k, v in head.items() if k != "crc32"}), *frames[1:]],
+            "bad_field",
+        ),
     }
     for label, (f, code) in bad.items():
         with pytest.raises(ProtocolError) as e:
@@ -278,10 +290,14 @@ def test_array_round_trip(dtype, shape):
 
 def test_worked_examples_of_the_protocol_document():
     """docs/PROTOCOL.md section 9, byte for byte."""
-    hello = bytes.fromhex("84 a176 01 a46b696e64 a548454c4c4f a56163746f72 a26131 a86e756d5f656e7673 10")
-    assert len(hello) == 34
-    assert wire.encode(protocol.message(protocol.HELLO, actor="a1", num_envs=16)) == hello
-    assert protocol.parse(hello) == {"v": 1, "kind": "HELLO", "actor": "a1", "num_envs": 16}
+    hello = bytes.fromhex(
+        "86 a176 02 a46b696e64 a548454c4c4f a56163746f72 a26131 a86e756d5f656e7673 10"
+        " a8696e7374616e6365 a26931 ad66697273745f756e61636b6564 01"
+    )
+    assert len(hello) == 61
+    fields = {"actor": "a1", "num_envs": 16, "instance": "i1", "first_unacked": 1}
+    assert wire.encode(protocol.message(protocol.HELLO, **fields)) == hello
+    assert protocol.parse(hello) == {"v": 2, "kind": "HELLO", **fields}
     x = np.array([[1, 2, 3], [4, 5, 6]], np.int32)
     ext_bytes = bytes.fromhex("c7 2d 01 03 3c6934 02 0200000000000000 0300000000000000")
     ext_bytes += b"".join(struct.pack("<i", i) for i in range(1, 7))
@@ -427,7 +443,7 @@ def test_limits_are_inclusive():
 
 def test_timestamp_ext_is_refused():
     with pytest.raises(wire.WireError):
-        wire.decode(msgpack.packb({"v": 1, "kind": "HEARTBEAT", "t": msgpack.Timestamp(1, 0)}))
+        wire.decode(msgpack.packb({"v": 2, "kind": "HEARTBEAT", "t": msgpack.Timestamp(1, 0)}))
 
 
 def test_size_limit():
@@ -451,7 +467,7 @@ def _decode_or_wire_error(data: bytes):
 
 FUZZ = settings(derandomize=True, max_examples=300, deadline=None, suppress_health_check=list(HealthCheck))
 VALID_MESSAGE = wire.encode(
-    {"v": 1, "kind": "TRAJ", "x": [np.arange(4, dtype=np.float32), np.ones((2, 2), bool)], "s": "hi"}
+    {"v": 2, "kind": "TRAJ", "x": [np.arange(4, dtype=np.float32), np.ones((2, 2), bool)], "s": "hi"}
 )
 
 
@@ -493,14 +509,14 @@ def test_mutated_messages_raise_only_wire_error(flips, cut):
         ("HELLO", "bad_envelope"),
         (None, "bad_envelope"),
         ({"kind": "HELLO"}, "bad_version"),
-        ({"v": 2, "kind": "HELLO"}, "bad_version"),
+        ({"v": 1, "kind": "HELLO"}, "bad_version"),
         ({"v": 0, "kind": "HELLO"}, "bad_version"),
-        ({"v": "1", "kind": "HELLO"}, "bad_version"),
-        ({"v": 1}, "unknown_kind"),
-        ({"v": 1, "kind": "NOPE"}, "unknown_kind"),
-        ({"v": 1, "kind": "hello"}, "unknown_kind"),
-        ({"v": 1, "kind": 3}, "unknown_kind"),
-        ({"v": 1, "kind": None}, "unknown_kind"),
+        ({"v": "2", "kind": "HELLO"}, "bad_version"),
+        ({"v": 2}, "unknown_kind"),
+        ({"v": 2, "kind": "NOPE"}, "unknown_kind"),
+        ({"v": 2, "kind": "hello"}, "unknown_kind"),
+        ({"v": 2, "kind": 3}, "unknown_kind"),
+        ({"v": 2, "kind": None}, "unknown_kind"),
     ],
 )
 def test_parse_refuses_bad_envelopes(obj, code):
@@ -511,14 +527,14 @@ def test_parse_refuses_bad_envelopes(obj, code):
 
 @pytest.mark.parametrize("kind", sorted(protocol.KINDS))
 def test_parse_accepts_every_kind(kind):
-    assert protocol.parse(msgpack.packb({"v": 1, "kind": kind}))["kind"] == kind
+    assert protocol.parse(msgpack.packb({"v": 2, "kind": kind}))["kind"] == kind
 
 
 @pytest.mark.parametrize("kind", [[1], {"a": 1}, b"HELLO", 1.5], ids=["list", "map", "bin", "float"])
 def test_parse_kind_of_another_type_is_unknown(kind):
     """(At commit 48dd261 an unhashable kind raised TypeError out of parse, and out of IngestServer.poll.)"""
     with pytest.raises(ProtocolError) as e:
-        protocol.parse(msgpack.packb({"v": 1, "kind": kind}))
+        protocol.parse(msgpack.packb({"v": 2, "kind": kind}))
     assert e.value.code == "unknown_kind"
 
 

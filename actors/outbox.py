@@ -1,0 +1,117 @@
+"""Finished episodes on their way to the learner: kept until acknowledged, re-sent when in doubt.
+
+Episodes wait in `pending` until the learner's grant lets a batch go (credit-based flow control:
+docs/PROTOCOL.md §2); a sent batch stays in `unacked` under its `seq` until the learner's ACK, and is
+sent again, same `seq`, after a reconnect or when its ACK is overdue. The learner stores a `seq` once,
+so a re-send is never counted twice. `pending` is bounded: when the learner is behind and it fills,
+the actor either waits (stops stepping its environments) or discards the oldest pending episodes,
+counted (`--when-blocked`).
+"""
+
+from __future__ import annotations
+
+import time
+from collections import Counter, OrderedDict, deque
+from dataclasses import dataclass
+from typing import Any
+
+
+@dataclass
+class Batch:
+    seq: int
+    episodes: list[dict[str, Any]]
+    """Wire fields of each episode (protocol.trajectory_fields)."""
+    sent_at: float
+
+
+class Outbox:
+    def __init__(self, max_pending: int, max_batch: int, when_blocked: str, stats: Counter):
+        if when_blocked not in ("wait", "discard"):
+            raise ValueError(f'when_blocked must be "wait" or "discard", got {when_blocked!r}')
+        self.max_pending = max_pending
+        self.max_batch = max_batch
+        self.when_blocked = when_blocked
+        self.stats = stats
+        self.pending: deque[dict[str, Any]] = deque()
+        self.unacked: OrderedDict[int, Batch] = OrderedDict()
+        self.next_seq = 1
+        self.grant = 0
+        """The highest seq the learner lets this actor send."""
+
+    # ---- state -------------------------------------------------------------------------------------
+    @property
+    def first_unacked(self) -> int:
+        """The lowest seq still held (or the next one): sent in HELLO."""
+        return next(iter(self.unacked), self.next_seq)
+
+    def blocked(self) -> bool:
+        """True when the actor should stop stepping its environments until the learner catches up."""
+        return self.when_blocked == "wait" and len(self.pending) >= self.max_pending
+
+    def held(self) -> int:
+        """Episodes not yet acknowledged (pending and unacknowledged)."""
+        return len(self.pending) + sum(len(b.episodes) for b in self.unacked.values())
+
+    # ---- events ------------------------------------------------------------------------------------
+    def add(self, episodes: list[dict[str, Any]]) -> None:
+        self.pending.extend(episodes)
+        while self.when_blocked == "discard" and len(self.pending) > self.max_pending:
+            self.pending.popleft()
+            self.stats["episodes_discarded_backlog"] += 1
+
+    def take_batches(self) -> list[Batch]:
+        """New batches the grant allows, moved to `unacked`; the caller sends them."""
+        out = []
+        while self.pending and self.next_seq <= self.grant:
+            n = min(self.max_batch, len(self.pending))
+            batch = Batch(self.next_seq, [self.pending.popleft() for _ in range(n)], time.monotonic())
+            self.unacked[batch.seq] = batch
+            self.next_seq += 1
+            out.append(batch)
+        return out
+
+    def on_grant(self, grant: int, authoritative: bool = False) -> None:
+        """A grant from ACK or HEARTBEAT only ever raises it; WELCOME's replaces it (a new learner)."""
+        self.grant = grant if authoritative else max(self.grant, grant)
+
+    def on_ack(self, seq: int, accepted: int, duplicate: bool) -> None:
+        batch = self.unacked.pop(seq, None)
+        if batch is None:
+            self.stats["acks_unexpected"] += 1  # an ACK for a batch already settled (a re-send's twin)
+            return
+        self.stats["episodes_acked"] += len(batch.episodes)
+        if duplicate:
+            self.stats["batches_acked_as_duplicate"] += 1
+        elif accepted != len(batch.episodes):
+            self.stats["acks_count_mismatch"] += 1
+
+    def on_welcome(self, acked_upto: int, grant: int) -> None:
+        """The learner stores everything up to `acked_upto`: forget those batches."""
+        for seq in [s for s in self.unacked if s <= acked_upto]:
+            self.stats["episodes_acked"] += len(self.unacked.pop(seq).episodes)
+        self.on_grant(grant, authoritative=True)
+
+    def overdue(self, ack_timeout: float) -> bool:
+        """True when the oldest unacknowledged batch has waited longer than ack_timeout for its ACK."""
+        oldest = next(iter(self.unacked.values()), None)
+        return oldest is not None and time.monotonic() - oldest.sent_at > ack_timeout
+
+    def to_resend(self) -> list[Batch]:
+        """Every unacknowledged batch, oldest first, to send again (after a new handshake)."""
+        now = time.monotonic()
+        for batch in self.unacked.values():
+            batch.sent_at = now
+        self.stats["batches_resent"] += len(self.unacked)
+        return list(self.unacked.values())
+
+    def relabel_versions(self, newest: int) -> int:
+        """Cap the policy versions of held episodes at `newest` (a restarted learner numbers again from its
+        checkpoint's version, and refuses versions it has not published); returns the steps changed."""
+        changed = 0
+        for ep in [*self.pending, *(e for b in self.unacked.values() for e in b.episodes)]:
+            versions = ep["policy_version"]
+            over = versions > newest
+            if over.any():
+                changed += int(over.sum())
+                ep["policy_version"] = versions.clip(max=newest)
+        return changed

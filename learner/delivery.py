@@ -1,0 +1,119 @@
+"""Acknowledged delivery on the learner's side: which TRAJ batches are stored, and how far each actor may send.
+
+Each actor process picks a random `instance` string at start and numbers its TRAJ batches 1, 2, 3, ...
+for its whole life, across reconnects. The ledger remembers, per instance, every stored `seq` (a
+watermark below which all are stored, plus the few stored above it), so a batch re-sent after a lost
+ACK, a reconnect or a learner restart is acknowledged again but stored once. It is saved with each
+checkpoint next to the replay, so the two always agree.
+
+Flow control is credit-based (ZeroMQ guide, "Credit-Based Flow Control"): the learner grants each
+instance an absolute `grant`, the highest `seq` it may send. Grants only grow, so they survive
+reordering and repetition; while the learner is behind it stops raising them, and the actor's
+unacknowledged window, hence the learner's ingest queue, stays bounded.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from dataclasses import dataclass, field
+from typing import Any
+
+from common.protocol import ProtocolError
+
+
+@dataclass
+class _Stream:
+    watermark: int = 0
+    """Every seq <= watermark is stored."""
+    above: set[int] = field(default_factory=set)
+    """Stored seqs above the watermark (batches that overtook a missing one)."""
+    granted: int = 0
+    """The highest seq this instance may send."""
+
+
+class DeliveryLedger:
+    def __init__(self, credit: int, max_instances: int = 100_000):
+        if credit < 1:
+            raise ValueError(f"credit must be at least 1, got {credit}")
+        self.credit = credit
+        self.max_instances = max_instances
+        self._streams: OrderedDict[str, _Stream] = OrderedDict()  # least recently used first
+        self.forgotten = 0
+        """Instances dropped to keep the ledger bounded (long-silent actors)."""
+        self.lost_in_restart = 0
+        """Batches acknowledged by an earlier learner process after its last checkpoint (see `join`)."""
+
+    def _stream(self, instance: str) -> _Stream:
+        stream = self._streams.get(instance)
+        if stream is None:
+            stream = self._streams[instance] = _Stream()
+            while len(self._streams) > self.max_instances:
+                self._streams.popitem(last=False)
+                self.forgotten += 1
+        self._streams.move_to_end(instance)
+        return stream
+
+    def join(self, instance: str, first_unacked: int) -> int:
+        """An instance (re)joins holding batches from `first_unacked` on; returns its watermark for WELCOME.
+
+        Batches below `first_unacked` that this ledger never stored were acknowledged by an earlier
+        learner process and lost with it (it died after its last checkpoint): they are skipped over
+        and their number is returned by `lost_in_restart`."""
+        stream = self._stream(instance)
+        if first_unacked - 1 > stream.watermark:
+            gap = range(stream.watermark + 1, first_unacked)
+            self.lost_in_restart += sum(seq not in stream.above for seq in gap)
+            stream.above = {seq for seq in stream.above if seq >= first_unacked}
+            stream.watermark = first_unacked - 1
+            self.record(instance, stream.watermark)  # pull up any stored batches right above it
+        return stream.watermark
+
+    def grant(self, instance: str, open_: bool = True) -> int:
+        """The instance's grant, raised to watermark + credit when the learner accepts more data."""
+        stream = self._stream(instance)
+        if open_:
+            stream.granted = max(stream.granted, stream.watermark + self.credit)
+        return stream.granted
+
+    def is_duplicate(self, instance: str, seq: int) -> bool:
+        """True for a batch already stored; refuses a seq that was never granted (`no_credit`)."""
+        stream = self._stream(instance)
+        if seq < 1:
+            raise ProtocolError("bad_field", f"TRAJ seq must be at least 1, got {seq}")
+        if seq <= stream.watermark or seq in stream.above:
+            return True
+        if seq > stream.granted:
+            raise ProtocolError(
+                "no_credit", f"TRAJ seq {seq} is beyond the grant {stream.granted}: wait for credit"
+            )
+        return False
+
+    def record(self, instance: str, seq: int) -> None:
+        """Mark a batch stored (call after it is in the replay, before its ACK goes out)."""
+        stream = self._stream(instance)
+        if seq > stream.watermark:
+            stream.above.add(seq)
+        while stream.watermark + 1 in stream.above:
+            stream.watermark += 1
+            stream.above.remove(stream.watermark)
+
+    def state(self) -> dict[str, Any]:
+        """A JSON-able copy, for the checkpoint."""
+        return {
+            "credit": self.credit,
+            "streams": {k: [s.watermark, sorted(s.above), s.granted] for k, s in self._streams.items()},
+        }
+
+    def load_state(self, state: dict[str, Any]) -> None:
+        """Replace the contents with a saved state; raises ValueError on a malformed one."""
+        try:
+            streams = OrderedDict(
+                (str(k), _Stream(int(w), {int(x) for x in above}, int(g)))
+                for k, (w, above, g) in state["streams"].items()
+            )
+        except (KeyError, TypeError, ValueError, AttributeError) as e:
+            raise ValueError(f"malformed delivery state: {e!r}") from e
+        self._streams = streams
+
+    def __len__(self) -> int:
+        return len(self._streams)
