@@ -1,6 +1,7 @@
 """`python -m actors --host HOST`: run phone environments and stream episodes to a learner.
 
-`python -m actors demos ...` writes oracle demonstrations on SimPhone tasks instead (see --help).
+`python -m actors demos ...` writes oracle demonstrations on SimPhone tasks instead (see --help);
+`python -m actors relay --host HOST` forwards the learner's parameter snapshots to this host's actors.
 """
 
 from __future__ import annotations
@@ -10,8 +11,6 @@ import sys
 
 import tyro
 
-from actors.config import ActorConfig
-
 
 def main() -> None:
     if len(sys.argv) > 1 and sys.argv[1] == "demos":
@@ -19,12 +18,19 @@ def main() -> None:
 
         write_demos(tyro.cli(DemosConfig, args=sys.argv[2:], prog="python -m actors demos"))
         return
+    if len(sys.argv) > 1 and sys.argv[1] == "relay":
+        from actors.relay import RelayConfig, run_relay
+
+        run_relay(tyro.cli(RelayConfig, args=sys.argv[2:], prog="python -m actors relay"))
+        return
     from actors.actor import Actor, install_signal_handlers
+    from actors.config import ActorConfig
 
     cfg = tyro.cli(
         ActorConfig,
         description="Run phone environments and stream episodes to a learner. "
-        "Subcommand: `python -m actors demos --help` writes oracle demonstrations.",
+        "Subcommands: `python -m actors demos --help` writes oracle demonstrations; "
+        "`python -m actors relay --help` shares one copy of each snapshot among a host's actors.",
     )
     actor = Actor(cfg, log=functools.partial(print, flush=True))
     install_signal_handlers(actor)

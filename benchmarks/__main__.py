@@ -12,6 +12,7 @@ BENCHMARKS = {
     "learner_step": "benchmarks.learner_step",
     "simphone": "benchmarks.simphone",
     "train_scaling": "benchmarks.train_scaling",
+    "broadcast": "benchmarks.broadcast",
 }
 
 
