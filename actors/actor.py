@@ -17,6 +17,7 @@ import signal
 import time
 import uuid
 from collections import Counter
+from pathlib import Path
 
 from actors.config import ActorConfig
 from actors.connection import LearnerConnection
@@ -26,6 +27,7 @@ from actors.outbox import Batch, Outbox
 from actors.policy_runner import PolicyRunner, to_action
 from common import featurize, protocol
 from common.config import ModelConfig
+from common.curve import CurveClient, CurveError
 from common.types import Step, Trajectory
 
 KEEP_ON_ERROR = frozenset({"no_credit", "not_welcomed"})
@@ -68,7 +70,9 @@ class Actor:
 
     def run(self) -> Counter:
         cfg = self.cfg
-        conn = LearnerConnection(cfg.host, cfg.ingest_port, cfg.params_port, self.log, cfg.params_endpoint)
+        conn = LearnerConnection(
+            cfg.host, cfg.ingest_port, cfg.params_port, self.log, cfg.params_endpoint, curve_client(cfg)
+        )
         world = None
         try:
             while not self._should_stop():
@@ -275,6 +279,18 @@ class Actor:
             # The learner will never take this batch (it is malformed): drop it, counted, not re-sent forever.
             self.stats["episodes_refused"] += len(self.outbox.unacked.pop(seq).episodes)
         self.log(f"actor: learner refused a message: {code}: {msg.get('reason')}")
+
+
+def curve_client(cfg: ActorConfig) -> CurveClient | None:
+    """The actor's CURVE keys, or None; a missing or unusable key file stops the actor with its name."""
+    if bool(cfg.curve_secret_key) != bool(cfg.curve_server_key):
+        raise SystemExit("--curve-secret-key and --curve-server-key go together")
+    if not cfg.curve_secret_key:
+        return None
+    try:
+        return CurveClient(Path(cfg.curve_secret_key), Path(cfg.curve_server_key))
+    except CurveError as e:
+        raise SystemExit(f"CURVE: {e}") from e
 
 
 def install_signal_handlers(actor: Actor) -> None:

@@ -16,6 +16,11 @@ class ActorConfig:
     """Address of the learner machine (what it binds to, or its LAN address / DNS name)."""
     ingest_port: int = 5555
     """The learner's ingest (ROUTER) port."""
+    curve_secret_key: str = ""
+    """For a learner that uses CURVE: this actor's key pair (a .key_secret file whose public half is in the
+    learner's --curve-authorized folder). Needs --curve-server-key."""
+    curve_server_key: str = ""
+    """The learner's public key (its learner.key file)."""
     params_port: int = 5556
     """The learner's parameter (PUB) port."""
     params_endpoint: str = ""

@@ -17,6 +17,7 @@ import numpy as np
 import zmq
 
 from common import protocol, wire
+from common.curve import CurveClient
 from common.protocol import ProtocolError
 
 
@@ -28,13 +29,17 @@ class LearnerConnection:
         params_port: int,
         log: Callable[[str], None] = print,
         params_addr: str = "",
+        curve: CurveClient | None = None,
     ):
         self.ingest_addr = f"tcp://{host}:{ingest_port}"
         self.params_addr = params_addr or f"tcp://{host}:{params_port}"
         self.log = log
         self.ctx = zmq.Context()
+        self.curve = curve
         self.dealer: zmq.Socket | None = None
         self.sub = self.ctx.socket(zmq.SUB)
+        if curve is not None:
+            curve.apply(self.sub)
         self.sub.setsockopt(zmq.LINGER, 0)
         self.sub.setsockopt(zmq.RCVHWM, 2)
         self.sub.setsockopt(zmq.SUBSCRIBE, b"")
@@ -49,6 +54,8 @@ class LearnerConnection:
             self.dealer.close(0)
         self.dealer = self.ctx.socket(zmq.DEALER)
         self.dealer.setsockopt(zmq.LINGER, 0)
+        if self.curve is not None:
+            self.curve.apply(self.dealer)
         self.dealer.connect(self.ingest_addr)
 
     def handshake(
@@ -87,6 +94,7 @@ class LearnerConnection:
             wait = min(wait * 2, max_backoff)  # the next attempt waits longer: that is the backoff
             self.log(
                 f"actor: no answer from the learner at {self.ingest_addr}; retrying, waiting {wait:.0f}s"
+                + (" (is this actor's key in the learner's --curve-authorized folder?)" if self.curve else "")
             )
         return None
 

@@ -1,4 +1,5 @@
-"""`python -m learner`: train from actors over ZeroMQ. `python -m learner eval --help`: evaluate a checkpoint."""
+"""`python -m learner`: train from actors over ZeroMQ. Subcommands: `eval` evaluates a checkpoint, `keys`
+writes CURVE key pairs (each has --help)."""
 
 from __future__ import annotations
 
@@ -14,6 +15,11 @@ def main() -> None:
         from learner.evaluate import EvalConfig, evaluate
 
         evaluate(tyro.cli(EvalConfig, args=sys.argv[2:], prog="python -m learner eval"))
+        return
+    if len(sys.argv) > 1 and sys.argv[1] == "keys":
+        from common.curve import KeysConfig, write_keys
+
+        write_keys(tyro.cli(KeysConfig, args=sys.argv[2:], prog="python -m learner keys"))
         return
     from learner.loop import run
 

@@ -48,6 +48,14 @@ class LearnerConfig:
     """ROUTER port for handshakes, trajectories, acks and parameter requests (0 picks a free port)."""
     params_port: int = 5556
     """PUB port for parameter snapshots (0 picks a free port)."""
+    curve_secret_key: Path | None = None
+    """CURVE security on both sockets: the learner's key pair (a .key_secret file from `python -m learner
+    keys`). Needs --curve-authorized. Traffic is encrypted and only authorized actors connect."""
+    curve_authorized: Path | None = None
+    """Folder of the public keys (.key files) of the actors allowed to connect."""
+    insecure: bool = False
+    """Allow binding to an address other than loopback without CURVE keys: anyone who can reach the
+    ports could then feed the learner trajectories and read its parameters."""
     local_actors: int = 0
     """Actor processes to start on loopback (the one-command demo); 0 means actors connect from elsewhere."""
     env: Literal["simphone", "standin"] = "simphone"

@@ -16,8 +16,12 @@ import numpy as np
 import zmq
 
 from common import protocol, wire
+from common.curve import CurveServer
 from common.protocol import Episode, ProtocolError
 from learner.delivery import DeliveryLedger
+
+INGEST_QUEUE_MESSAGES = 256
+"""ROUTER receive high-water mark, per actor connection."""
 
 
 @dataclass
@@ -48,15 +52,27 @@ class IngestServer:
         actor_timeout: float = 15.0,
         credit: int = 8,
         heartbeat_every: float = 1.0,
+        curve: CurveServer | None = None,
     ):
         self.ctx = zmq.Context()
+        self.auth = curve.start(self.ctx) if curve is not None else None
         self.router = self.ctx.socket(zmq.ROUTER)
         self.router.setsockopt(zmq.LINGER, 0)
         self.router.setsockopt(zmq.MAXMSGSIZE, wire.MAX_MESSAGE_BYTES)  # refuse floods before buffering them
+        # Per connection, at most this many messages wait unread; past it ZeroMQ stops reading that TCP
+        # stream, so even an actor that ignores its credit cannot grow the learner's memory.
+        self.router.setsockopt(zmq.RCVHWM, INGEST_QUEUE_MESSAGES)
         self.router.setsockopt(zmq.ROUTER_HANDOVER, 1)  # an actor with a fixed routing id may reconnect
         self.pub = self.ctx.socket(zmq.PUB)
         self.pub.setsockopt(zmq.LINGER, 0)
         self.pub.setsockopt(zmq.SNDHWM, 2)  # slow subscribers skip to the newest snapshot
+        self._auth_events = None
+        if curve is not None:
+            curve.apply(self.router)
+            curve.apply(self.pub)
+            self._auth_events = self.router.get_monitor_socket(
+                zmq.EVENT_HANDSHAKE_FAILED_AUTH | zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL
+            )
         self.ingest_port = _bind(self.router, bind, ingest_port)
         self.params_port = _bind(self.pub, bind, params_port)
         self.run_id = uuid.uuid4().hex[:12]
@@ -108,6 +124,9 @@ class IngestServer:
                 self._refuse(identity, e.code, e.reason, _seq_of(msg))
             except Exception as e:  # a validator gap must cost one message, never the learner
                 self._refuse(identity, "invalid", f"{type(e).__name__}: {e}", _seq_of(msg))
+        while self._auth_events is not None and self._auth_events.poll(0):
+            self._auth_events.recv_multipart()  # a client without an authorized key (or not speaking CURVE)
+            self.rejected["auth_failed"] += 1
         if time.monotonic() - self._last_beat >= self.heartbeat_every:
             self.heartbeat()
         return handled
@@ -230,8 +249,13 @@ class IngestServer:
             self.drops["reply_dropped"] += 1
 
     def close(self) -> None:
+        if self._auth_events is not None:
+            self.router.disable_monitor()
+            self._auth_events.close(0)
         self.router.close(0)
         self.pub.close(0)
+        if self.auth is not None:
+            self.auth.stop()
         self.ctx.term()
 
 

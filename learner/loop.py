@@ -26,6 +26,7 @@ import numpy as np
 from rich.console import Console
 
 from common import featurize, model
+from common.curve import CurveError, CurveServer, is_loopback
 from common.protocol import Episode
 from common.trajectory_file import load_episodes
 from learner import multihost
@@ -81,6 +82,7 @@ def run(cfg: LearnerConfig, console: Console | None = None) -> dict:
         and not 0.0 <= cfg.instruction_filter[0] <= cfg.instruction_filter[1] <= 1.0
     ):
         raise SystemExit(f"--instruction-filter needs 0 <= LOW <= HIGH <= 1, got {cfg.instruction_filter}")
+    curve = _curve_server(cfg)
     start = time.monotonic()
     stop = _Stop()
     old_handlers = {s: signal.signal(s, stop) for s in (signal.SIGINT, signal.SIGTERM)}
@@ -194,6 +196,7 @@ def run(cfg: LearnerConfig, console: Console | None = None) -> dict:
         on_episodes=on_episodes,
         actor_timeout=cfg.actor_timeout,
         credit=cfg.actor_credit,
+        curve=curve,
     )
     if resumed is not None:
         try:
@@ -414,6 +417,25 @@ def run(cfg: LearnerConfig, console: Console | None = None) -> dict:
             f"learner: stopped ({last['stopped']}) after {update} updates, {totals['episodes']} episodes"
         )
     return last
+
+
+def _curve_server(cfg: LearnerConfig) -> CurveServer | None:
+    """The CURVE settings, checked; refuses to expose unauthenticated sockets beyond this machine."""
+    if (cfg.curve_secret_key is None) != (cfg.curve_authorized is None):
+        raise SystemExit("--curve-secret-key and --curve-authorized go together")
+    if cfg.curve_secret_key is None:
+        if not is_loopback(cfg.bind) and not cfg.insecure:
+            raise SystemExit(
+                f"--bind {cfg.bind} exposes the learner beyond this machine without authentication: anyone who "
+                "reaches its ports could feed it trajectories and read its parameters. Create keys with "
+                "`python -m learner keys DIR` and pass --curve-secret-key DIR/learner.key_secret "
+                "--curve-authorized DIR/authorized (BUILD.md, 'Security'), or accept the risk with --insecure."
+            )
+        return None
+    try:
+        return CurveServer(cfg.curve_secret_key, cfg.curve_authorized)
+    except CurveError as e:
+        raise SystemExit(f"CURVE: {e}") from e
 
 
 def _print_progress(console: Console, m: dict) -> None:

@@ -1,0 +1,167 @@
+"""CURVE on both learner sockets: authorized actors are served, everyone else gets nothing at all."""
+
+from __future__ import annotations
+
+import ast
+import re
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+import zmq
+
+from common import curve, protocol, wire
+from tests.conftest import ACTOR_ENV, ROOT
+from tests.test_fake_actor import make_episode
+
+pytestmark = pytest.mark.timeout(300)
+
+
+@pytest.fixture
+def keys(tmp_path) -> Path:
+    curve.generate(tmp_path / "keys", actors=1)
+    curve.generate(tmp_path / "stranger", actors=1)  # a valid key pair the learner never authorized
+    return tmp_path
+
+
+class Client:
+    """A DEALER and a SUB to the learner, with CURVE client keys or none."""
+
+    def __init__(self, learner, keys: curve.CurveClient | None):
+        self.ctx = zmq.Context()
+        self.dealer, self.sub = self.ctx.socket(zmq.DEALER), self.ctx.socket(zmq.SUB)
+        for sock in (self.dealer, self.sub):
+            sock.setsockopt(zmq.LINGER, 0)
+            if keys is not None:
+                keys.apply(sock)
+        self.sub.setsockopt(zmq.SUBSCRIBE, b"")
+        self.dealer.connect(learner.ingest)
+        self.sub.connect(learner.params)
+
+    def request(self, msg: dict, timeout: float) -> list[bytes] | None:
+        """Send, then the first reply that is not a HEARTBEAT, or None after `timeout` seconds."""
+        deadline = time.monotonic() + timeout
+        while True:  # a DEALER accepts a message only once a connection completed its handshake
+            try:
+                self.dealer.send(wire.encode(msg), flags=zmq.NOBLOCK)
+                break
+            except zmq.Again:
+                if time.monotonic() > deadline:
+                    return None
+                time.sleep(0.05)
+        while self.dealer.poll(max(1, int((deadline - time.monotonic()) * 1000))):
+            frames = self.dealer.recv_multipart()
+            if len(frames) > 1 or protocol.parse(frames[0])["kind"] != protocol.HEARTBEAT:
+                return frames
+            if time.monotonic() > deadline:
+                break
+        return None
+
+    def close(self) -> None:
+        self.dealer.close(0)
+        self.sub.close(0)
+        self.ctx.term()
+
+
+def _hello() -> dict:
+    return protocol.message(protocol.HELLO, actor="t", num_envs=1, instance="curve-test", first_unacked=1)
+
+
+def test_only_authorized_actors_can_send_or_receive(learner_process, keys):
+    k = keys / "keys"
+    learner = learner_process(
+        "--curve-secret-key", str(k / "learner.key_secret"), "--curve-authorized", str(k / "authorized"),
+        "--batch-size", "2", "--publish-every", "1", "--log-every", "0.3",
+    )  # fmt: skip
+    good = Client(learner, curve.CurveClient(k / "actor-0.key_secret", k / "learner.key"))
+    plain = Client(learner, None)
+    stranger = Client(learner, curve.CurveClient(keys / "stranger" / "actor-0.key_secret", k / "learner.key"))
+    try:
+        welcome = protocol.parse(good.request(_hello(), timeout=30)[0])
+        assert welcome["kind"] == protocol.WELCOME
+        assert plain.request(_hello(), timeout=2) is None
+        assert stranger.request(_hello(), timeout=2) is None
+
+        # Parameters: the authorized actor gets them, by request and on the PUB; the others never do.
+        frames = good.request(protocol.message(protocol.PARAM_REQ, actor_id=welcome["actor_id"]), timeout=30)
+        assert protocol.parse_params(frames)[0] == 0
+        model = welcome["model"]
+        rng = np.random.default_rng(0)
+        traj = protocol.message(
+            protocol.TRAJ,
+            actor_id=welcome["actor_id"],
+            seq=1,
+            episodes=[make_episode(model, 3, rng) for _ in range(2)],
+        )
+        ack = protocol.parse(good.request(traj, timeout=30)[0])
+        assert (ack["kind"], ack["accepted"]) == (protocol.ACK, 2)
+        assert good.sub.poll(120_000), "no snapshot reached the authorized subscriber"
+        version, _ = protocol.parse_params(good.sub.recv_multipart())
+        assert version >= 1
+        assert not plain.sub.poll(500) and not stranger.sub.poll(500)
+
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            lines = learner.metrics()
+            if lines and lines[-1]["rejected_by_reason"].get("auth_failed", 0) >= 2:
+                break
+            time.sleep(0.2)
+        by_reason = lines[-1]["rejected_by_reason"]
+        assert by_reason.get("auth_failed", 0) >= 2, by_reason  # both refused handshakes are counted
+        assert lines[-1]["episodes"] == 2  # and only the authorized actor's episodes were stored
+    finally:
+        for client in (good, plain, stranger):
+            client.close()
+
+
+def test_a_real_actor_trains_through_curve(learner_process, keys):
+    k = keys / "keys"
+    learner = learner_process(
+        "--curve-secret-key", str(k / "learner.key_secret"), "--curve-authorized", str(k / "authorized")
+    )
+    ingest, params = (int(addr.rsplit(":", 1)[1]) for addr in (learner.ingest, learner.params))
+    out = subprocess.run(
+        [sys.executable, "-m", "actors", "--ingest-port", str(ingest), "--params-port", str(params),
+         "--env", "standin", "--num-envs", "2", "--max-episodes", "6",
+         "--curve-secret-key", str(k / "actor-0.key_secret"), "--curve-server-key", str(k / "learner.key")],
+        cwd=ROOT, env=ACTOR_ENV, capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert out.returncode == 0, out.stdout + out.stderr
+    stats = ast.literal_eval(re.search(r"stopped \(episode limit\); (\{.*\})", out.stdout)[1])
+    assert stats["episodes_acked"] == stats["episodes_finished"] >= 6
+    assert stats["episodes_unacked_at_exit"] == 0
+
+
+def test_binding_beyond_loopback_without_keys_is_refused(tmp_path):
+    out = subprocess.run(
+        [sys.executable, "-m", "learner", "--bind", "0.0.0.0", "--run-dir", str(tmp_path / "run")],
+        cwd=ROOT, env=ACTOR_ENV, capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert out.returncode != 0
+    assert "without authentication" in out.stderr and "--insecure" in out.stderr
+    assert not (tmp_path / "run" / "endpoints.json").exists()  # nothing was bound
+
+
+def test_bad_key_files_are_named(tmp_path, keys):
+    missing = tmp_path / "nope.key_secret"
+    out = subprocess.run(
+        [sys.executable, "-m", "actors", "--curve-secret-key", str(missing),
+         "--curve-server-key", str(keys / "keys" / "learner.key")],
+        cwd=ROOT, env=ACTOR_ENV, capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert out.returncode != 0 and str(missing) in out.stderr
+    with pytest.raises(curve.CurveError, match="no secret key"):
+        curve.load_keypair(keys / "keys" / "learner.key")  # the public half only
+    with pytest.raises(curve.CurveError, match=r"no \.key files"):
+        (tmp_path / "empty").mkdir()
+        curve.CurveServer(keys / "keys" / "learner.key_secret", tmp_path / "empty")
+    with pytest.raises(curve.CurveError, match="not overwriting"):
+        curve.generate(keys / "keys", actors=1)
+
+
+def test_loopback_detection():
+    assert curve.is_loopback("127.0.0.1") and curve.is_loopback("::1") and curve.is_loopback("localhost")
+    assert not curve.is_loopback("0.0.0.0") and not curve.is_loopback("10.0.0.5")
