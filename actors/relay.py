@@ -21,6 +21,7 @@ from pathlib import Path
 import zmq
 
 from common import protocol
+from common.curve import CurveClient, CurveError, is_loopback
 from common.protocol import ProtocolError
 
 HEADER_LIMIT = 1 << 20
@@ -43,6 +44,13 @@ class RelayConfig:
     """Write {"bind", "port", "endpoint"} as JSON here once bound (for scripts that use --port 0)."""
     status_every: float = 10.0
     """Seconds between status lines on the console (0: only at exit)."""
+    curve_secret_key: str = ""
+    """For a learner that uses CURVE: a key pair authorized by the learner (like an actor's). Needs
+    --curve-server-key. The relay's local side stays plain, so it binds to loopback only."""
+    curve_server_key: str = ""
+    """The learner's public key (its learner.key file)."""
+    insecure: bool = False
+    """Allow --bind beyond loopback: anyone who reaches the relay's port could read the parameters."""
 
 
 @dataclass
@@ -72,10 +80,27 @@ class Relay:
         self.upstream = f"tcp://{cfg.host}:{cfg.params_port}"
         self.stats = RelayStats()
         self._stop_reason = ""
+        if not is_loopback(cfg.bind) and not cfg.insecure:
+            raise SystemExit(
+                f"--bind {cfg.bind} would republish the learner's parameters beyond this machine without "
+                "authentication; keep the relay on 127.0.0.1 (its actors are local) or pass --insecure"
+            )
+        if bool(cfg.curve_secret_key) != bool(cfg.curve_server_key):
+            raise SystemExit("--curve-secret-key and --curve-server-key go together")
+        try:
+            keys = (
+                CurveClient(Path(cfg.curve_secret_key), Path(cfg.curve_server_key))
+                if cfg.curve_secret_key
+                else None
+            )
+        except CurveError as e:
+            raise SystemExit(f"CURVE: {e}") from e
         self.ctx = zmq.Context()
         self.xsub = self.ctx.socket(zmq.XSUB)
         self.xsub.setsockopt(zmq.LINGER, 0)
         self.xsub.setsockopt(zmq.RCVHWM, 2)
+        if keys is not None:
+            keys.apply(self.xsub)
         self.xpub = self.ctx.socket(zmq.XPUB)
         self.xpub.setsockopt(zmq.LINGER, 0)
         self.xpub.setsockopt(zmq.SNDHWM, 2)  # slow actors skip to the newest snapshot (class docstring)

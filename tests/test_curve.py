@@ -6,6 +6,7 @@ import ast
 import re
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -165,3 +166,40 @@ def test_bad_key_files_are_named(tmp_path, keys):
 def test_loopback_detection():
     assert curve.is_loopback("127.0.0.1") and curve.is_loopback("::1") and curve.is_loopback("localhost")
     assert not curve.is_loopback("0.0.0.0") and not curve.is_loopback("10.0.0.5")
+
+
+def test_a_relay_with_keys_forwards_a_curve_learners_snapshots(learner_process, keys):
+    from actors.relay import Relay, RelayConfig
+
+    k = keys / "keys"
+    learner = learner_process(
+        "--curve-secret-key", str(k / "learner.key_secret"), "--curve-authorized", str(k / "authorized"),
+        "--batch-size", "2", "--publish-every", "1",
+    )  # fmt: skip
+    params_port = int(learner.params.rsplit(":", 1)[1])
+    cfg = RelayConfig(params_port=params_port, port=0, status_every=0,
+                      curve_secret_key=str(k / "actor-0.key_secret"), curve_server_key=str(k / "learner.key"))  # fmt: skip
+    relay = Relay(cfg, log=lambda _line: None)
+    thread = threading.Thread(target=relay.run, daemon=True)
+    thread.start()
+    local = zmq.Context()
+    sub = local.socket(zmq.SUB)
+    sub.setsockopt(zmq.LINGER, 0)
+    sub.setsockopt(zmq.SUBSCRIBE, b"")
+    sub.connect(relay.endpoint)
+    actor = Client(learner, curve.CurveClient(k / "actor-0.key_secret", k / "learner.key"))
+    try:
+        welcome = protocol.parse(actor.request(_hello(), timeout=30)[0])
+        episodes = [make_episode(welcome["model"], 3, np.random.default_rng(1)) for _ in range(2)]
+        traj = protocol.message(protocol.TRAJ, actor_id=welcome["actor_id"], seq=1, episodes=episodes)
+        assert protocol.parse(actor.request(traj, timeout=30)[0])["accepted"] == 2
+        assert sub.poll(120_000), "the relay forwarded nothing from the CURVE learner"
+        assert protocol.parse_params(sub.recv_multipart())[0] >= 1
+    finally:
+        relay.request_stop()
+        thread.join(10)
+        actor.close()
+        sub.close(0)
+        local.term()
+    with pytest.raises(SystemExit, match="--insecure"):
+        Relay(RelayConfig(bind="0.0.0.0", port=0), log=lambda _line: None)
