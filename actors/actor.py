@@ -48,8 +48,30 @@ class _World:
     """Load the next snapshot even at an equal version (after joining a restarted learner)."""
 
 
+def check_config(cfg: ActorConfig) -> None:
+    """Refuse flag values the actor cannot run with, naming the flag (before anything connects)."""
+    positive = {
+        "num-envs": cfg.num_envs,
+        "max-pending-episodes": cfg.max_pending_episodes,
+        "handshake-timeout": cfg.handshake_timeout,
+        "heartbeat-every": cfg.heartbeat_every,
+        "learner-timeout": cfg.learner_timeout,
+        "ack-timeout": cfg.ack_timeout,
+    }
+    for flag, value in positive.items():
+        if not value > 0:
+            raise SystemExit(f"--{flag} must be positive, got {value}")
+    if not 1 <= cfg.max_batch_episodes <= protocol.MAX_EPISODES_PER_BATCH:
+        raise SystemExit(
+            f"--max-batch-episodes must be in [1, {protocol.MAX_EPISODES_PER_BATCH}], got {cfg.max_batch_episodes}"
+        )
+    if cfg.flush_timeout < 0 or cfg.max_episodes < 0:
+        raise SystemExit("--flush-timeout and --max-episodes must be >= 0")
+
+
 class Actor:
     def __init__(self, cfg: ActorConfig, log=print):
+        check_config(cfg)
         self.cfg = cfg
         self.log = log
         self.stats = Counter()

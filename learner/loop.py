@@ -262,6 +262,7 @@ def run(cfg: LearnerConfig, console: Console | None = None) -> dict:
             "rejected": sum(server.rejected.values()),
             "rejected_by_reason": dict(server.rejected),
             "duplicates": server.duplicates,
+            "dropped_replies": dict(server.drops),
             "batches_lost_in_restart": server.ledger.lost_in_restart,
             "accepting": server.accepting,
             "dropped_episodes": replay.counts["evicted_fifo"] + replay.counts["dropped_stale"],

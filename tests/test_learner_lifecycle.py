@@ -90,6 +90,8 @@ def test_restart_resumes_from_the_checkpoint(learner_process, tmp_path):
         (("--num-processes", "2"), "needs --coordinator"),
         (("--word-rename-rate", "1.5"), "--word-rename-rate must be in [0, 1], got 1.5"),
         (("--demo-update-every", "-1"), "--demo-update-every must be >= 0, got -1"),
+        (("--actor-credit", "0"), "--actor-credit must be at least 1, got 0"),
+        (("--curve-secret-key", "k.key_secret"), "--curve-secret-key and --curve-authorized go together"),
     ],
 )
 def test_impossible_settings_are_refused_clearly(tmp_path, args, says):
@@ -98,3 +100,18 @@ def test_impossible_settings_are_refused_clearly(tmp_path, args, says):
     assert done.returncode != 0
     assert says in done.stderr, done.stderr
     assert not (tmp_path / "endpoints.json").exists()  # refused before binding anything
+
+
+@pytest.mark.parametrize(
+    ("args", "says"),
+    [
+        (("--max-batch-episodes", "300"), "--max-batch-episodes must be in [1, 256], got 300"),
+        (("--learner-timeout", "0"), "--learner-timeout must be positive, got 0.0"),
+        (("--curve-secret-key", "k.key_secret"), "--curve-secret-key and --curve-server-key go together"),
+    ],
+)
+def test_impossible_actor_settings_are_refused_clearly(args, says):
+    cmd = [sys.executable, "-m", "actors", "--ingest-port", "1", *args]
+    done = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, env=ACTOR_ENV, timeout=120)
+    assert done.returncode != 0 and says in done.stderr, done.stderr
+    assert "no answer from the learner" not in done.stdout  # refused before trying to connect
