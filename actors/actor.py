@@ -81,6 +81,7 @@ class Actor:
         self._rejoin = ""
         """Why the session ended (not_welcomed, a silent learner, an overdue ACK): handshake again."""
         self._run_id = ""
+        self._welcomed = False
 
     def request_stop(self, reason: str) -> None:
         self._stop_reason = reason
@@ -129,8 +130,9 @@ class Actor:
         self.outbox.on_welcome(
             protocol.require(welcome, "acked_upto", int), protocol.require(welcome, "grant", int)
         )
-        if self._run_id:
+        if self._welcomed:  # every WELCOME after the first, including one that came before any parameters
             self.stats["rejoins"] += 1
+        self._welcomed = True
         self.log(
             f"actor {conn.actor_id}: joined run {run_id} at {conn.ingest_addr}"
             + (f" ({self._rejoin}; {self.outbox.held()} episodes held)" if self._rejoin else "")
@@ -163,8 +165,8 @@ class Actor:
 
     def _build(self, conn: LearnerConnection, model_cfg: ModelConfig, max_steps: int) -> _World | None:
         cfg = self.cfg
+        conn.request_params(-1)  # first: building the policy takes seconds, and the learner hears from us now
         runner = PolicyRunner(model_cfg, cfg.seed)
-        conn.request_params(runner.version)
         while runner.params is None and not self._should_stop() and not self._rejoin:
             conn.wait(200)
             self._take_in(conn, runner)
@@ -256,12 +258,32 @@ class Actor:
                 self.stats["send_queue_full"] += 1
 
     def _flush(self, conn: LearnerConnection, world: _World) -> None:
-        """On stop, give the learner a few seconds to acknowledge what is still held."""
-        deadline = time.monotonic() + self.cfg.flush_timeout
-        while self.outbox.held() and time.monotonic() < deadline and not self._rejoin:
+        """After the episode limit, up to --flush-timeout seconds for the learner to acknowledge what is
+        held: still heartbeating, and joining again (a restarted learner too) when the session breaks."""
+        cfg = self.cfg
+        deadline = time.monotonic() + cfg.flush_timeout
+        last_beat = time.monotonic()
+        while self.outbox.held() and time.monotonic() < deadline:
+            now = time.monotonic()
+            if not self._rejoin and now - conn.last_heard > cfg.learner_timeout:
+                self._rejoin = f"the learner was silent for {now - conn.last_heard:.0f}s"
+            if not self._rejoin and self.outbox.overdue(cfg.ack_timeout):
+                self._rejoin = f"no ACK for {cfg.ack_timeout:.0f}s"
+            if self._rejoin:
+                self.log(f"actor {conn.actor_id}: {self._rejoin}; joining again to deliver what is held")
+                welcome = conn.handshake(
+                    cfg.name, cfg.num_envs, self.instance, lambda: self.outbox.first_unacked,
+                    cfg.handshake_timeout, cfg.max_backoff, lambda: time.monotonic() >= deadline,
+                )  # fmt: skip
+                if welcome is None:
+                    break
+                self._join(conn, welcome, world)
             self._send(conn, self.outbox.take_batches())
             conn.wait(100)
             self._take_in(conn, world.runner, world)
+            if time.monotonic() - last_beat >= cfg.heartbeat_every:
+                last_beat = time.monotonic()
+                conn.send(protocol.message(protocol.HEARTBEAT, actor_id=conn.actor_id))
 
     def _take_in(self, conn: LearnerConnection, runner: PolicyRunner, world: _World | None = None) -> None:
         replies, newest = conn.receive()

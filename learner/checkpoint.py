@@ -145,8 +145,8 @@ class Checkpointer:
 
     def save_delivery(self, update: int, state: dict[str, Any], process_index: int = 0) -> None:
         """The ingest's delivery ledger (learner/delivery.py) for checkpoint `update`: which batches the
-        saved replay holds, so a batch re-sent after a restart is stored exactly once. Call before
-        `save_replay`, which prunes old files."""
+        saved replay holds, so a batch re-sent after a restart is stored exactly once. Call after
+        `save_replay`, so that a ledger never exists without its replay."""
         path = self.delivery_path(update, process_index)
         path.parent.mkdir(parents=True, exist_ok=True)
         tmp = path.with_name(path.name + ".tmp")

@@ -84,8 +84,12 @@ class IngestServer:
         self.actor_timeout = actor_timeout
         self.heartbeat_every = heartbeat_every
         self.ledger = DeliveryLedger(credit)
+        self.gate: Callable[[], bool] = lambda: True
+        """The learner's rate limit, asked at every grant: False while it is behind, so grants stop growing
+        and actors wait. Asked per grant (not per poll), so a poll that takes in many batches cannot
+        hand out credit past the limit."""
         self.accepting = True
-        """False while the learner is behind (its rate limit): grants stop growing, actors wait."""
+        """The gate's answer at the end of the last poll (for the metrics)."""
         self._last_beat = time.monotonic()
         self.actors: dict[int, ActorInfo] = {}
         self.rejected: Counter[str] = Counter()
@@ -127,16 +131,16 @@ class IngestServer:
         while self._auth_events is not None and self._auth_events.poll(0):
             self._auth_events.recv_multipart()  # a client without an authorized key (or not speaking CURVE)
             self.rejected["auth_failed"] += 1
+        self._check_gate()
         if time.monotonic() - self._last_beat >= self.heartbeat_every:
             self.heartbeat()
         return handled
 
-    def set_accepting(self, accepting: bool) -> None:
-        """Open or close the credit tap; opening tells every actor at once instead of at the next beat."""
-        if accepting != self.accepting:
-            self.accepting = accepting
-            if accepting:
-                self.heartbeat()
+    def _check_gate(self) -> None:
+        """When the gate has opened again, tell every actor its new grant at once, not at the next beat."""
+        was, self.accepting = self.accepting, self.gate()
+        if self.accepting and not was:
+            self.heartbeat()
 
     def heartbeat(self) -> None:
         """HEARTBEAT to every live actor: they learn the learner is alive, its newest version, their grant."""
@@ -150,7 +154,7 @@ class IngestServer:
             protocol.HEARTBEAT,
             run_id=self.run_id,
             policy_version=self.policy_version,
-            grant=self.ledger.grant(actor.instance, self.accepting),
+            grant=self.ledger.grant(actor.instance, self.gate()),
         )
 
     def connected_actors(self) -> int:
@@ -181,7 +185,7 @@ class IngestServer:
                 self.ledger.record(actor.instance, seq)
                 actor.episodes += len(episodes)
                 accepted, duplicate = len(episodes), False
-            grant = self.ledger.grant(actor.instance, self.accepting)
+            grant = self.ledger.grant(actor.instance, self.gate())
             self._send(
                 identity,
                 protocol.message(protocol.ACK, seq=seq, accepted=accepted, duplicate=duplicate, grant=grant),
@@ -220,7 +224,7 @@ class IngestServer:
                 actor_id=actor_id,
                 policy_version=self.policy_version,
                 acked_upto=acked_upto,
-                grant=self.ledger.grant(instance, self.accepting),
+                grant=self.ledger.grant(instance, self.gate()),
                 heartbeat_every=self.heartbeat_every,
                 **self.welcome_fields,
             ),

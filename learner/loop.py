@@ -128,7 +128,7 @@ def run(cfg: LearnerConfig, console: Console | None = None) -> dict:
         seed=cfg.seed + rank,
     )
     checkpointer = Checkpointer(cfg.run_dir / "checkpoints") if cfg.checkpoint_every else None
-    resumed = None
+    resumed, kept = None, None
     if checkpointer is not None and checkpointer.latest_update() is not None:
         template = TrainState(params, opt_state, 0, 0, rng_state(demo_rng))
         try:
@@ -185,6 +185,17 @@ def run(cfg: LearnerConfig, console: Console | None = None) -> dict:
                 totals["behavior_version_max"], int(ep.steps["policy_version"].max())
             )
 
+    def tap_open() -> bool:
+        """The insert side of the rate limit (--insert-slack): False while stored episodes run more than
+        the slack ahead of what reinforcement learning has used, as long as it could train right now
+        (otherwise closing would wedge it: it needs data to catch up)."""
+        used = rl_updates * local_batch / cfg.samples_per_insert
+        can_train = (
+            len(replay) >= local_batch
+            and (rl_updates + 1) * local_batch <= cfg.samples_per_insert * replay.counts["added"]
+        )
+        return totals["episodes"] - used <= cfg.insert_slack or not can_train
+
     server = IngestServer(
         cfg.bind,
         cfg.ingest_port,
@@ -198,7 +209,9 @@ def run(cfg: LearnerConfig, console: Console | None = None) -> dict:
         credit=cfg.actor_credit,
         curve=curve,
     )
-    if resumed is not None:
+    if cfg.insert_slack:
+        server.gate = tap_open
+    if resumed is not None and kept is not None:  # the ledger describes the saved replay: only with it
         try:
             ledger = checkpointer.restore_delivery(resumed.update, rank)
             if ledger is not None:
@@ -286,8 +299,9 @@ def run(cfg: LearnerConfig, console: Console | None = None) -> dict:
         t0 = time.monotonic()
         state = TrainState(params, opt_state, update, version, rng_state(demo_rng))
         checkpointer.save(state, _jsonable(cfg))
-        checkpointer.save_delivery(update, server.ledger.state(), rank)
         checkpointer.save_replay(update, replay, cfg.model, cfg.max_steps, rank)
+        # After the replay: a ledger file always describes a replay file (the resume relies on it).
+        checkpointer.save_delivery(update, server.ledger.state(), rank)
         saved_update = update
         timing["checkpoint_s"] += time.monotonic() - t0
 
@@ -333,9 +347,6 @@ def run(cfg: LearnerConfig, console: Console | None = None) -> dict:
                 len(replay) >= local_batch
                 and (rl_updates + 1) * local_batch <= cfg.samples_per_insert * replay.counts["added"]
             )
-            if cfg.insert_slack:  # the insert side of the rate limit: actors wait while training catches up
-                used = rl_updates * local_batch / cfg.samples_per_insert
-                server.set_accepting(totals["episodes"] - used <= cfg.insert_slack)
             t0 = time.monotonic()
             server.poll(0 if ready else 50)
             timing["ingest_s"] += time.monotonic() - t0

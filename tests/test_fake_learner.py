@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+import select
 import signal
 import subprocess
 import sys
@@ -94,6 +95,16 @@ def actor_procs():
         p.wait()
 
 
+def _read_until(proc: subprocess.Popen, text: str, timeout: float) -> str:
+    """The actor's output up to and including the first line that contains `text`."""
+    out, deadline = "", time.monotonic() + timeout
+    while text not in out:
+        assert time.monotonic() < deadline and proc.poll() is None, f"never printed {text!r}:\n{out}"
+        if select.select([proc.stdout], [], [], 0.5)[0]:
+            out += proc.stdout.readline().decode(errors="replace")
+    return out
+
+
 def stop_and_read(proc: subprocess.Popen) -> tuple[int, str]:
     proc.send_signal(signal.SIGTERM)
     out, _ = proc.communicate(timeout=30)
@@ -177,7 +188,9 @@ def test_actor_survives_error_replies_and_bad_snapshots(fake_learner, actor_proc
     bad = {k: np.zeros((1,), np.float32) for k in model.params_to_flat(fake_learner.params)}
     fake_learner.router.send_multipart([identity, *protocol.params_frames(0, bad)])
     fake_learner.router.send_multipart([identity, b"\xc1 not msgpack"])
-    time.sleep(2)  # the actor polls every 0.2 s while it waits for usable parameters
+    # Only once the actor has tried (and refused) the bad snapshot does the good one go out: sent together,
+    # the actor would take just the newest of them.
+    seen = _read_until(proc, "does not fit the model", timeout=60)
     assert proc.poll() is None
     fake_learner.router.send_multipart([identity, *fake_learner.params_frames(0)])
     _, traj = fake_learner.recv_kind(protocol.TRAJ)
@@ -189,6 +202,7 @@ def test_actor_survives_error_replies_and_bad_snapshots(fake_learner, actor_proc
             break
     assert traj2["seq"] > traj["seq"], "the actor stopped streaming after an ERROR"
     rc, out = stop_and_read(proc)
+    out = seen + out
     assert rc == 0, out
     assert "does not fit the model" in out and "bad_snapshots" in out
     assert "learner refused a message: bad_array" in out
