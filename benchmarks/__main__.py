@@ -13,6 +13,7 @@ BENCHMARKS = {
     "simphone": "benchmarks.simphone",
     "train_scaling": "benchmarks.train_scaling",
     "broadcast": "benchmarks.broadcast",
+    "ingest": "benchmarks.ingest",
 }
 
 
