@@ -350,10 +350,7 @@ def _slope_mb_per_min(samples: list[tuple[float, float]]) -> float | None:
 
 def _close_tap(server) -> None:
     """Stop the grants from growing, as the learner's rate limit does when training is behind."""
-    if hasattr(server, "gate"):  # the rate limit as a callable the server asks at every grant
-        server.gate = lambda: False
-    else:  # the earlier form of the same switch
-        server.set_accepting(False)
+    server.gate = lambda: False  # the rate limit, asked at every grant
 
 
 def _flood_process(mode: str, connections: int, warmup_s: float, duration_s: float) -> dict:

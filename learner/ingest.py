@@ -20,8 +20,11 @@ from common.curve import CurveServer
 from common.protocol import Episode, ProtocolError
 from learner.delivery import DeliveryLedger
 
-INGEST_QUEUE_MESSAGES = 256
-"""ROUTER receive high-water mark, per actor connection."""
+INGEST_QUEUE_MESSAGES = 32
+"""ROUTER receive high-water mark, per actor connection (whole messages): at most this many messages of
+one actor wait unread, so the learner holds at most connections x 32 x the message size limit."""
+REPLY_QUEUE_MESSAGES = 64
+"""ROUTER send high-water mark, per actor connection (whole messages)."""
 
 
 @dataclass
@@ -60,9 +63,14 @@ class IngestServer:
         self.router.setsockopt(zmq.LINGER, 0)
         self.router.setsockopt(zmq.MAXMSGSIZE, wire.MAX_MESSAGE_BYTES)  # refuse floods before buffering them
         # Per connection, at most this many messages wait unread; past it ZeroMQ stops reading that TCP
-        # stream, so even an actor that ignores its credit cannot grow the learner's memory.
+        # stream, so an actor that ignores its credit is slowed to the learner's pace (TCP back-pressure).
         self.router.setsockopt(zmq.RCVHWM, INGEST_QUEUE_MESSAGES)
+        # Replies queued per actor: a well-behaved one has at most its credit's ACKs, a few heartbeats and a
+        # snapshot waiting; one that stops reading gets the rest dropped (counted), not buffered.
+        self.router.setsockopt(zmq.SNDHWM, REPLY_QUEUE_MESSAGES)
         self.router.setsockopt(zmq.ROUTER_HANDOVER, 1)  # an actor with a fixed routing id may reconnect
+        # A reply that cannot be queued raises instead of vanishing, so every drop is counted (_send_frames).
+        self.router.setsockopt(zmq.ROUTER_MANDATORY, 1)
         self.pub = self.ctx.socket(zmq.PUB)
         self.pub.setsockopt(zmq.LINGER, 0)
         self.pub.setsockopt(zmq.SNDHWM, 2)  # slow subscribers skip to the newest snapshot
@@ -147,7 +155,8 @@ class IngestServer:
         self._last_beat = time.monotonic()
         self.connected_actors()  # expire the silent ones first
         for actor in self.actors.values():
-            self._send(actor.identity, self._beat(actor))
+            if actor.active:  # an abandoned handshake's socket is gone: nothing to tell it
+                self._send(actor.identity, self._beat(actor))
 
     def _beat(self, actor: ActorInfo) -> dict:
         return protocol.message(
@@ -191,7 +200,7 @@ class IngestServer:
                 protocol.message(protocol.ACK, seq=seq, accepted=accepted, duplicate=duplicate, grant=grant),
             )
         elif kind == protocol.PARAM_REQ:
-            self.router.send_multipart([identity, *self._params_frames], copy=False)
+            self._send_frames([identity, *self._params_frames])
         elif kind == protocol.HEARTBEAT:
             self._send(identity, self._beat(actor))
         else:
@@ -247,10 +256,19 @@ class IngestServer:
         self._send_raw(identity, wire.encode(msg))
 
     def _send_raw(self, identity: bytes, data: bytes) -> None:
+        self._send_frames([identity, data])
+
+    def _send_frames(self, frames: list) -> None:
+        """Never blocks: a reply to an actor that does not read (its queue is full) or that is gone is
+        dropped and counted by reason (the actor re-sends what stays unacknowledged)."""
         try:
-            self.router.send_multipart([identity, data], flags=zmq.NOBLOCK)
+            self.router.send_multipart(frames, flags=zmq.NOBLOCK, copy=False)
         except zmq.Again:
-            self.drops["reply_dropped"] += 1
+            self.drops["queue_full"] += 1
+        except zmq.ZMQError as e:
+            if e.errno != zmq.EHOSTUNREACH:
+                raise
+            self.drops["actor_gone"] += 1
 
     def close(self) -> None:
         if self._auth_events is not None:

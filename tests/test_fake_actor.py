@@ -657,3 +657,28 @@ def test_batches_are_stored_once_across_resends_reconnects_and_a_learner_restart
     assert send(4, batch[4])["accepted"] == 2
     line = wait_for_metrics(restarted, lambda m: m["duplicates"] == 1 and m["episodes"] == 2, what="resumed")
     assert line["batches_lost_in_restart"] == 0
+
+
+def test_an_actor_that_never_reads_costs_only_its_own_replies(learner_process, fake_actor):
+    learner = learner_process("--log-every", "0.3")
+    slow, good = fake_actor(learner, "slow"), fake_actor(learner, "good")
+    slow.dealer.close(0)
+    slow.dealer = slow.ctx.socket(zmq.DEALER)
+    slow.dealer.setsockopt(zmq.LINGER, 0)
+    slow.dealer.setsockopt(zmq.RCVHWM, 1)  # it buffers (almost) nothing on its side either
+    slow.dealer.connect(learner.ingest)
+    slow.hello()
+    good.hello()
+    # The slow actor asks for the ~1.3 MB snapshot 300 times and reads nothing: its TCP buffers and the
+    # learner's queue for it fill up, and the learner drops (and counts) the replies that do not fit
+    # instead of blocking.
+    for _ in range(300):
+        slow.send(message("PARAM_REQ", actor_id=slow.actor_id))
+    rng = np.random.default_rng(4)
+    for seq in range(1, 4):
+        reply = good.request(message("TRAJ", actor_id=good.actor_id, seq=seq, episodes=good.episodes(1, rng)))
+        assert (reply["kind"], reply["accepted"]) == ("ACK", 1), reply
+    line = wait_for_metrics(
+        learner, lambda m: m["dropped_replies"].get("queue_full", 0) > 0 and m["episodes"] == 3, what="drops"
+    )
+    assert line["dropped_replies"]["queue_full"] < 300  # those that fit were queued, not dropped
