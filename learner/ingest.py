@@ -79,7 +79,9 @@ class IngestServer:
             curve.apply(self.router)
             curve.apply(self.pub)
             self._auth_events = self.router.get_monitor_socket(
-                zmq.EVENT_HANDSHAKE_FAILED_AUTH | zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL
+                zmq.EVENT_HANDSHAKE_FAILED_AUTH
+                | zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL
+                | zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL
             )
         self.ingest_port = _bind(self.router, bind, ingest_port)
         self.params_port = _bind(self.pub, bind, params_port)
