@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import re
 import select
 import signal
@@ -100,8 +101,8 @@ def _read_until(proc: subprocess.Popen, text: str, timeout: float) -> str:
     out, deadline = "", time.monotonic() + timeout
     while text not in out:
         assert time.monotonic() < deadline and proc.poll() is None, f"never printed {text!r}:\n{out}"
-        if select.select([proc.stdout], [], [], 0.5)[0]:
-            out += proc.stdout.readline().decode(errors="replace")
+        if select.select([proc.stdout], [], [], 0.5)[0]:  # raw reads: a buffered readline could hide lines
+            out += os.read(proc.stdout.fileno(), 65536).decode(errors="replace")
     return out
 
 
