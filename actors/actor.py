@@ -99,15 +99,7 @@ class Actor:
         world = None
         try:
             while not self._should_stop():
-                welcome = conn.handshake(
-                    cfg.name,
-                    cfg.num_envs,
-                    self.instance,
-                    lambda: self.outbox.first_unacked,
-                    cfg.handshake_timeout,
-                    cfg.max_backoff,
-                    self._should_stop,
-                )
+                welcome = self._handshake(conn, self._should_stop)
                 if welcome is None:
                     break
                 world = self._join(conn, welcome, world)
@@ -120,6 +112,13 @@ class Actor:
             conn.close()
             self.log(f"actor: stopped ({self._stop_reason}); {dict(self.stats)}")
         return self.stats
+
+    def _handshake(self, conn: LearnerConnection, give_up) -> dict | None:
+        cfg = self.cfg
+        return conn.handshake(
+            cfg.name, cfg.num_envs, self.instance, lambda: self.outbox.first_unacked,
+            cfg.handshake_timeout, cfg.max_backoff, give_up,
+        )  # fmt: skip
 
     def _join(self, conn: LearnerConnection, welcome: dict, world: _World | None) -> _World | None:
         """Start a session: settle what the learner already stores, rebuild only what changed, re-send."""
@@ -170,6 +169,7 @@ class Actor:
         while runner.params is None and not self._should_stop() and not self._rejoin:
             conn.wait(200)
             self._take_in(conn, runner)
+            self._check_session(conn)
         if runner.params is None:
             return None
         envs = [
@@ -184,13 +184,7 @@ class Actor:
         last_beat = last_status = time.monotonic()
         while not self._should_stop():
             self._take_in(conn, world.runner, world)
-            now = time.monotonic()
-            if not self._rejoin and now - conn.last_heard > cfg.learner_timeout:
-                self._rejoin = f"the learner was silent for {now - conn.last_heard:.0f}s"
-            if not self._rejoin and self.outbox.overdue(cfg.ack_timeout):
-                self._rejoin = (
-                    f"no ACK for {cfg.ack_timeout:.0f}s"  # Lazy Pirate: a fresh socket, then re-send
-                )
+            self._check_session(conn)
             if self._rejoin:
                 self.log(f"actor {conn.actor_id}: {self._rejoin}; joining again")
                 return
@@ -247,6 +241,15 @@ class Actor:
             if self.cfg.max_episodes and self.stats["episodes_finished"] >= self.cfg.max_episodes:
                 self.request_stop("episode limit")
 
+    def _check_session(self, conn: LearnerConnection) -> None:
+        """Mark the session broken when the learner has gone silent or an ACK is overdue: the caller then
+        joins again on a fresh socket (Lazy Pirate) and re-sends what is unacknowledged."""
+        silent = time.monotonic() - conn.last_heard
+        if not self._rejoin and silent > self.cfg.learner_timeout:
+            self._rejoin = f"the learner was silent for {silent:.0f}s"
+        if not self._rejoin and self.outbox.overdue(self.cfg.ack_timeout):
+            self._rejoin = f"no ACK for {self.cfg.ack_timeout:.0f}s"
+
     def _send(self, conn: LearnerConnection, batches: list[Batch]) -> None:
         for batch in batches:
             msg = protocol.message(
@@ -264,17 +267,10 @@ class Actor:
         deadline = time.monotonic() + cfg.flush_timeout
         last_beat = time.monotonic()
         while self.outbox.held() and time.monotonic() < deadline:
-            now = time.monotonic()
-            if not self._rejoin and now - conn.last_heard > cfg.learner_timeout:
-                self._rejoin = f"the learner was silent for {now - conn.last_heard:.0f}s"
-            if not self._rejoin and self.outbox.overdue(cfg.ack_timeout):
-                self._rejoin = f"no ACK for {cfg.ack_timeout:.0f}s"
+            self._check_session(conn)
             if self._rejoin:
                 self.log(f"actor {conn.actor_id}: {self._rejoin}; joining again to deliver what is held")
-                welcome = conn.handshake(
-                    cfg.name, cfg.num_envs, self.instance, lambda: self.outbox.first_unacked,
-                    cfg.handshake_timeout, cfg.max_backoff, lambda: time.monotonic() >= deadline,
-                )  # fmt: skip
+                welcome = self._handshake(conn, lambda: time.monotonic() >= deadline)
                 if welcome is None:
                     break
                 self._join(conn, welcome, world)
