@@ -1,0 +1,355 @@
+"""A fake adb server speaking the adb host protocol, so the unmodified adbutils client can be tested offline.
+
+It serves one scripted phone: screens (uiautomator XML + PNG) linked by tap targets, a tiny file system
+for `uiautomator dump` and `sync:` pulls, a settings table, and fault switches for what real devices do
+wrong (vanish, hang, truncate, answer garbage, fail commands).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import shlex
+import socket
+import socketserver
+import struct
+import threading
+import zlib
+from dataclasses import dataclass, field
+
+DUMP_PATH = "/sdcard/window_dump.xml"
+V1_EXIT_MAGIC = "; echo X4EXIT:$?"
+"""adbutils' shell2() without v2 appends this and parses `X4EXIT:<code>` from the output."""
+ADB_VERSION = 41
+"""41+ makes adbutils use `host:tport:serial:` (OKAY + 8-byte transport id) rather than `host:transport:`."""
+
+
+def make_png(width: int, height: int, rgb: tuple[int, int, int]) -> bytes:
+    """A valid solid-colour RGB PNG, built with zlib and struct only."""
+
+    def chunk(tag: bytes, data: bytes) -> bytes:
+        return struct.pack(">I", len(data)) + tag + data + struct.pack(">I", zlib.crc32(tag + data))
+
+    row = b"\x00" + bytes(rgb) * width
+    ihdr = struct.pack(">IIBBBBB", width, height, 8, 2, 0, 0, 0)
+    return (
+        b"\x89PNG\r\n\x1a\n"
+        + chunk(b"IHDR", ihdr)
+        + chunk(b"IDAT", zlib.compress(row * height))
+        + chunk(b"IEND", b"")
+    )
+
+
+@dataclass
+class Screen:
+    xml: bytes
+    png: bytes
+    links: dict[tuple[int, int, int, int], str] = field(default_factory=dict)
+    """Tap target bounds -> name of the screen a tap inside them opens."""
+
+
+@dataclass
+class Faults:
+    """Switches flipped by tests while the server runs."""
+
+    gone: bool = False
+    """The device left: dropped from host:devices, transports fail with `device not found`."""
+    hang_up: bool = False
+    """Transport connections are closed without an answer (a cable pulled mid-command)."""
+    delay_s: float = 0.0
+    """A slow device: sleep after accepting a shell or sync request, before any output."""
+    truncate_png: bool = False
+    dump_xml: bytes | None = None
+    """Replaces the current screen's XML in `uiautomator dump` (malformed, empty, hostile...)."""
+    failing: dict[str, tuple[int, bytes]] = field(default_factory=dict)
+    """Shell command prefix -> (exit code, stderr)."""
+
+
+@dataclass
+class FakePhone:
+    screens: dict[str, Screen]
+    current: str
+    serial: str = "emulator-5554"
+    size: tuple[int, int] = (1080, 2400)
+    settings: dict[str, str] = field(default_factory=lambda: {"global/airplane_mode_on": "0"})
+    files: dict[str, bytes] = field(default_factory=dict)
+    faults: Faults = field(default_factory=Faults)
+    commands: list[str] = field(default_factory=list)
+    """Every shell command received, for assertions."""
+
+    def run(self, cmd: str) -> tuple[bytes, bytes, int]:
+        """Run one shell command: (stdout, stderr, exit code)."""
+        self.commands.append(cmd)
+        for prefix, (code, err) in self.faults.failing.items():
+            if cmd.startswith(prefix):
+                return b"", err, code
+        try:
+            argv = shlex.split(cmd)
+        except ValueError:
+            return b"", b"/system/bin/sh: syntax error\n", 2
+        match argv:
+            case ["input", "tap", x, y]:
+                return self._tap(int(float(x)), int(float(y)))
+            case ["uiautomator", "dump", *rest]:
+                path = rest[0] if rest else DUMP_PATH
+                xml = self.faults.dump_xml if self.faults.dump_xml is not None else self.screen.xml
+                self.files[path] = xml
+                return f"UI hierchary dumped to: {path}\n".encode(), b"", 0
+            case ["screencap", "-p"]:
+                png = self.screen.png
+                return (png[: len(png) // 2] if self.faults.truncate_png else png), b"", 0
+            case ["settings", "get", ns, key]:
+                return (self.settings.get(f"{ns}/{key}", "null") + "\n").encode(), b"", 0
+            case ["settings", "put", ns, key, value]:
+                self.settings[f"{ns}/{key}"] = value
+                return b"", b"", 0
+            case ["wm", "size"]:
+                return f"Physical size: {self.size[0]}x{self.size[1]}\n".encode(), b"", 0
+            case ["cat", path]:
+                if path not in self.files:
+                    return b"", f"cat: {path}: No such file or directory\n".encode(), 1
+                return self.files[path], b"", 0
+            case ["echo", *words]:
+                return (" ".join(words) + "\n").encode(), b"", 0
+        name = argv[0] if argv else ""
+        return b"", f"/system/bin/sh: {name}: inaccessible or not found\n".encode(), 127
+
+    @property
+    def screen(self) -> Screen:
+        return self.screens[self.current]
+
+    def _tap(self, x: int, y: int) -> tuple[bytes, bytes, int]:
+        for (left, top, right, bottom), target in self.screen.links.items():
+            if left <= x < right and top <= y < bottom:
+                self.current = target
+                break
+        return b"", b"", 0
+
+
+class FakeAdbServer:
+    """The server thread; use as a context manager. `port` is a free port on 127.0.0.1."""
+
+    def __init__(self, phone: FakePhone) -> None:
+        self.phone = phone
+        self._stop = threading.Event()
+        self._conns: set[socket.socket] = set()
+        self._lock = threading.Lock()
+        owner = self
+
+        class Handler(socketserver.BaseRequestHandler):
+            def handle(self) -> None:
+                owner._serve(self.request)
+
+        class Server(socketserver.ThreadingTCPServer):
+            daemon_threads = True
+            allow_reuse_address = True
+
+        self._server = Server(("127.0.0.1", 0), Handler)
+        self.port: int = self._server.server_address[1]
+        self._thread = threading.Thread(target=self._server.serve_forever, name="fake-adb", daemon=True)
+
+    def __enter__(self) -> FakeAdbServer:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def close(self) -> None:
+        self._stop.set()
+        self._server.shutdown()
+        self._server.server_close()
+        self.drop_connections()
+        self._thread.join(timeout=5)
+
+    def drop_connections(self) -> None:
+        """Close every open client connection, as a vanishing device or server does."""
+        with self._lock:
+            conns, self._conns = list(self._conns), set()
+        for c in conns:
+            with contextlib.suppress(OSError):
+                c.shutdown(socket.SHUT_RDWR)
+
+    # ---- protocol ----
+
+    def _serve(self, sock: socket.socket) -> None:
+        with self._lock:
+            self._conns.add(sock)
+        sock.settimeout(10)
+        try:
+            self._session(sock)
+        except (OSError, EOFError):
+            pass
+        finally:
+            with self._lock:
+                self._conns.discard(sock)
+            sock.close()
+
+    def _session(self, sock: socket.socket) -> None:
+        phone = self.phone
+        in_transport = False
+        while True:
+            cmd = _read_request(sock)
+            if not in_transport:
+                in_transport = self._host(sock, cmd)
+                if in_transport is None:
+                    return
+                continue
+            # A device service: the connection ends with it.
+            if phone.faults.gone:
+                return _fail(sock, "device offline")
+            if phone.faults.hang_up:
+                return
+            if cmd.startswith("shell,v2:"):
+                return self._shell_v2(sock, cmd.removeprefix("shell,v2:"))
+            if cmd.startswith("shell:"):
+                return self._shell_v1(sock, cmd.removeprefix("shell:"))
+            if cmd == "sync:":
+                sock.sendall(b"OKAY")
+                return self._sync(sock)
+            return _fail(sock, f"unknown service {cmd}")
+
+    def _host(self, sock: socket.socket, cmd: str) -> bool | None:
+        """Answer a host request; True when the connection now talks to the device, None to close."""
+        phone = self.phone
+        present = not phone.faults.gone
+        if cmd == "host:version":
+            sock.sendall(b"OKAY" + _block(f"{ADB_VERSION:04x}"))
+            return None
+        if cmd in ("host:devices", "host:devices-l"):
+            line = f"{phone.serial}\tdevice"
+            if cmd.endswith("-l"):
+                line += " product:sdk_phone64 model:FakePhone device:fake transport_id:1"
+            sock.sendall(b"OKAY" + _block(line + "\n" if present else ""))
+            return None
+        serial = _serial_of(cmd)
+        if serial is None:
+            _fail(sock, f"unknown host service {cmd[:64]}")
+            return None
+        if serial not in (phone.serial, "any") or not present:
+            _fail(sock, f"device '{serial}' not found")
+            return None
+        if cmd.startswith("host:tport:"):
+            sock.sendall(b"OKAY" + struct.pack("<Q", 1))
+            return True
+        if cmd.startswith(("host:transport:", "host:transport-id:")):
+            sock.sendall(b"OKAY")
+            return True
+        # host-serial:SERIAL:request
+        request = cmd.rsplit(":", 1)[1]
+        answers = {"features": "shell_v2,cmd,stat_v2", "get-state": "device", "get-serialno": phone.serial}
+        if request not in answers:
+            _fail(sock, f"unknown request {request}")
+        else:
+            sock.sendall(b"OKAY" + _block(answers[request]))
+        return None
+
+    def _shell_v1(self, sock: socket.socket, cmd: str) -> None:
+        magic = cmd.endswith(V1_EXIT_MAGIC)
+        sock.sendall(b"OKAY")
+        if self._slow():
+            return
+        out, err, code = self.phone.run(cmd.removesuffix(V1_EXIT_MAGIC))
+        sock.sendall(out + err + (f"X4EXIT:{code}".encode() if magic else b""))
+
+    def _shell_v2(self, sock: socket.socket, cmd: str) -> None:
+        sock.sendall(b"OKAY")
+        if self._slow():
+            return
+        out, err, code = self.phone.run(cmd)
+        packets = b""
+        if out:
+            packets += _packet(1, out)
+        if err:
+            packets += _packet(2, err)
+        sock.sendall(packets + _packet(3, bytes([code & 0xFF])))
+
+    def _slow(self) -> bool:
+        """Apply the delay fault; True when the server closed meanwhile."""
+        delay = self.phone.faults.delay_s
+        return bool(delay) and self._stop.wait(delay)
+
+    def _sync(self, sock: socket.socket) -> None:
+        files = self.phone.files
+        while True:
+            head = _read_exact(sock, 8)
+            verb, size = head[:4], struct.unpack("<I", head[4:])[0]
+            if verb == b"QUIT":
+                return
+            if size > 1024:
+                return _sync_fail(sock, "path too long")
+            path = _read_exact(sock, size).decode("utf-8", "replace")
+            if verb == b"STAT":
+                data = files.get(path)
+                mode, length = (0o100644, len(data)) if data is not None else (0, 0)
+                sock.sendall(b"STAT" + struct.pack("<III", mode, length, 1_700_000_000 if mode else 0))
+            elif verb == b"RECV":
+                if self._slow():
+                    return
+                if path not in files:
+                    return _sync_fail(sock, "No such file or directory")
+                data = files[path]
+                for i in range(0, len(data), 64 * 1024):
+                    part = data[i : i + 64 * 1024]
+                    sock.sendall(b"DATA" + struct.pack("<I", len(part)) + part)
+                sock.sendall(b"DONE" + struct.pack("<I", 0))
+            elif verb == b"SEND":
+                files[path.rsplit(",", 1)[0]] = self._receive(sock)
+                sock.sendall(b"OKAY" + struct.pack("<I", 0))
+            else:
+                return _sync_fail(sock, f"unsupported sync request {verb!r}")
+
+    def _receive(self, sock: socket.socket) -> bytes:
+        body = b""
+        while True:
+            head = _read_exact(sock, 8)
+            verb, size = head[:4], struct.unpack("<I", head[4:])[0]
+            if verb == b"DONE":
+                return body
+            if verb != b"DATA" or size > 64 * 1024:
+                raise EOFError("bad SEND stream")
+            body += _read_exact(sock, size)
+
+
+def _serial_of(cmd: str) -> str | None:
+    for prefix in ("host:tport:serial:", "host:transport:", "host-serial:"):
+        if cmd.startswith(prefix):
+            rest = cmd.removeprefix(prefix)
+            return rest.split(":", 1)[0] if prefix == "host-serial:" else rest
+    if cmd in ("host:tport:any", "host:transport-any"):
+        return "any"
+    if cmd.startswith("host:transport-id:"):
+        return "any"
+    return None
+
+
+def _read_exact(sock: socket.socket, n: int) -> bytes:
+    buf = b""
+    while len(buf) < n:
+        chunk = sock.recv(n - len(buf))
+        if not chunk:
+            raise EOFError("client closed")
+        buf += chunk
+    return buf
+
+
+def _read_request(sock: socket.socket) -> str:
+    size = int(_read_exact(sock, 4), 16)
+    return _read_exact(sock, size).decode("utf-8", "replace")
+
+
+def _block(text: str) -> bytes:
+    data = text.encode()
+    return f"{len(data):04x}".encode() + data
+
+
+def _fail(sock: socket.socket, message: str) -> None:
+    sock.sendall(b"FAIL" + _block(message))
+
+
+def _sync_fail(sock: socket.socket, message: str) -> None:
+    data = message.encode()
+    sock.sendall(b"FAIL" + struct.pack("<I", len(data)) + data)
+
+
+def _packet(stream_id: int, data: bytes) -> bytes:
+    return bytes([stream_id]) + struct.pack("<I", len(data)) + data
