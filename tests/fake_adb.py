@@ -145,7 +145,9 @@ class FakeAdbServer:
 
         self._server = Server(("127.0.0.1", 0), Handler)
         self.port: int = self._server.server_address[1]
-        self._thread = threading.Thread(target=self._server.serve_forever, name="fake-adb", daemon=True)
+        self._thread = threading.Thread(
+            target=self._server.serve_forever, kwargs={"poll_interval": 0.05}, name="fake-adb", daemon=True
+        )
 
     def __enter__(self) -> FakeAdbServer:
         self._thread.start()
