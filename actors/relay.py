@@ -23,9 +23,13 @@ import zmq
 from common import protocol
 from common.curve import CurveClient, CurveError, is_loopback
 from common.protocol import ProtocolError
+from common.sockets import bind_tcp
 
 HEADER_LIMIT = 1 << 20
 """Frame 0 larger than this is not decoded (counted as bad, still forwarded): a header is a few kB."""
+
+BIND_HINT = "Is another relay running on this host? Pick another port with --port (0 picks a free one)."
+"""The end of the error for a port already in use."""
 
 
 @dataclass
@@ -106,7 +110,7 @@ class Relay:
         self.xpub.setsockopt(zmq.SNDHWM, 2)  # slow actors skip to the newest snapshot (class docstring)
         self.xpub.setsockopt(zmq.XPUB_VERBOSER, 1)  # every (un)subscribe arrives: a subscriber count
         try:
-            self.port = _bind(self.xpub, cfg.bind, cfg.port)
+            self.port = bind_tcp(self.xpub, cfg.bind, cfg.port, BIND_HINT)
             self.endpoint = f"tcp://{_connect_host(cfg.bind)}:{self.port}"
             # Subscribe upstream to everything, once, whoever listens locally: a snapshot then crosses the
             # network as soon as it is published, and an actor that joins later gets the next one at once.
@@ -194,19 +198,6 @@ def _header_version(buf: memoryview) -> int | None:
         return protocol.require(head, "version", int)
     except ProtocolError:
         return None
-
-
-def _bind(sock: zmq.Socket, host: str, port: int) -> int:
-    if port == 0:
-        return sock.bind_to_random_port(f"tcp://{host}")
-    try:
-        sock.bind(f"tcp://{host}:{port}")
-    except zmq.ZMQError as e:
-        raise SystemExit(
-            f"relay: cannot bind tcp://{host}:{port}: {e}. Is another relay running on this host? "
-            "Pick another port with --port (0 picks a free one)."
-        ) from e
-    return port
 
 
 def _connect_host(bind: str) -> str:

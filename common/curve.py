@@ -26,13 +26,16 @@ class CurveError(ValueError):
     """A key file that is missing or unusable; the message names it."""
 
 
+def _certificate(path: Path, what: str) -> tuple[bytes, bytes | None]:
+    try:
+        return zmq.auth.load_certificate(Path(path))
+    except (OSError, ValueError) as e:
+        raise CurveError(f"{path}: cannot read a CURVE {what}: {e}") from e
+
+
 def load_keypair(path: Path) -> tuple[bytes, bytes]:
     """(public, secret) from a `.key_secret` file."""
-    path = Path(path)
-    try:
-        public, secret = zmq.auth.load_certificate(path)
-    except (OSError, ValueError) as e:
-        raise CurveError(f"{path}: cannot read a CURVE key pair: {e}") from e
+    public, secret = _certificate(path, "key pair")
     if not secret:
         raise CurveError(f"{path}: holds no secret key (use the .key_secret file, not the public .key)")
     return public, secret
@@ -40,12 +43,7 @@ def load_keypair(path: Path) -> tuple[bytes, bytes]:
 
 def load_public(path: Path) -> bytes:
     """The public key from a `.key` (or `.key_secret`) file."""
-    path = Path(path)
-    try:
-        public, _ = zmq.auth.load_certificate(path)
-    except (OSError, ValueError) as e:
-        raise CurveError(f"{path}: cannot read a CURVE public key: {e}") from e
-    return public
+    return _certificate(path, "public key")[0]
 
 
 @dataclass

@@ -18,6 +18,7 @@ import zmq
 from common import protocol, wire
 from common.curve import CurveServer
 from common.protocol import Episode, ProtocolError
+from common.sockets import bind_tcp
 from learner.delivery import DeliveryLedger
 
 INGEST_QUEUE_MESSAGES = 32
@@ -25,6 +26,11 @@ INGEST_QUEUE_MESSAGES = 32
 one actor wait unread, so the learner holds at most connections x 32 x the message size limit."""
 REPLY_QUEUE_MESSAGES = 64
 """ROUTER send high-water mark, per actor connection (whole messages)."""
+
+BIND_HINT = (
+    "Is another learner running? Pick other ports with --ingest-port/--params-port (0 picks a free one)."
+)
+"""The end of the error for a port already in use."""
 
 
 @dataclass
@@ -83,8 +89,8 @@ class IngestServer:
                 | zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL
                 | zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL
             )
-        self.ingest_port = _bind(self.router, bind, ingest_port)
-        self.params_port = _bind(self.pub, bind, params_port)
+        self.ingest_port = bind_tcp(self.router, bind, ingest_port, BIND_HINT)
+        self.params_port = bind_tcp(self.pub, bind, params_port, BIND_HINT)
         self.run_id = uuid.uuid4().hex[:12]
         self.welcome_fields = welcome_fields
         self.feature_spec = feature_spec
@@ -287,16 +293,3 @@ def _seq_of(msg: dict | None) -> int | None:
     """A refused TRAJ's seq, echoed in the ERROR so the actor knows which batch to give up on."""
     seq = msg.get("seq") if isinstance(msg, dict) and msg.get("kind") == protocol.TRAJ else None
     return seq if type(seq) is int else None
-
-
-def _bind(sock: zmq.Socket, host: str, port: int) -> int:
-    if port == 0:
-        return sock.bind_to_random_port(f"tcp://{host}")
-    try:
-        sock.bind(f"tcp://{host}:{port}")
-    except zmq.ZMQError as e:
-        raise SystemExit(
-            f"cannot bind tcp://{host}:{port}: {e}. Is another learner running? Pick other ports with "
-            "--ingest-port/--params-port (0 picks a free one)."
-        ) from e
-    return port

@@ -131,6 +131,16 @@ def assert_all_delivered(stats: dict) -> None:
         assert stats.get(key, 0) == 0, (key, stats)
 
 
+def assert_rejoined_and_delivered(actor: ActorProcess, timeout: float) -> dict:
+    """The actor ran to its episode limit across a rejoin and delivered every episode; its stats."""
+    assert actor.wait(timeout) == 0, actor.log()
+    reason, stats = actor.result()
+    assert reason == "episode limit", stats
+    assert stats["rejoins"] >= 1 and "joining again" in actor.log(), stats
+    assert_all_delivered(stats)
+    return stats
+
+
 def refusals_explained(final: dict, *actors: ActorProcess) -> None:
     """The only refusals are of messages under an actor id the learner no longer knows (it forgot a
     silent actor, or restarted): the actor shakes hands again and re-sends. That includes an actor's
@@ -187,11 +197,7 @@ def test_actor_frozen_past_the_timeout_rejoins_and_loses_nothing(learner_process
         actor.proc.send_signal(signal.SIGCONT)
     run_id = latest(learner)["run_id"]
     wait_for(lambda: sequence(learner.metrics(), "actors")[-3:] == [1, 0, 1], 30, "the actor back")
-    assert actor.wait(90) == 0, actor.log()
-    reason, stats = actor.result()
-    assert reason == "episode limit", stats
-    assert stats["rejoins"] >= 1 and "joining again" in actor.log(), stats
-    assert_all_delivered(stats)
+    stats = assert_rejoined_and_delivered(actor, 90)
     final = final_metrics(learner)
     assert final["run_id"] == run_id
     # Nothing lost, and the batches sent again after the rejoin were stored once.
@@ -261,11 +267,7 @@ def test_killed_learner_restarts_from_its_checkpoint_and_the_actor_rejoins(
     assert resumed, second.log()
     kept = int(resumed[3] or 0)
     assert int(resumed[1]) >= 5 and int(resumed[1]) <= first_run["update"] + 5
-    assert actor.wait(120) == 0, actor.log()
-    reason, stats = actor.result()
-    assert reason == "episode limit", stats
-    assert stats["rejoins"] >= 1 and "joining again" in actor.log(), stats
-    assert_all_delivered(stats)
+    stats = assert_rejoined_and_delivered(actor, 120)
     final = final_metrics(second)
     assert final["run_id"] != first_run["run_id"]
     lost = final["batches_lost_in_restart"]
