@@ -22,7 +22,7 @@ from pathlib import Path
 from actors.config import ActorConfig
 from actors.connection import LearnerConnection
 from actors.envs.factory import make_env, task_name
-from actors.envs.simphone.emulator import DeviceFault
+from actors.envs.faults import DeviceFault
 from actors.outbox import Batch, Outbox
 from actors.policy_runner import PolicyRunner, to_action
 from common import featurize, protocol

@@ -14,11 +14,14 @@ import socketserver
 import struct
 import threading
 import zlib
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 DUMP_PATH = "/sdcard/window_dump.xml"
 V1_EXIT_MAGIC = "; echo X4EXIT:$?"
 """adbutils' shell2() without v2 appends this and parses `X4EXIT:<code>` from the output."""
+TRANSPORT_ID = 1
+"""The phone's transport id in `host:devices-l`, answered by `host:transport-id:` and `host-transport-id:`."""
 ADB_VERSION = 41
 """41+ makes adbutils use `host:tport:serial:` (OKAY + 8-byte transport id) rather than `host:transport:`."""
 
@@ -64,6 +67,9 @@ class Faults:
     """Shell command prefix -> (exit code, stderr)."""
 
 
+Handler = Callable[["FakePhone", list[str]], tuple[bytes, bytes, int]]
+
+
 @dataclass
 class FakePhone:
     screens: dict[str, Screen]
@@ -73,22 +79,69 @@ class FakePhone:
     settings: dict[str, str] = field(default_factory=lambda: {"global/airplane_mode_on": "0"})
     files: dict[str, bytes] = field(default_factory=dict)
     faults: Faults = field(default_factory=Faults)
+    props: dict[str, str] = field(default_factory=lambda: {"sys.boot_completed": "1"})
+    """`getprop` values."""
+    handlers: dict[str, Handler] = field(default_factory=dict)
+    """Extra commands by argv[0] (e.g. "content", "dumpsys"), so a test can script what it checks."""
     commands: list[str] = field(default_factory=list)
-    """Every shell command received, for assertions."""
+    """Every simple shell command run, for assertions (a `a; b` line counts as two)."""
+    typed: list[str] = field(default_factory=list)
+    """Text received by `input text`, unescaped as the device shell would."""
+    keys: list[str] = field(default_factory=list)
+    """Key codes received by `input keyevent`."""
 
-    def run(self, cmd: str) -> tuple[bytes, bytes, int]:
-        """Run one shell command: (stdout, stderr, exit code)."""
+    def run(self, line: str) -> tuple[bytes, bytes, int]:
+        """Run a shell line: simple commands joined by `;` or `&&`, with `>/dev/null` and `2>&1`
+        redirections; (stdout, stderr, exit code of the last command run)."""
+        try:
+            lexer = shlex.shlex(line, posix=True, punctuation_chars=";&|<>")
+            lexer.whitespace_split = True
+            tokens = list(lexer)
+        except ValueError:
+            return b"", b"/system/bin/sh: syntax error\n", 2
+        out = err = b""
+        code, argv, joiner = 0, [], ";"
+        for token in [*tokens, ";"]:
+            if token not in (";", "&&"):
+                argv.append(token)
+                continue
+            if argv and (joiner == ";" or code == 0):
+                o, e, code = self._simple(argv)
+                out, err = out + o, err + e
+            argv, joiner = [], token
+        return out, err, code
+
+    def _simple(self, argv: list[str]) -> tuple[bytes, bytes, int]:
+        quiet_out = quiet_err = False
+        while len(argv) >= 2 and argv[-2] in (">", "2>") and argv[-1] == "/dev/null":
+            quiet_out, quiet_err = quiet_out or argv[-2] == ">", quiet_err or argv[-2] == "2>"
+            argv = argv[:-2]
+        if len(argv) >= 3 and argv[-3:] == ["2", ">", "&1"]:
+            argv = argv[:-3]
+        out, err, code = self._command(argv)
+        return (b"" if quiet_out else out), (b"" if quiet_err else err), code
+
+    def _command(self, argv: list[str]) -> tuple[bytes, bytes, int]:
+        cmd = shlex.join(argv)
         self.commands.append(cmd)
         for prefix, (code, err) in self.faults.failing.items():
             if cmd.startswith(prefix):
                 return b"", err, code
-        try:
-            argv = shlex.split(cmd)
-        except ValueError:
-            return b"", b"/system/bin/sh: syntax error\n", 2
+        if argv and argv[0] in self.handlers:
+            return self.handlers[argv[0]](self, argv)
         match argv:
             case ["input", "tap", x, y]:
                 return self._tap(int(float(x)), int(float(y)))
+            case ["input", "swipe", *_]:
+                return b"", b"", 0
+            case ["input", "text", text]:
+                self.typed.append(text.replace("%s", " "))
+                return b"", b"", 0
+            case ["input", "keyevent", key]:
+                self.keys.append(key)
+                return b"", b"", 0
+            case ["getprop", name]:
+                return (self.props.get(name, "") + "\n").encode(), b"", 0
             case ["uiautomator", "dump", *rest]:
                 path = rest[0] if rest else DUMP_PATH
                 xml = self.faults.dump_xml if self.faults.dump_xml is not None else self.screen.xml
@@ -220,14 +273,14 @@ class FakeAdbServer:
         if cmd in ("host:devices", "host:devices-l"):
             line = f"{phone.serial}\tdevice"
             if cmd.endswith("-l"):
-                line += " product:sdk_phone64 model:FakePhone device:fake transport_id:1"
+                line += f" product:sdk_phone64 model:FakePhone device:fake transport_id:{TRANSPORT_ID}"
             sock.sendall(b"OKAY" + _block(line + "\n" if present else ""))
             return None
         serial = _serial_of(cmd)
         if serial is None:
             _fail(sock, f"unknown host service {cmd[:64]}")
             return None
-        if serial not in (phone.serial, "any") or not present:
+        if serial not in (phone.serial, "any", f"id:{TRANSPORT_ID}") or not present:
             _fail(sock, f"device '{serial}' not found")
             return None
         if cmd.startswith("host:tport:"):
@@ -236,7 +289,7 @@ class FakeAdbServer:
         if cmd.startswith(("host:transport:", "host:transport-id:")):
             sock.sendall(b"OKAY")
             return True
-        # host-serial:SERIAL:request
+        # host-serial:SERIAL:request or host-transport-id:ID:request
         request = cmd.rsplit(":", 1)[1]
         answers = {"features": "shell_v2,cmd,stat_v2", "get-state": "device", "get-serialno": phone.serial}
         if request not in answers:
@@ -319,8 +372,9 @@ def _serial_of(cmd: str) -> str | None:
             return rest.split(":", 1)[0] if prefix == "host-serial:" else rest
     if cmd in ("host:tport:any", "host:transport-any"):
         return "any"
-    if cmd.startswith("host:transport-id:"):
-        return "any"
+    for prefix in ("host:transport-id:", "host-transport-id:"):
+        if cmd.startswith(prefix):
+            return "id:" + cmd.removeprefix(prefix).split(":", 1)[0]
     return None
 
 

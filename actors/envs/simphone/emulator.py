@@ -60,7 +60,10 @@ from typing import Any
 import gymnasium as gym
 import numpy as np
 
+from actors.envs.faults import DeviceCrash, DeviceDisconnected, DeviceFault, DeviceHang
+
 FAULT_KINDS = ("hang", "crash", "disconnect")
+"""The faults this model raises (actors/envs/faults.py has every kind a backend may raise)."""
 
 
 @dataclass(frozen=True)
@@ -129,34 +132,6 @@ class EmulatorModelConfig:
 
 
 # ---- faults ---------------------------------------------------------------------------------------------
-class DeviceFault(Exception):
-    """A step failed on the (emulated) device; `elapsed_s` is how long the caller waited for it."""
-
-    kind: str = "fault"
-
-    def __init__(self, elapsed_s: float, message: str | None = None):
-        self.elapsed_s = float(elapsed_s)
-        super().__init__(message or f"emulated device {self.kind} after {self.elapsed_s:.3f} s")
-
-
-class DeviceHang(DeviceFault):
-    """The step did not return before the step timeout."""
-
-    kind = "hang"
-
-
-class DeviceCrash(DeviceFault):
-    """The device died; every step fails until `reset()` restarts it."""
-
-    kind = "crash"
-
-
-class DeviceDisconnected(DeviceFault):
-    """The connection to the device dropped; the step failed at once."""
-
-    kind = "disconnect"
-
-
 _FAULTS: dict[str, type[DeviceFault]] = {
     "hang": DeviceHang,
     "crash": DeviceCrash,

@@ -1,0 +1,64 @@
+"""Configuration of the ADB backend (`python -m actors --backend adb --adb.serials ...`)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+@dataclass(frozen=True)
+class JudgeConfig:
+    """An optional VLM judge of success: an OpenAI-compatible chat endpoint that sees the last screenshot."""
+
+    url: str = ""
+    """Chat-completions URL, e.g. "http://127.0.0.1:8000/v1/chat/completions" (empty: no judge)."""
+    model: str = ""
+    """Model name sent in the request."""
+    api_key_env: str = "OPENAI_API_KEY"
+    """Environment variable holding the bearer token (unset: no Authorization header)."""
+    timeout: float = 60.0
+    """Seconds to wait for the judge's answer; a timeout counts as failure, with the reason."""
+
+
+@dataclass(frozen=True)
+class AdbConfig:
+    """Real phones or emulators through an adb server."""
+
+    host: str = "127.0.0.1"
+    """Address of the adb server (`adb start-server` listens on 127.0.0.1:5037)."""
+    port: int = 5037
+    """Port of the adb server."""
+    serials: tuple[str, ...] = ()
+    """Attach to these running devices (`adb devices` lists them). One environment per device."""
+    avds: tuple[str, ...] = ()
+    """Or launch these AVDs (one emulator each); they are stopped when the actor stops."""
+    emulator_binary: str = "emulator"
+    """The Android emulator executable (from $ANDROID_HOME/emulator), for --adb.avds."""
+    emulator_port: int = 5554
+    """Console port of the first launched emulator; the next ones use +2, +4, ... (adb's numbering)."""
+    emulator_args: tuple[str, ...] = ("-no-window", "-no-audio", "-no-snapshot-save", "-read-only")
+    """Extra emulator flags, after `-avd NAME -port P`."""
+    boot_timeout: float = 300.0
+    """Seconds a launched emulator has to reach sys.boot_completed=1."""
+    snapshot: str = ""
+    """Load this emulator snapshot at every reset (emulators only; empty: go home and run the task's setup)."""
+    max_restarts: int = 5
+    """Give up on a device after this many failed recoveries in a row (its environment stays down)."""
+    restart_backoff: float = 2.0
+    """Seconds before the first recovery attempt; doubles per failure, up to 60 s."""
+    command_timeout: float = 10.0
+    """Seconds for one adb command (observation, action, check) before the device counts as hung."""
+    reset_timeout: float = 60.0
+    """Seconds for a whole reset (snapshot load, task setup, first observation)."""
+    settle_interval: float = 0.2
+    """After an action, seconds between observations while waiting for the screen to stop changing."""
+    settle_max: float = 3.0
+    """Longest wait for the screen to settle after an action; the last observation is used after that."""
+    screenshot: tuple[int, int] | None = None
+    """(width, height) of the downscaled RGB screenshot in observations; None: no screenshot (faster)."""
+    success_on: str = "any_step"
+    """"any_step": check the task after every action and end with reward once it holds; "complete": only
+    when the policy says STATUS_COMPLETE (fewer checks per step)."""
+    evaluator: str = "checks"
+    """"checks": the task's programmatic success checks over adb; "judge": ask the VLM judge (--adb.judge.url)."""
+    judge: JudgeConfig = field(default_factory=JudgeConfig)
+    """The VLM judge, used only with --adb.evaluator judge."""
