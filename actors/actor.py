@@ -2,7 +2,8 @@
 
 handshake -> ask for the newest parameters -> repeat:
     take in replies and snapshots (swap to a newer version at once; settle ACKs, raise the grant)
-    featurize all observations -> one jitted call samples every env's action -> step every env
+    featurize the ready environments' observations -> one jitted call samples their actions -> step them
+    (inline, or each on its own thread for real devices: actors/slots.py)
     finished episodes go to the outbox; send the batches the learner's grant allows; heartbeat
 
 Nothing is lost on a reconnect: the environments, the episodes in progress and every unacknowledged
@@ -21,10 +22,11 @@ from pathlib import Path
 
 from actors.config import ActorConfig
 from actors.connection import LearnerConnection
-from actors.envs.factory import make_env, task_name
+from actors.envs.factory import build_envs, task_name
 from actors.envs.faults import DeviceFault
 from actors.outbox import Batch, Outbox
 from actors.policy_runner import PolicyRunner, to_action
+from actors.slots import EnvSlots
 from common import featurize, protocol
 from common.config import ModelConfig
 from common.curve import CurveClient, CurveError
@@ -41,9 +43,9 @@ class _World:
     model_cfg: ModelConfig
     max_steps: int
     runner: PolicyRunner
-    envs: list
-    observations: list
-    episodes: list[Trajectory]
+    slots: EnvSlots
+    episodes: list[Trajectory | None]
+    """The episode in progress per slot (None while the slot's reset is due or running)."""
     reload: bool = False
     """Load the next snapshot even at an equal version (after joining a restarted learner)."""
 
@@ -110,6 +112,8 @@ class Actor:
         finally:
             self.stats["episodes_unacked_at_exit"] = self.outbox.held()
             conn.close()
+            if world is not None:
+                world.slots.close()
             self.log(f"actor: stopped ({self._stop_reason}); {dict(self.stats)}")
         return self.stats
 
@@ -153,7 +157,7 @@ class Actor:
             # A restarted learner numbers its versions again from its checkpoint's and refuses newer ones.
             changed = self.outbox.relabel_versions(version)
             for ep in world.episodes:
-                for step in ep.steps:
+                for step in ep.steps if ep is not None else ():
                     changed += step.policy_version > version
                     step.policy_version = min(step.policy_version, version)
             world.runner.version, world.reload = version, True
@@ -172,12 +176,12 @@ class Actor:
             self._check_session(conn)
         if runner.params is None:
             return None
-        envs = [
-            make_env(cfg.env, max_steps, cfg.tasks, cfg.split, cfg.emulator, i) for i in range(cfg.num_envs)
-        ]
-        observations = [env.reset(seed=cfg.seed * 100_003 + i)[0] for i, env in enumerate(envs)]
-        episodes = [Trajectory(task_name(env)) for env in envs]
-        return _World(model_cfg, max_steps, runner, envs, observations, episodes)
+        envs, threaded = build_envs(cfg, max_steps, self.log)
+        seeds = [cfg.seed * 100_003 + i for i in range(len(envs))]
+        slots = EnvSlots(envs, seeds, threaded, self.stats, self.log)
+        for i in range(len(slots)):
+            slots.reset(i)
+        return _World(model_cfg, max_steps, runner, slots, [None] * len(slots))
 
     def _loop(self, conn: LearnerConnection, world: _World) -> None:
         cfg = self.cfg
@@ -204,42 +208,59 @@ class Actor:
                 self.log(f"actor {conn.actor_id}: policy v{world.runner.version} {dict(self.stats)}")
 
     def _step(self, world: _World) -> None:
-        """One batched policy call and one step of every environment; finished episodes go to the outbox."""
-        model_cfg, runner = world.model_cfg, world.runner
-        features = [featurize.featurize(o, model_cfg) for o in world.observations]
-        choices, logps = runner.act(featurize.stack(features))
+        """One batched policy call for every ready environment, then whatever steps and resets have
+        finished (all of them when stepping inline); finished episodes go to the outbox."""
+        model_cfg, runner, slots = world.model_cfg, world.runner, world.slots
+        ready = slots.ready()
+        if ready:
+            features = [featurize.featurize(slots[i].obs, model_cfg) for i in ready]
+            # Threaded slots act on any subset: pad to one batch shape so the policy compiles once.
+            batch = features + features[:1] * (len(slots) - len(ready)) if slots.threaded else features
+            choices, logps = runner.act(featurize.stack(batch))
+            for k, i in enumerate(ready):
+                obs = slots[i].obs
+                tag = (features[k], choices[k], float(logps[k]), runner.version, obs)
+                slots.step(i, to_action(obs, choices[k], model_cfg), tag)
         finished = []
-        for i, env in enumerate(world.envs):
-            episode, choice = world.episodes[i], choices[i]
-            try:
-                obs, reward, terminated, truncated, info = env.step(
-                    to_action(world.observations[i], choice, model_cfg)
-                )
-            except DeviceFault as fault:
+        for out in slots.collect(timeout=0.0 if ready else 0.05):
+            if out.kind == "reset":
+                if out.fault is None:
+                    world.episodes[out.slot] = Trajectory(task_name(slots[out.slot].env))
+                continue
+            features_i, choice, logp, version, last_obs = out.tag
+            if out.fault is not None:
                 # The device failed mid-step: the episode ends here, truncated (it would have gone
                 # on), with the last observation we have; reset() restarts or reconnects the device.
-                self.stats[f"device_{fault.kind}"] += 1
-                obs, reward, terminated, truncated = world.observations[i], 0.0, False, True
-                info = {"success": False, "fault": fault.kind}
+                self._count_fault(out.fault)
+                obs, reward, terminated, truncated = last_obs, 0.0, False, True
+                info = {"success": False, "fault": out.fault.kind}
+            else:
+                obs, reward, terminated, truncated, info = out.result
             done = terminated or truncated
-            episode.steps.append(
-                Step(features[i], choice, float(logps[i]), float(reward), done, runner.version)
-            )
+            episode = world.episodes[out.slot]
+            # min(): a step in flight while the actor joined a restarted learner gets its version capped too.
+            version = min(version, runner.version)
+            episode.steps.append(Step(features_i, choice, logp, float(reward), done, version))
             self.stats["env_steps"] += 1
             if done:
                 episode.final_features = featurize.featurize(obs, model_cfg)
-                episode.success = bool(info["success"])
+                episode.success = bool(info.get("success", False))
                 episode.truncated = bool(truncated and not terminated)
                 finished.append(protocol.trajectory_fields(episode))
                 self.stats["successes"] += episode.success
-                obs, _ = env.reset()
-                world.episodes[i] = Trajectory(task_name(env))
-            world.observations[i] = obs
+                world.episodes[out.slot] = None
+                slots.reset(out.slot)
         if finished:
             self.stats["episodes_finished"] += len(finished)
             self.outbox.add(finished)
             if self.cfg.max_episodes and self.stats["episodes_finished"] >= self.cfg.max_episodes:
                 self.request_stop("episode limit")
+
+    def _count_fault(self, fault: DeviceFault) -> None:
+        self.stats[f"device_{fault.kind}"] += 1
+        detail = getattr(fault, "detail", "")
+        if detail:
+            self.stats[f"device_{fault.kind}_{detail}"] += 1
 
     def _check_session(self, conn: LearnerConnection) -> None:
         """Mark the session broken when the learner has gone silent or an ACK is overdue: the caller then

@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import Annotated, Literal
 
+import tyro
+
+from actors.envs.adb.config import AdbConfig
 from actors.envs.simphone.emulator import EmulatorModelConfig
 
 
@@ -26,14 +29,22 @@ class ActorConfig:
     params_endpoint: str = ""
     """Take parameter snapshots from here instead, e.g. a per-host relay's "tcp://127.0.0.1:5566"
     (`python -m actors relay`), so many actors on one machine share one network copy of each snapshot."""
-    env: Literal["simphone", "standin"] = "simphone"
-    """Environment backend: "simphone" (the built-in phone) or "standin" (a tiny phone with four task families)."""
+    env: Annotated[Literal["simphone", "standin", "adb"], tyro.conf.arg(aliases=("--backend",))] = "simphone"
+    """Environment backend: "simphone" (the built-in phone), "standin" (a tiny phone with four task
+    families) or "adb" (real phones or emulators through an adb server; see the --adb.* flags)."""
     tasks: str = "general"
-    """SimPhone tasks: a shipped suite ("general", "webshop"), a task .json file, or a folder of them."""
+    """Tasks: a shipped suite (SimPhone: "general", "webshop"; adb: "stock"), a task .json file, or a
+    folder of them. With --backend adb the default "general" means "stock"."""
     split: str = "train"
-    """SimPhone split to draw tasks from: "train" or "test"."""
+    """Split to draw tasks from: "train" or "test"."""
     num_envs: int = 16
-    """Environments stepped together; inference runs on all of them in one batched, jitted call."""
+    """Environments stepped together; inference runs on all of them in one batched, jitted call
+    (--backend adb: one environment per device instead)."""
+    threads: Literal["auto", "on", "off"] = "auto"
+    """Step each environment on its own thread, so slow ones do not hold up the others: "auto" = for
+    devices (adb, or the emulator model), inline for in-process phones."""
+    adb: AdbConfig = field(default_factory=AdbConfig)
+    """The ADB backend: adb server, devices or AVDs, timeouts, evaluator."""
     seed: int = 0
     """Seed of the environments and of action sampling."""
     name: str = ""

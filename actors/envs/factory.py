@@ -6,7 +6,7 @@ import gymnasium as gym
 
 from actors.envs.simphone.emulator import EmulatorModelConfig, maybe_wrap
 
-ENVS = ("standin", "simphone")
+ENVS = ("standin", "simphone", "adb")
 
 
 def make_env(
@@ -30,6 +30,24 @@ def make_env(
     else:
         raise ValueError(f"unknown environment {name!r}; choose from {ENVS}")
     return maybe_wrap(env, emulator or EmulatorModelConfig(), index=index)
+
+
+def build_envs(cfg, max_steps: int, log=print) -> tuple[list[gym.Env], bool]:
+    """The actor's environments for `cfg` (an ActorConfig) and whether to step them on threads.
+
+    SimPhone and the stand-in run in-process: `--num-envs` of them, stepped inline unless the emulator
+    model makes them wait like devices. The ADB backend makes one environment per device of its pool and
+    always steps them on threads.
+    """
+    if cfg.env == "adb":
+        from actors.envs.adb.env import make_adb_envs
+
+        if cfg.num_envs != 16:
+            log("actor: --backend adb makes one environment per device; --num-envs is ignored")
+        return make_adb_envs(cfg.adb, cfg.tasks, cfg.split, max_steps, log), True
+    envs = [make_env(cfg.env, max_steps, cfg.tasks, cfg.split, cfg.emulator, i) for i in range(cfg.num_envs)]
+    threaded = {"on": True, "off": False}.get(cfg.threads, cfg.emulator.enabled)
+    return envs, threaded
 
 
 def task_name(env: gym.Env) -> str:

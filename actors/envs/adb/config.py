@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Literal
 
 
 @dataclass(frozen=True)
@@ -55,10 +56,10 @@ class AdbConfig:
     """Longest wait for the screen to settle after an action; the last observation is used after that."""
     screenshot: tuple[int, int] | None = None
     """(width, height) of the downscaled RGB screenshot in observations; None: no screenshot (faster)."""
-    success_on: str = "any_step"
+    success_on: Literal["any_step", "complete"] = "any_step"
     """"any_step": check the task after every action and end with reward once it holds; "complete": only
     when the policy says STATUS_COMPLETE (fewer checks per step)."""
-    evaluator: str = "checks"
+    evaluator: Literal["checks", "judge"] = "checks"
     """"checks": the task's programmatic success checks over adb; "judge": ask the VLM judge (--adb.judge.url)."""
     judge: JudgeConfig = field(default_factory=JudgeConfig)
     """The VLM judge, used only with --adb.evaluator judge."""

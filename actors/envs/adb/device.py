@@ -132,13 +132,17 @@ class AdbDevice:
 
     def check(self, cmd: str | Sequence[str], timeout: float | None = None) -> str:
         """stdout of a command that must succeed (decoded, stripped); DeviceCommandFailed otherwise."""
+        return self.check_bytes(cmd, timeout).decode("utf-8", errors="replace").strip()
+
+    def check_bytes(self, cmd: str | Sequence[str], timeout: float | None = None) -> bytes:
+        """Raw stdout of a command that must succeed (a screenshot); DeviceCommandFailed otherwise."""
         result = self.shell(cmd, timeout)
         if result.code != 0:
-            err = (result.stderr or result.stdout).decode("utf-8", "replace").strip()[:200]
+            err = (result.stderr or result.stdout)[:200].decode("utf-8", "replace").strip()
             raise DeviceCommandFailed(
                 0.0, f"{self.serial}: `{command_line(cmd)[:80]}` exited {result.code}: {err}"
             )
-        return result.text
+        return result.stdout
 
     def _run(self, line: str, v2: bool, deadline: float) -> ShellResult:
         t0 = time.monotonic()
