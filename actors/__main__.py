@@ -1,7 +1,8 @@
 """`python -m actors --host HOST`: run phone environments and stream episodes to a learner.
 
 `python -m actors demos ...` writes oracle demonstrations on SimPhone tasks instead (see --help);
-`python -m actors relay --host HOST` forwards the learner's parameter snapshots to this host's actors.
+`python -m actors relay --host HOST` forwards the learner's parameter snapshots to this host's actors;
+`python -m actors doctor` checks an adb server and its devices before `--backend adb`.
 """
 
 from __future__ import annotations
@@ -18,6 +19,10 @@ def main() -> None:
 
         write_demos(tyro.cli(DemosConfig, args=sys.argv[2:], prog="python -m actors demos"))
         return
+    if len(sys.argv) > 1 and sys.argv[1] == "doctor":
+        from actors.doctor import DoctorConfig, run_doctor
+
+        sys.exit(run_doctor(tyro.cli(DoctorConfig, args=sys.argv[2:], prog="python -m actors doctor")))
     if len(sys.argv) > 1 and sys.argv[1] == "relay":
         from actors.relay import RelayConfig, run_relay
 
@@ -30,7 +35,8 @@ def main() -> None:
         ActorConfig,
         description="Run phone environments and stream episodes to a learner. "
         "Subcommands: `python -m actors demos --help` writes oracle demonstrations; "
-        "`python -m actors relay --help` shares one copy of each snapshot among a host's actors.",
+        "`python -m actors relay --help` shares one copy of each snapshot among a host's actors; "
+        "`python -m actors doctor --help` checks phones and emulators for --backend adb.",
     )
     actor = Actor(cfg, log=functools.partial(print, flush=True))
     install_signal_handlers(actor)
