@@ -1,27 +1,33 @@
 """A fake adb server speaking the adb host protocol, so the unmodified adbutils client can be tested offline.
 
-It serves one scripted phone: screens (uiautomator XML + PNG) linked by tap targets, a tiny file system
+It serves scripted phones: screens (uiautomator XML + PNG) linked by tap targets, a tiny file system
 for `uiautomator dump` and `sync:` pulls, a settings table, and fault switches for what real devices do
 wrong (vanish, hang, truncate, answer garbage, fail commands).
+
+It also discovers emulators the way the real adb server does, by probing their adb port (console port
++ 1): tests/fake_emulator.py answers there with one status line, and while it does, `emulator-P` is
+listed with a FakePhone of its own (fresh per emulator process and per snapshot load).
 """
 
 from __future__ import annotations
 
 import contextlib
+import itertools
 import shlex
 import socket
 import socketserver
 import struct
 import threading
 import zlib
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
 DUMP_PATH = "/sdcard/window_dump.xml"
 V1_EXIT_MAGIC = "; echo X4EXIT:$?"
 """adbutils' shell2() without v2 appends this and parses `X4EXIT:<code>` from the output."""
 TRANSPORT_ID = 1
-"""The phone's transport id in `host:devices-l`, answered by `host:transport-id:` and `host-transport-id:`."""
+"""The first phone's transport id in `host:devices-l`, answered by `host:transport-id:` and
+`host-transport-id:`; later phones and every emulator process get the next ids."""
 ADB_VERSION = 41
 """41+ makes adbutils use `host:tport:serial:` (OKAY + 8-byte transport id) rather than `host:transport:`."""
 
@@ -75,6 +81,8 @@ class FakePhone:
     screens: dict[str, Screen]
     current: str
     serial: str = "emulator-5554"
+    state: str = "device"
+    """What `adb devices` lists: "device", or "offline", "unauthorized", ... (then commands fail)."""
     size: tuple[int, int] = (1080, 2400)
     settings: dict[str, str] = field(default_factory=lambda: {"global/airplane_mode_on": "0"})
     files: dict[str, bytes] = field(default_factory=dict)
@@ -178,14 +186,63 @@ class FakePhone:
         return b"", b"", 0
 
 
-class FakeAdbServer:
-    """The server thread; use as a context manager. `port` is a free port on 127.0.0.1."""
+EMULATOR_PROBE_TIMEOUT = 0.3
+"""Seconds a probed emulator has to send its status line. A refused probe is an emulator that is gone; a
+connection that stays silent is a hung one (still listed, its commands never answer)."""
+UNAUTHORIZED = (
+    "device unauthorized.\nThis adb server's $ADB_VENDOR_KEYS is not set\n"
+    "Try 'adb kill-server' if that seems wrong.\nOtherwise check for a confirmation dialog on your device."
+)
 
-    def __init__(self, phone: FakePhone) -> None:
-        self.phone = phone
+
+def blank_phone(serial: str) -> FakePhone:
+    """The phone of an emulator nobody scripted: one empty home screen."""
+    xml = b"<?xml version='1.0' encoding='UTF-8' standalone='yes' ?><hierarchy rotation=\"0\"></hierarchy>"
+    return FakePhone(screens={"home": Screen(xml, make_png(4, 8, (0, 0, 0)))}, current="home", serial=serial)
+
+
+@dataclass
+class _Emulator:
+    """One fake emulator process as last probed."""
+
+    instance: str
+    generation: str
+    phone: FakePhone
+    transport_id: int
+    hung: bool = False
+
+
+@dataclass(frozen=True)
+class _Device:
+    phone: FakePhone
+    transport_id: int
+    hung: bool = False
+
+
+class FakeAdbServer:
+    """The server thread; use as a context manager. `port` is a free port on 127.0.0.1.
+
+    `FakeAdbServer(phone, *more)` serves fixed phones (`phone` is the first; `add` and `remove` change
+    them later). `emulator_ports` are console ports whose fake emulators are listed while they answer,
+    each with a phone made by `emulator_phone(serial)`.
+    """
+
+    def __init__(
+        self,
+        *phones: FakePhone,
+        emulator_ports: Iterable[int] = (),
+        emulator_phone: Callable[[str], FakePhone] = blank_phone,
+    ) -> None:
         self._stop = threading.Event()
         self._conns: set[socket.socket] = set()
         self._lock = threading.Lock()
+        self._ids = itertools.count(TRANSPORT_ID)
+        self._fixed: list[tuple[FakePhone, int]] = []
+        for phone in phones:
+            self.add(phone)
+        self.emulator_ports = tuple(emulator_ports)
+        self.emulator_phone = emulator_phone
+        self._emulators: dict[int, _Emulator] = {}
         owner = self
 
         class Handler(socketserver.BaseRequestHandler):
@@ -224,6 +281,84 @@ class FakeAdbServer:
             with contextlib.suppress(OSError):
                 c.shutdown(socket.SHUT_RDWR)
 
+    # ---- devices ----
+
+    @property
+    def phone(self) -> FakePhone:
+        """The first fixed phone."""
+        with self._lock:
+            if not self._fixed:
+                raise AttributeError("this FakeAdbServer serves no fixed phone")
+            return self._fixed[0][0]
+
+    def add(self, phone: FakePhone) -> None:
+        """Plug in a fixed phone (it gets the next transport id)."""
+        with self._lock:
+            self._fixed.append((phone, next(self._ids)))
+
+    def remove(self, serial: str) -> None:
+        """Unplug a fixed phone for good (`faults.gone` hides one for a while instead)."""
+        with self._lock:
+            self._fixed = [(p, i) for p, i in self._fixed if p.serial != serial]
+
+    def emulator(self, port: int) -> FakePhone | None:
+        """The phone of the emulator on console port `port`, probed now; None while none answers."""
+        emu = self._probe(port)
+        return None if emu is None else emu.phone
+
+    def devices(self) -> list[_Device]:
+        """Every device present now: fixed phones not `gone`, then emulators that answer their probe."""
+        with self._lock:
+            found = [_Device(p, i) for p, i in self._fixed if not p.faults.gone]
+        for port in self.emulator_ports:
+            emu = self._probe(port)
+            if emu is not None and not emu.phone.faults.gone:
+                found.append(_Device(emu.phone, emu.transport_id, emu.hung))
+        return found
+
+    def _probe(self, port: int) -> _Emulator | None:
+        """Ask the emulator on console port `port` for its status line on its adb port (port + 1)."""
+        try:
+            with socket.create_connection(("127.0.0.1", port + 1), timeout=EMULATOR_PROBE_TIMEOUT) as s:
+                try:
+                    words = s.makefile("rb").readline(256).decode("ascii", "replace").split()
+                except TimeoutError:
+                    words = None
+        except OSError:
+            words = []
+        with self._lock:
+            emu = self._emulators.get(port)
+            if words is None:  # accepted but silent: hung
+                if emu is not None:
+                    emu.hung = True
+                return emu
+            if len(words) != 4 or words[0] != "fake-emulator":
+                self._emulators.pop(port, None)
+                return None
+            _, instance, booted, generation = words
+            if emu is None or emu.instance != instance:  # a new process: new transport, fresh phone
+                phone = self.emulator_phone(f"emulator-{port}")
+                emu = self._emulators[port] = _Emulator(instance, generation, phone, next(self._ids))
+            elif emu.generation != generation:  # a snapshot was loaded: the phone's state is reset
+                emu.phone, emu.generation = self.emulator_phone(f"emulator-{port}"), generation
+            emu.hung = False
+            emu.phone.props["sys.boot_completed"] = "1" if booted == "1" else ""
+            return emu
+
+    def _select(self, selector: str) -> _Device | str:
+        """The device a transport request names (serial, "any" or "id:N"), or adb's error message."""
+        devices = self.devices()
+        if selector == "any":
+            if len(devices) != 1:
+                return "more than one device/emulator" if devices else "no devices/emulators found"
+            return devices[0]
+        for d in devices:
+            if selector in (d.phone.serial, f"id:{d.transport_id}"):
+                if d.phone.state == "unauthorized":
+                    return UNAUTHORIZED
+                return d if d.phone.state == "device" else f"device {d.phone.state}"
+        return f"device '{selector}' not found"
+
     # ---- protocol ----
 
     def _serve(self, sock: socket.socket) -> None:
@@ -240,77 +375,100 @@ class FakeAdbServer:
             sock.close()
 
     def _session(self, sock: socket.socket) -> None:
-        phone = self.phone
-        in_transport = False
+        device: _Device | None = None
         while True:
             cmd = _read_request(sock)
-            if not in_transport:
-                in_transport = self._host(sock, cmd)
-                if in_transport is None:
+            if device is None:
+                device = self._host(sock, cmd)
+                if device is None:
                     return
                 continue
             # A device service: the connection ends with it.
+            phone = device.phone
             if phone.faults.gone:
                 return _fail(sock, "device offline")
             if phone.faults.hang_up:
                 return
+            if device.hung:
+                return self._stall(sock)
             if cmd.startswith("shell,v2:"):
-                return self._shell_v2(sock, cmd.removeprefix("shell,v2:"))
+                return self._shell_v2(sock, phone, cmd.removeprefix("shell,v2:"))
             if cmd.startswith("shell:"):
-                return self._shell_v1(sock, cmd.removeprefix("shell:"))
+                return self._shell_v1(sock, phone, cmd.removeprefix("shell:"))
             if cmd == "sync:":
                 sock.sendall(b"OKAY")
-                return self._sync(sock)
+                return self._sync(sock, phone)
             return _fail(sock, f"unknown service {cmd}")
 
-    def _host(self, sock: socket.socket, cmd: str) -> bool | None:
-        """Answer a host request; True when the connection now talks to the device, None to close."""
-        phone = self.phone
-        present = not phone.faults.gone
+    def _host(self, sock: socket.socket, cmd: str) -> _Device | None:
+        """Answer a host request; the device the connection now talks to, or None to close."""
         if cmd == "host:version":
             sock.sendall(b"OKAY" + _block(f"{ADB_VERSION:04x}"))
             return None
         if cmd in ("host:devices", "host:devices-l"):
-            line = f"{phone.serial}\tdevice"
-            if cmd.endswith("-l"):
-                line += f" product:sdk_phone64 model:FakePhone device:fake transport_id:{TRANSPORT_ID}"
-            sock.sendall(b"OKAY" + _block(line + "\n" if present else ""))
+            lines = []
+            for d in self.devices():
+                line = f"{d.phone.serial}\t{d.phone.state}"
+                if cmd.endswith("-l"):
+                    if d.phone.state == "device":
+                        line += " product:sdk_phone64 model:FakePhone device:fake"
+                    line += f" transport_id:{d.transport_id}"
+                lines.append(line + "\n")
+            sock.sendall(b"OKAY" + _block("".join(lines)))
             return None
-        serial = _serial_of(cmd)
-        if serial is None:
+        selector = _serial_of(cmd)
+        if selector is None:
             _fail(sock, f"unknown host service {cmd[:64]}")
             return None
-        if serial not in (phone.serial, "any", f"id:{TRANSPORT_ID}") or not present:
-            _fail(sock, f"device '{serial}' not found")
+        device = self._select(selector)
+        if isinstance(device, str):
+            _fail(sock, device)
             return None
         if cmd.startswith("host:tport:"):
-            sock.sendall(b"OKAY" + struct.pack("<Q", 1))
-            return True
-        if cmd.startswith(("host:transport:", "host:transport-id:")):
+            sock.sendall(b"OKAY" + struct.pack("<Q", device.transport_id))
+            return device
+        if cmd.startswith(("host:transport:", "host:transport-id:", "host:transport-any")):
             sock.sendall(b"OKAY")
-            return True
+            return device
+        if device.hung:
+            self._stall(sock)
+            return None
         # host-serial:SERIAL:request or host-transport-id:ID:request
         request = cmd.rsplit(":", 1)[1]
-        answers = {"features": "shell_v2,cmd,stat_v2", "get-state": "device", "get-serialno": phone.serial}
+        answers = {
+            "features": "shell_v2,cmd,stat_v2",
+            "get-state": "device",
+            "get-serialno": device.phone.serial,
+        }
         if request not in answers:
             _fail(sock, f"unknown request {request}")
         else:
             sock.sendall(b"OKAY" + _block(answers[request]))
         return None
 
-    def _shell_v1(self, sock: socket.socket, cmd: str) -> None:
+    def _stall(self, sock: socket.socket) -> None:
+        """A hung device: answer nothing until the client gives up or the server stops."""
+        sock.settimeout(0.1)
+        while not self._stop.is_set():
+            try:
+                if not sock.recv(4096):
+                    return
+            except TimeoutError:
+                continue
+
+    def _shell_v1(self, sock: socket.socket, phone: FakePhone, cmd: str) -> None:
         magic = cmd.endswith(V1_EXIT_MAGIC)
         sock.sendall(b"OKAY")
-        if self._slow():
+        if self._slow(phone):
             return
-        out, err, code = self.phone.run(cmd.removesuffix(V1_EXIT_MAGIC))
+        out, err, code = phone.run(cmd.removesuffix(V1_EXIT_MAGIC))
         sock.sendall(out + err + (f"X4EXIT:{code}".encode() if magic else b""))
 
-    def _shell_v2(self, sock: socket.socket, cmd: str) -> None:
+    def _shell_v2(self, sock: socket.socket, phone: FakePhone, cmd: str) -> None:
         sock.sendall(b"OKAY")
-        if self._slow():
+        if self._slow(phone):
             return
-        out, err, code = self.phone.run(cmd)
+        out, err, code = phone.run(cmd)
         packets = b""
         if out:
             packets += _packet(1, out)
@@ -318,13 +476,13 @@ class FakeAdbServer:
             packets += _packet(2, err)
         sock.sendall(packets + _packet(3, bytes([code & 0xFF])))
 
-    def _slow(self) -> bool:
+    def _slow(self, phone: FakePhone) -> bool:
         """Apply the delay fault; True when the server closed meanwhile."""
-        delay = self.phone.faults.delay_s
+        delay = phone.faults.delay_s
         return bool(delay) and self._stop.wait(delay)
 
-    def _sync(self, sock: socket.socket) -> None:
-        files = self.phone.files
+    def _sync(self, sock: socket.socket, phone: FakePhone) -> None:
+        files = phone.files
         while True:
             head = _read_exact(sock, 8)
             verb, size = head[:4], struct.unpack("<I", head[4:])[0]
@@ -338,7 +496,7 @@ class FakeAdbServer:
                 mode, length = (0o100644, len(data)) if data is not None else (0, 0)
                 sock.sendall(b"STAT" + struct.pack("<III", mode, length, 1_700_000_000 if mode else 0))
             elif verb == b"RECV":
-                if self._slow():
+                if self._slow(phone):
                     return
                 if path not in files:
                     return _sync_fail(sock, "No such file or directory")
