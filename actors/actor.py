@@ -120,7 +120,7 @@ class Actor:
     def _handshake(self, conn: LearnerConnection, give_up) -> dict | None:
         cfg = self.cfg
         return conn.handshake(
-            cfg.name, cfg.num_envs, self.instance, lambda: self.outbox.first_unacked,
+            cfg.name, planned_envs(cfg), self.instance, lambda: self.outbox.first_unacked,
             cfg.handshake_timeout, cfg.max_backoff, give_up,
         )  # fmt: skip
 
@@ -340,6 +340,13 @@ class Actor:
             # The learner will never take this batch (it is malformed): drop it, counted, not re-sent forever.
             self.stats["episodes_refused"] += len(self.outbox.unacked.pop(seq).episodes)
         self.log(f"actor: learner refused a message: {code}: {msg.get('reason')}")
+
+
+def planned_envs(cfg: ActorConfig) -> int:
+    """How many environments this actor will run (announced in HELLO before they are built)."""
+    if cfg.env == "adb":
+        return len(cfg.adb.serials) or len(cfg.adb.avds) or 1
+    return cfg.num_envs
 
 
 def curve_client(cfg: ActorConfig) -> CurveClient | None:

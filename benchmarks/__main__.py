@@ -14,6 +14,7 @@ BENCHMARKS = {
     "train_scaling": "benchmarks.train_scaling",
     "broadcast": "benchmarks.broadcast",
     "ingest": "benchmarks.ingest",
+    "adb_step": "benchmarks.adb_step",
 }
 
 

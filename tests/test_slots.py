@@ -19,7 +19,9 @@ pytestmark = pytest.mark.timeout(30)
 class CountingEnv(gym.Env):
     """Observations are (name, step count); `gate` (if set) must be open for a step to return."""
 
-    def __init__(self, name: str, gate: threading.Event | None = None, reset_faults: int = 0, step_fault=None):
+    def __init__(
+        self, name: str, gate: threading.Event | None = None, reset_faults: int = 0, step_fault=None
+    ):
         self.name, self.gate, self.reset_faults, self.step_fault = name, gate, reset_faults, step_fault
         self.steps = self.resets = 0
         self.seeds: list = []

@@ -42,7 +42,9 @@ class DeviceBadOutput(DeviceFault):
 
     def __init__(self, detail: str, message: str | None = None, elapsed_s: float = 0.0):
         self.detail = detail
-        super().__init__(elapsed_s, f"{detail}: {message}" if message else f"unusable device output: {detail}")
+        super().__init__(
+            elapsed_s, f"{detail}: {message}" if message else f"unusable device output: {detail}"
+        )
 
 
 class DeviceCommandFailed(DeviceFault):
