@@ -299,3 +299,36 @@ def test_observation_is_one_shell_call(env, server):
     # the action, then two dumps that agree (rm + dump + cat each), then the check
     lines = [shlex.split(c)[0] for c in server.phone.commands]
     assert lines == ["input", "rm", "uiautomator", "cat", "rm", "uiautomator", "cat", "settings"]
+
+
+def test_the_judge_sees_the_final_screen_only(server, monkeypatch):
+    """With the VLM judge (success_on auto = "end"): asked at the step limit and at STATUS_COMPLETE,
+    never mid-episode, and shown the settled screen's PNG."""
+    from actors.envs.adb.config import JudgeConfig
+    from tests.test_adb_evaluator import Judge
+
+    for name in ("http_proxy", "HTTP_PROXY", "all_proxy", "ALL_PROXY"):
+        monkeypatch.delenv(name, raising=False)
+    judge = Judge()
+    judge.thread.start()
+    env = make_env_on(server, evaluator="judge", judge=JudgeConfig(url=judge.url, model="m", timeout=5))
+    try:
+        env.reset(seed=0)
+        judge.mode = "no"
+        for _ in range(3):
+            _, _, terminated, truncated, info = env.step(Action(ActionType.PRESS_BACK))
+            assert not terminated and not truncated and "check" not in info
+        assert judge.requests == []
+        _, reward, terminated, truncated, info = env.step(Action(ActionType.PRESS_BACK))
+        assert (reward, terminated, truncated, info["reason"]) == (0.0, False, True, "step limit")
+        assert len(judge.requests) == 1 and info["check"]  # the judge's "no", with its reason
+        env.reset()
+        judge.mode = "yes"
+        _, reward, terminated, truncated, info = env.step(Action(ActionType.STATUS_COMPLETE))
+        assert (reward, terminated, truncated, info["success"]) == (1.0, True, False, True)
+        assert len(judge.requests) == 2
+        image = judge.requests[1][1]["messages"][-1]["content"]
+        assert any("image_url" in part for part in image)
+    finally:
+        env.close()
+        judge.close()

@@ -56,9 +56,10 @@ class AdbConfig:
     """Longest wait for the screen to settle after an action; the last observation is used after that."""
     screenshot: tuple[int, int] | None = None
     """(width, height) of the downscaled RGB screenshot in observations; None: no screenshot (faster)."""
-    success_on: Literal["any_step", "complete"] = "any_step"
-    """"any_step": check the task after every action and end with reward once it holds; "complete": only
-    when the policy says STATUS_COMPLETE (fewer checks per step)."""
+    success_on: Literal["auto", "any_step", "end", "complete"] = "auto"
+    """When to ask the evaluator: "any_step" after every action (the episode ends with reward once the
+    task holds); "end" at STATUS_COMPLETE and at the step limit (as DigiRL judges the final screen);
+    "complete" only at STATUS_COMPLETE. "auto": any_step with the task checks, end with the judge."""
     evaluator: Literal["checks", "judge"] = "checks"
     """"checks": the task's programmatic success checks over adb; "judge": ask the VLM judge (--adb.judge.url)."""
     judge: JudgeConfig = field(default_factory=JudgeConfig)

@@ -63,6 +63,8 @@ class AdbPhoneEnv(gym.Env):
         self._suspect = False
         """A fault happened since the last reset: ask the pool to check (and recover) the device first."""
         self._last_png: bytes | None = None
+        judged = getattr(self.evaluator, "needs_screenshot", False)
+        self._success_on = cfg.success_on if cfg.success_on != "auto" else "end" if judged else "any_step"
         self._want_png = cfg.screenshot is not None or getattr(self.evaluator, "needs_screenshot", False)
 
     def _count(self, key: str, by: float = 1) -> None:
@@ -108,7 +110,7 @@ class AdbPhoneEnv(gym.Env):
             raise
 
     def _step(self, action: Action):
-        cfg, task = self.cfg, self.task
+        task = self.task
         self._steps += 1
         info: dict[str, Any] = {"task": task.template.id, "suite": task.template.suite}
         flag = self._act(action)
@@ -116,13 +118,14 @@ class AdbPhoneEnv(gym.Env):
             info["invalid_action"] = flag
         obs, png = self._settle()
         completed = self.action_space.contains(action) and action.type == ActionType.STATUS_COMPLETE
+        last = self._steps >= (self.max_steps or task.max_steps)
         holds = False
-        if completed or cfg.success_on == "any_step":
+        if completed or self._success_on == "any_step" or (last and self._success_on == "end"):
             verdict = self.evaluator.evaluate(self.device, task, obs, png)
             holds, info["check"] = verdict.success, verdict.reason
         terminated = completed or holds
         success = holds and terminated
-        truncated = not terminated and self._steps >= (self.max_steps or task.max_steps)
+        truncated = not terminated and last
         info["success"] = success
         info["reason"] = (
             "task completed" if success else "completed before the task held" if completed
