@@ -46,3 +46,17 @@ def test_train_scaling_quick_has_1_and_8_devices(tmp_path):
     # once per device). A per-device count taken as the total would be 8x too small.
     for row in eight:
         assert 0.7 < row["gflop_per_step"] / single["gflop_per_step"] < 1.5, (row, single)
+
+
+def test_adb_step_benchmark_compares_with_stock_adbutils(tmp_path):
+    out = tmp_path / "adb_step.json"
+    cmd = [sys.executable, "-m", "benchmarks", "adb_step", "--quick", "--json", str(out)]
+    env = {**os.environ, "ADBUTILS_ADB_PATH": "/bin/false"}
+    result = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=300, env=env)
+    assert result.returncode == 0, result.stdout + result.stderr
+    rows = json.loads(out.read_text())["rows"]
+    assert [r["row"] for r in rows] == ["command", "observation", "env step", "env step"]
+    for row in rows[:2]:
+        assert row["stock_ms"] > 0 and row["ours_ms"] > 0 and row["connections_ours"] == 1
+        assert abs(row["speedup"] - row["stock_ms"] / row["ours_ms"]) < 0.05 * row["speedup"]  # rounding
+    assert all(r["ours_ms"] > 0 for r in rows[2:])
