@@ -84,6 +84,8 @@ class Actor:
         """Why the session ended (not_welcomed, a silent learner, an overdue ACK): handshake again."""
         self._run_id = ""
         self._welcomed = False
+        self._devices: tuple[list, bool] | None = None
+        """Environments built before joining (devices: booting takes minutes, a bad setup stops us first)."""
 
     def request_stop(self, reason: str) -> None:
         self._stop_reason = reason
@@ -100,6 +102,8 @@ class Actor:
         )
         world = None
         try:
+            if cfg.env == "adb":
+                self._devices = build_envs(cfg, 0, self.log)
             while not self._should_stop():
                 welcome = self._handshake(conn, self._should_stop)
                 if welcome is None:
@@ -114,6 +118,9 @@ class Actor:
             conn.close()
             if world is not None:
                 world.slots.close()
+            elif self._devices is not None:
+                for env in self._devices[0]:
+                    env.close()
             self.log(f"actor: stopped ({self._stop_reason}); {dict(self.stats)}")
         return self.stats
 
@@ -146,6 +153,7 @@ class Actor:
             self.stats["episodes_lost_model_changed"] += self.outbox.held()
             self.outbox.pending.clear()
             self.outbox.unacked.clear()
+            world.slots.close(close_envs=self._devices is None)  # devices are kept for the new model
             world = None
         if world is None:
             world = self._build(conn, model_cfg, max_steps)  # asks for parameters and waits for them
@@ -176,7 +184,12 @@ class Actor:
             self._check_session(conn)
         if runner.params is None:
             return None
-        envs, threaded = build_envs(cfg, max_steps, self.log)
+        if self._devices is not None:
+            envs, threaded = self._devices
+            for env in envs:
+                env.max_steps = max_steps  # the learner's limit, known only now
+        else:
+            envs, threaded = build_envs(cfg, max_steps, self.log)
         seeds = [cfg.seed * 100_003 + i for i in range(len(envs))]
         slots = EnvSlots(envs, seeds, threaded, self.stats, self.log)
         for i in range(len(slots)):

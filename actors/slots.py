@@ -151,11 +151,12 @@ class EnvSlots:
         elif out.fault is None:
             slot.obs = out.result[0]
 
-    def close(self) -> None:
-        """Wait for running steps (each bounded by its device timeout), then close every env."""
+    def close(self, close_envs: bool = True) -> None:
+        """Wait for running steps (each bounded by its device timeout), then close every env (or leave
+        them open for another EnvSlots)."""
         if self._pool is not None:
             self._pool.shutdown(wait=True, cancel_futures=True)
-        for slot in self.slots:
+        for slot in self.slots if close_envs else ():
             try:
                 slot.env.close()
             except Exception as e:  # closing is best effort: one bad env must not keep others open

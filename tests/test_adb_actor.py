@@ -95,3 +95,32 @@ def test_actor_streams_from_two_devices_and_survives_one_leaving(phones, tmp_pat
     assert counts.get("device_disconnect", 0) + counts.get("reset_disconnect", 0) >= 1, out
     assert counts["episodes_finished"] > 7 and "emulator-5556: recover" not in out
     assert "2 device(s) ready: emulator-5554, emulator-5556" in out
+
+
+def test_a_bad_device_setup_stops_the_actor_before_it_joins(phones, tmp_path):
+    server, first, _ = phones
+    first.state = "unauthorized"
+    learner = FakeLearner()
+    base = [
+        sys.executable, "-m", "actors", "--ingest-port", str(learner.ingest_port),
+        "--params-port", str(learner.params_port), "--backend", "adb", "--adb.port", str(server.port),
+    ]  # fmt: skip
+    env = {**ACTOR_ENV, "ADBUTILS_ADB_PATH": "/bin/false"}
+    bad_tasks = tmp_path / "bad.json"
+    bad_tasks.write_text('{"suite": "x", "templates": [{"id": "t"}]}')
+    try:
+        cases = [
+            (["--adb.serials", first.serial, "R58M"], ["USB debugging", "R58M", "missing"]),
+            (["--adb.serials", "emulator-5556", "--tasks", str(bad_tasks)], [str(bad_tasks), "instruction"]),
+            (["--adb.serials", "emulator-5556", "--adb.evaluator", "judge"], ["--adb.judge.url"]),
+        ]
+        for args, expected in cases:
+            done = subprocess.run(
+                [*base, *args], cwd=ROOT, env=env, capture_output=True, text=True, timeout=120
+            )
+            assert done.returncode != 0
+            assert all(text in done.stderr + done.stdout for text in expected), done.stderr + done.stdout
+            assert "Traceback" not in done.stderr, done.stderr
+        assert not learner.router.poll(100)  # none of them said HELLO
+    finally:
+        learner.close()

@@ -41,10 +41,15 @@ def build_envs(cfg, max_steps: int, log=print) -> tuple[list[gym.Env], bool]:
     """
     if cfg.env == "adb":
         from actors.envs.adb.env import make_adb_envs
+        from actors.envs.adb.pool import DevicePoolError
+        from actors.envs.simphone.tasks import TaskFileError
 
         if cfg.num_envs != 16:
             log("actor: --backend adb makes one environment per device; --num-envs is ignored")
-        return make_adb_envs(cfg.adb, cfg.tasks, cfg.split, max_steps, log), True
+        try:
+            return make_adb_envs(cfg.adb, cfg.tasks, cfg.split, max_steps, log), True
+        except (DevicePoolError, TaskFileError, ValueError) as e:
+            raise SystemExit(f"--backend adb: {e}") from e
     envs = [make_env(cfg.env, max_steps, cfg.tasks, cfg.split, cfg.emulator, i) for i in range(cfg.num_envs)]
     threaded = {"on": True, "off": False}.get(cfg.threads, cfg.emulator.enabled)
     return envs, threaded

@@ -223,10 +223,12 @@ class _SharedPool:
 def make_adb_envs(cfg: AdbConfig, tasks: str, split: str, max_steps: int, log=print) -> list[AdbPhoneEnv]:
     """Start the pool (attach or launch the devices) and make one environment per device."""
     templates = load_device_templates("stock" if tasks == "general" else tasks)
+    evaluator = make_evaluator(
+        cfg.evaluator, cfg.judge, cfg.command_timeout
+    )  # bad flags fail before any boot
     pool = DevicePool(cfg, log)
     try:
         serials = pool.start()
-        evaluator = make_evaluator(cfg.evaluator, cfg.judge, cfg.command_timeout)
     except BaseException:
         pool.close()
         raise
