@@ -1,5 +1,5 @@
 """`python -m learner`: train from actors over ZeroMQ. Subcommands: `eval` evaluates a checkpoint, `keys`
-writes CURVE key pairs (each has --help)."""
+writes CURVE key pairs, `report` plots and summarizes runs from their metrics.jsonl (each has --help)."""
 
 from __future__ import annotations
 
@@ -20,6 +20,11 @@ def main() -> None:
         from common.curve import KeysConfig, write_keys
 
         write_keys(tyro.cli(KeysConfig, args=sys.argv[2:], prog="python -m learner keys"))
+        return
+    if len(sys.argv) > 1 and sys.argv[1] == "report":
+        from learner.report import ReportConfig, report
+
+        report(tyro.cli(ReportConfig, args=sys.argv[2:], prog="python -m learner report"))
         return
     from learner.loop import run
 
