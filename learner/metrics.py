@@ -31,3 +31,28 @@ def _jsonable(value: Any) -> Any:
     if isinstance(value, float) and not math.isfinite(value):
         return None
     return value
+
+
+TIMED_PHASES = ("ingest", "train", "publish", "checkpoint")
+"""The loop's `time/<phase>_s` counters: waiting for and taking in data, train steps, publishing, saving."""
+
+
+def interval(prev: dict[str, Any] | None, cur: dict[str, Any]) -> dict[str, float]:
+    """What happened between two consecutive metrics records, as cleanba logs it: environment steps/s,
+    updates/s, and per timed phase the seconds it took in the interval and its share of the interval.
+    Records hold running totals, so rates need the previous record; empty for the first record or a
+    zero-length interval."""
+    if prev is None:
+        return {}
+    dt = cur["wall"] - prev["wall"]
+    if dt <= 0:
+        return {}
+    out = {
+        "rate/env_steps_per_s": (cur["env_steps"] - prev["env_steps"]) / dt,
+        "rate/updates_per_s": (cur["update"] - prev["update"]) / dt,
+    }
+    for phase in TIMED_PHASES:
+        spent = cur.get(f"time/{phase}_s", 0.0) - prev.get(f"time/{phase}_s", 0.0)
+        out[f"time/{phase}_interval_s"] = spent
+        out[f"time/{phase}_share"] = spent / dt
+    return out
