@@ -48,6 +48,10 @@ class _World:
     """The episode in progress per slot (None while the slot's reset is due or running)."""
     reload: bool = False
     """Load the next snapshot even at an equal version (after joining a restarted learner)."""
+    started: dict[int, int] = dataclasses.field(default_factory=dict)
+    """Policy version each slot's episode began with."""
+    parked: set[int] = dataclasses.field(default_factory=set)
+    """--mode sync: slots whose episode of this round is done, waiting for a newer version to start again."""
 
 
 def check_config(cfg: ActorConfig) -> None:
@@ -84,6 +88,8 @@ class Actor:
         """Why the session ended (not_welcomed, a silent learner, an overdue ACK): handshake again."""
         self._run_id = ""
         self._welcomed = False
+        self._sync = False
+        """The learner runs DigiRL's synchronous loop: one episode per environment per policy version."""
         self._devices: tuple[list, bool] | None = None
         """Environments built before joining (devices: booting takes minutes, a bad setup stops us first)."""
 
@@ -171,6 +177,7 @@ class Actor:
             world.runner.version, world.reload = version, True
             self.stats["steps_relabelled"] += changed
         self._run_id = run_id
+        self._sync = welcome.get("mode") == "sync"
         self._send(conn, self.outbox.to_resend())
         return world
 
@@ -199,6 +206,7 @@ class Actor:
     def _loop(self, conn: LearnerConnection, world: _World) -> None:
         cfg = self.cfg
         last_beat = last_status = time.monotonic()
+        last_steps = self.stats["env_steps"]  # for the status line's steps/s
         while not self._should_stop():
             self._take_in(conn, world.runner, world)
             self._check_session(conn)
@@ -209,6 +217,8 @@ class Actor:
                 t0 = time.monotonic()
                 conn.wait(100)
                 self.stats["blocked_s"] = round(self.stats["blocked_s"] + time.monotonic() - t0, 1)
+            elif self._sync and not self._next_round(world):
+                conn.wait(50)  # this actor's part of the round is done: wait for the learner's next version
             else:
                 self._step(world)
             self._send(conn, self.outbox.take_batches())
@@ -217,8 +227,10 @@ class Actor:
                 last_beat = now
                 conn.send(protocol.message(protocol.HEARTBEAT, actor_id=conn.actor_id))
             if now - last_status >= cfg.status_every:
-                last_status = now
-                self.log(f"actor {conn.actor_id}: policy v{world.runner.version} {dict(self.stats)}")
+                rate = (self.stats["env_steps"] - last_steps) / max(now - last_status, 1e-9)
+                last_status, last_steps = now, self.stats["env_steps"]
+                version, held = world.runner.version, self.outbox.held()
+                self.log(status_line(conn.actor_id, version, rate, self.stats, held))
 
     def _step(self, world: _World) -> None:
         """One batched policy call for every ready environment, then whatever steps and resets have
@@ -239,6 +251,7 @@ class Actor:
             if out.kind == "reset":
                 if out.fault is None:
                     world.episodes[out.slot] = Trajectory(task_name(slots[out.slot].env))
+                    world.started[out.slot] = runner.version
                 continue
             features_i, choice, logp, version, last_obs = out.tag
             if out.fault is not None:
@@ -262,12 +275,24 @@ class Actor:
                 finished.append(protocol.trajectory_fields(episode))
                 self.stats["successes"] += episode.success
                 world.episodes[out.slot] = None
-                slots.reset(out.slot)
+                if self._sync:
+                    world.parked.add(out.slot)
+                    slots.park(out.slot)
+                else:
+                    slots.reset(out.slot)
         if finished:
             self.stats["episodes_finished"] += len(finished)
             self.outbox.add(finished)
             if self.cfg.max_episodes and self.stats["episodes_finished"] >= self.cfg.max_episodes:
                 self.request_stop("episode limit")
+
+    def _next_round(self, world: _World) -> bool:
+        """--mode sync: start the next episode of every parked slot whose episode used an older version
+        than the newest; False when every slot is parked (nothing to step until a new version comes)."""
+        for i in [i for i in world.parked if world.runner.version > world.started.get(i, -1)]:
+            world.parked.discard(i)
+            world.slots.reset(i)
+        return len(world.parked) < len(world.slots)
 
     def _count_fault(self, fault: DeviceFault) -> None:
         self.stats[f"device_{fault.kind}"] += 1
@@ -353,6 +378,21 @@ class Actor:
             # The learner will never take this batch (it is malformed): drop it, counted, not re-sent forever.
             self.stats["episodes_refused"] += len(self.outbox.unacked.pop(seq).episodes)
         self.log(f"actor: learner refused a message: {code}: {msg.get('reason')}")
+
+
+def status_line(actor_id: object, version: int, steps_per_s: float, stats: Counter, held: int) -> str:
+    """The periodic status line: short enough to read at a glance (the final "stopped" line has every
+    counter). Faults count device_<kind> and reset_<kind>, not their refinements (device_<kind>_<detail>)
+    nor reset_retries, which count the same faults again."""
+    kinds = [k for k in stats if k.startswith(("device_", "reset_")) and k != "reset_retries"]
+    faults = sum(stats[k] for k in kinds if not any(k.startswith(f"{other}_") for other in kinds))
+    episodes = stats["episodes_finished"]
+    success = stats["successes"] / episodes if episodes else 0.0
+    return (
+        f"actor {actor_id}: policy v{version}, {steps_per_s:.1f} steps/s, {episodes} episodes "
+        f"(success {success:.2f}), sent {stats['batches_sent']}, acked {stats['episodes_acked']}, "
+        f"held {held}, faults {faults}"
+    )
 
 
 def planned_envs(cfg: ActorConfig) -> int:

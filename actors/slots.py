@@ -92,6 +92,10 @@ class EnvSlots:
         slot.obs = None
         self._run(i, "step", lambda: slot.env.step(action), tag)
 
+    def park(self, i: int) -> None:
+        """Leave slot i idle (its episode is over) until `reset(i)`."""
+        self.slots[i].obs = None
+
     def reset(self, i: int) -> None:
         """Start a new episode on slot i (the first reset of a slot uses its seed)."""
         slot = self.slots[i]

@@ -6,6 +6,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
 
+from actors.envs.simphone.emulator import EmulatorModelConfig
 from common.config import ModelConfig
 
 ParamSharding = Literal["replicated", "fsdp", "model"]
@@ -56,8 +57,19 @@ class LearnerConfig:
     insecure: bool = False
     """Allow binding to an address other than loopback without CURVE keys: anyone who can reach the
     ports could then feed the learner trajectories and read its parameters."""
+    mode: Literal["async", "sync"] = "async"
+    """"async" (DistRL): actors collect continuously with the newest snapshot while the learner trains.
+    "sync" (DigiRL's loop, the baseline): every round each environment runs one episode on the same
+    policy version, the round ends when the slowest episode does, then the learner trains (as many
+    updates as --samples-per-insert allows on the data so far) and publishes, and collection waits for
+    that version. Same algorithm and configuration otherwise."""
+    sync_round_timeout: float = 300.0
+    """--mode sync: end a round this many seconds after its first episode even if some environments have
+    not delivered (a dead device would otherwise stall training forever); counted in sync_rounds_timed_out."""
     local_actors: int = 0
     """Actor processes to start on loopback (the one-command demo); 0 means actors connect from elsewhere."""
+    emulator: EmulatorModelConfig = field(default_factory=EmulatorModelConfig)
+    """The emulator latency and fault model of the local actors (--emulator.enabled; see docs/SIMPHONE.md)."""
     env: Literal["simphone", "standin"] = "simphone"
     """Environment of the local actors: "simphone" (the built-in phone) or "standin" (a tiny one)."""
     tasks: str = "general"
@@ -156,6 +168,16 @@ class LearnerConfig:
     that holds one resumes from it. 0 disables checkpoints."""
     log_every: float = 2.0
     """Seconds between metrics.jsonl lines and progress prints."""
+    console: Literal["auto", "live", "lines"] = "auto"
+    """What the learner shows while training: "live" redraws a panel in place (actors, steps/s,
+    updates/s, replay, policy lag, success per task family, rejects and drops, the next checkpoint),
+    "lines" prints one progress line per record (for logs and CI), "auto" is live on a terminal only."""
+    tensorboard: bool = True
+    """Write every metrics record as TensorBoard scalars to RUN_DIR/tensorboard (`tensorboard --logdir
+    RUN_DIR/tensorboard`), with the time shares of ingest, train steps and publishing; --no-tensorboard
+    to turn off."""
+    wandb_project: str = ""
+    """Also log the same scalars to this Weights & Biases project (needs `pip install wandb`); "" = off."""
     actor_timeout: float = 15.0
     """An actor silent this long is forgotten: it no longer counts as connected and must HELLO again."""
     actor_credit: int = 8

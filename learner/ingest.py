@@ -174,6 +174,11 @@ class IngestServer:
             grant=self.ledger.grant(actor.instance, self.gate()),
         )
 
+    def connected_envs(self) -> int:
+        """Environments of the actors connected now (from their HELLO): a sync round waits for this many."""
+        self.connected_actors()  # forgets the silent ones first
+        return sum(a.num_envs for a in self.actors.values() if a.active)
+
     def connected_actors(self) -> int:
         """Actors heard from within actor_timeout; silent ones are forgotten (they must HELLO again)."""
         now = time.monotonic()

@@ -25,6 +25,7 @@ import jax
 import numpy as np
 from rich.console import Console
 
+from actors.envs.simphone.emulator import cli_args
 from common import featurize, model
 from common.curve import CurveError, CurveServer, is_loopback
 from common.protocol import Episode
@@ -36,6 +37,7 @@ from learner.augment import rename_words
 from learner.batch import collate, example_batch
 from learner.checkpoint import Checkpointer, TrainState, rng_state, set_rng_state
 from learner.config import LearnerConfig
+from learner.console import Progress
 from learner.ingest import IngestServer
 from learner.instruction_critic import InstructionCritic
 from learner.local_actors import LocalActors
@@ -50,6 +52,7 @@ from learner.mesh import (
 )
 from learner.metrics import MetricsWriter
 from learner.replay import PrioritizedReplay, oldest_version
+from learner.tensorboard import Dashboards, require_wandb
 from learner.train_step import make_optimizer
 
 
@@ -75,6 +78,12 @@ def run(cfg: LearnerConfig, console: Console | None = None) -> dict:
         raise SystemExit(f"--actor-credit must be at least 1, got {cfg.actor_credit}")
     if cfg.insert_slack < 0:
         raise SystemExit(f"--insert-slack must be >= 0, got {cfg.insert_slack}")
+    if cfg.mode == "sync" and cfg.num_processes > 1:
+        raise SystemExit(
+            "--mode sync runs on one learner process (its rounds are not coordinated across hosts)"
+        )
+    if not cfg.sync_round_timeout > 0:
+        raise SystemExit(f"--sync-round-timeout must be positive, got {cfg.sync_round_timeout}")
     if cfg.demo_update_every < 0:
         raise SystemExit(f"--demo-update-every must be >= 0, got {cfg.demo_update_every}")
     if (
@@ -82,6 +91,7 @@ def run(cfg: LearnerConfig, console: Console | None = None) -> dict:
         and not 0.0 <= cfg.instruction_filter[0] <= cfg.instruction_filter[1] <= 1.0
     ):
         raise SystemExit(f"--instruction-filter needs 0 <= LOW <= HIGH <= 1, got {cfg.instruction_filter}")
+    require_wandb(cfg.wandb_project)  # a missing wandb stops the run now, not after start-up
     curve = _curve_server(cfg)
     start = time.monotonic()
     stop = _Stop()
@@ -173,8 +183,14 @@ def run(cfg: LearnerConfig, console: Console | None = None) -> dict:
     recent_success: deque[bool] = deque(maxlen=100)
     task_critic = InstructionCritic(window=100)  # recent success per task: metrics and the filter
     totals = Counter()
+    sync = cfg.mode == "sync"
+    sync_round = {"episodes": 0, "first_at": 0.0}
+    """--mode sync: episodes received in the current round, and when its first one came."""
 
     def on_episodes(episodes: list[Episode]) -> None:
+        if sync and episodes:
+            sync_round["episodes"] += len(episodes)
+            sync_round["first_at"] = sync_round["first_at"] or time.monotonic()
         for ep in episodes:
             replay.add(ep, oldest_version(ep))
             recent_success.append(ep.success)
@@ -200,7 +216,7 @@ def run(cfg: LearnerConfig, console: Console | None = None) -> dict:
         cfg.bind,
         cfg.ingest_port,
         cfg.params_port,
-        welcome_fields={"model": cfg.model.to_dict(), "max_steps": cfg.max_steps},
+        welcome_fields={"model": cfg.model.to_dict(), "max_steps": cfg.max_steps, "mode": cfg.mode},
         feature_spec=featurize.feature_spec(cfg.model),
         vocab_size=cfg.model.vocab_size,
         max_steps=cfg.max_steps,
@@ -220,6 +236,10 @@ def run(cfg: LearnerConfig, console: Console | None = None) -> dict:
             server.close()
             raise SystemExit(f"cannot resume the delivery ledger: {e}") from e
     writer = MetricsWriter(run_dir)
+    progress = Progress(console, cfg.console, cfg.checkpoint_every)  # the live panel or progress lines
+    wandb_project = cfg.wandb_project if rank == 0 else ""  # one wandb run, not one per process
+    dashboards = Dashboards(run_dir, _jsonable(cfg), cfg.tensorboard, wandb_project)
+    (run_dir / "config.json").write_text(json.dumps(_jsonable(cfg), indent=1))  # what report and readers see
     endpoints = {"ingest_port": server.ingest_port, "params_port": server.params_port, "bind": cfg.bind}
     tmp = run_dir / "endpoints.json.tmp"
     tmp.write_text(json.dumps(endpoints))
@@ -240,7 +260,15 @@ def run(cfg: LearnerConfig, console: Console | None = None) -> dict:
             cfg.envs_per_actor,
             cfg.seed + 1000 * rank,
             run_dir,
-            extra_args=("--env", cfg.env, "--tasks", cfg.tasks, "--split", cfg.split),
+            extra_args=(
+                "--env",
+                cfg.env,
+                "--tasks",
+                cfg.tasks,
+                "--split",
+                cfg.split,
+                *cli_args(cfg.emulator),
+            ),
         )
         console.print(f"learner: started {cfg.local_actors} local actor(s), logs in {run_dir}/actor-*.log")
 
@@ -258,6 +286,9 @@ def run(cfg: LearnerConfig, console: Console | None = None) -> dict:
             "run_id": server.run_id,
             "wall": round(time.monotonic() - start, 3),
             "update": update,
+            "mode": cfg.mode,
+            "sync_rounds": totals["sync_rounds"],
+            "sync_rounds_timed_out": totals["sync_rounds_timed_out"],
             "phase": "warmup" if demos and update < cfg.warmup_updates else "rl",
             "env_steps": totals["env_steps"],
             "episodes": totals["episodes"],
@@ -284,13 +315,27 @@ def run(cfg: LearnerConfig, console: Console | None = None) -> dict:
             **{f"time/{k}": round(v, 3) for k, v in timing.items()},
         }
 
+    def round_complete() -> bool:
+        """--mode sync: every connected environment has delivered its episode of this round (or the
+        round has waited --sync-round-timeout seconds since its first episode)."""
+        if not sync_round["episodes"]:
+            return False
+        if sync_round["episodes"] >= server.connected_envs():
+            return True
+        if time.monotonic() - sync_round["first_at"] >= cfg.sync_round_timeout:
+            totals["sync_rounds_timed_out"] += sync_round["episodes"] > 0 and not sync_round.get("late")
+            sync_round["late"] = True
+            return True
+        return False
+
     def log_if_due() -> None:
         nonlocal last_log
         if time.monotonic() - last_log >= cfg.log_every:
             last_log = time.monotonic()
             line = record()
             writer.write(line)
-            _print_progress(console, line)
+            dashboards.write(line)
+            progress.show(line)
 
     prefill = cfg.prefill_demos and bool(demos) and not past_warmup
 
@@ -343,10 +388,22 @@ def run(cfg: LearnerConfig, console: Console | None = None) -> dict:
                 for ep in demos:
                     replay.add(_as_version(ep, version), version)
                 console.print(f"learner: {len(demos)} demonstrations added to the replay")
-            ready = warming or (
+            can_train = (
                 len(replay) >= local_batch
                 and (rl_updates + 1) * local_batch <= cfg.samples_per_insert * replay.counts["added"]
             )
+            round_done = sync and round_complete()
+            if round_done and not in_warmup and not can_train:
+                # The round's data is used up (as much as --samples-per-insert allows): the next round
+                # starts on a new version. Warm-up imitation happens before the first round ends.
+                t0 = time.monotonic()
+                version += 1
+                server.publish(version, snapshot(params))
+                timing["publish_s"] += time.monotonic() - t0
+                totals["sync_rounds"] += 1
+                sync_round.update(episodes=0, first_at=0.0, late=False)
+                round_done = False
+            ready = warming or (can_train and (round_done or not sync))
             t0 = time.monotonic()
             server.poll(0 if ready else 50)
             timing["ingest_s"] += time.monotonic() - t0
@@ -401,7 +458,7 @@ def run(cfg: LearnerConfig, console: Console | None = None) -> dict:
                     )
                 update += 1
                 timing["train_s"] += time.monotonic() - t0
-                if update % cfg.publish_every == 0:
+                if not sync and update % cfg.publish_every == 0:
                     t0 = time.monotonic()
                     version += 1
                     server.publish(version, snapshot(params))
@@ -420,6 +477,10 @@ def run(cfg: LearnerConfig, console: Console | None = None) -> dict:
             last["params_digest"] = _digest(snapshot(params))
         writer.write(last)
         writer.close()
+        try:
+            dashboards.close(last)
+        finally:
+            progress.close(last)  # the panel's last frame stays; later messages print below it
         if actors is not None:
             actors.stop()
         server.close()
@@ -448,23 +509,6 @@ def _curve_server(cfg: LearnerConfig) -> CurveServer | None:
         return CurveServer(cfg.curve_secret_key, cfg.curve_authorized)
     except CurveError as e:
         raise SystemExit(f"CURVE: {e}") from e
-
-
-def _print_progress(console: Console, m: dict) -> None:
-    by_task = m["success_by_task"]
-    if len(by_task) > 6:  # many templates (SimPhone): show the mean per app family instead
-        families: dict[str, list[float]] = {}
-        for name, rate in by_task.items():
-            families.setdefault(name.split(".")[0], []).append(rate)
-        by_task = {k: sum(v) / len(v) for k, v in families.items()}
-    tasks = " ".join(f"{k} {v:.2f}" for k, v in by_task.items())
-    console.print(
-        f"{m['wall']:6.1f}s upd {m['update']:5d} v{m['policy_version']:<4d} eps {m['episodes']:6d} "
-        f"success {m['success_rate']:.2f} lag {m['policy_lag_mean']:.1f} actors {m['actors']} "
-        f"replay {m['replay_size']} rej {m['rejected']} | {tasks}",
-        highlight=False,
-        soft_wrap=True,
-    )
 
 
 def load_warmup_demos(cfg: LearnerConfig, run_dir: Path, console: Console) -> list[Episode]:

@@ -297,6 +297,24 @@ class EmulatedPhone(gym.Wrapper):
         return obs, info
 
 
+def cli_args(cfg: EmulatorModelConfig) -> tuple[str, ...]:
+    """`cfg` as `python -m actors` flags (only the fields that differ from the defaults), so a learner can
+    start local actors with the emulator model it was given."""
+    default = EmulatorModelConfig()
+    args: list[str] = []
+    for f in fields(cfg):
+        value = getattr(cfg, f.name)
+        if value == getattr(default, f.name):
+            continue
+        flag = "--emulator." + f.name.replace("_", "-")
+        args += (
+            [flag if value else flag.replace("--emulator.", "--emulator.no-")]
+            if f.type in (bool, "bool")
+            else [flag, repr(value)]
+        )
+    return tuple(args)
+
+
 def maybe_wrap(
     env: gym.Env,
     cfg: EmulatorModelConfig,
