@@ -15,6 +15,8 @@ BENCHMARKS = {
     "broadcast": "benchmarks.broadcast",
     "ingest": "benchmarks.ingest",
     "adb_step": "benchmarks.adb_step",
+    "collection": "benchmarks.collection",
+    "time_to_success": "benchmarks.time_to_success",
 }
 
 

@@ -96,6 +96,9 @@ class LearnerConfig:
     """Stop after this many seconds (0 = no limit)."""
     max_updates: int = 0
     """Stop after this many updates (0 = no limit)."""
+    stop_at_success: float = 0.0
+    """Stop once the training success rate (over the last 100 episodes, all collected after the warm-up)
+    reaches this (0 = never)."""
     batch_size: int = 32
     """Episodes per update."""
     max_steps: int = 16

@@ -71,6 +71,7 @@ def run(cfg: LearnerConfig, console: Console | None = None) -> dict:
     for flag, rate in (
         ("word-rename-rate", cfg.word_rename_rate),
         ("typed-word-rename-rate", cfg.typed_word_rename_rate),
+        ("stop-at-success", cfg.stop_at_success),
     ):
         if not 0.0 <= rate <= 1.0:
             raise SystemExit(f"--{flag} must be in [0, 1], got {rate}")
@@ -315,6 +316,11 @@ def run(cfg: LearnerConfig, console: Console | None = None) -> dict:
             **{f"time/{k}": round(v, 3) for k, v in timing.items()},
         }
 
+    def success_reached() -> bool:
+        """--stop-at-success: the last 100 episodes all came after the warm-up and succeed often enough."""
+        recent = totals["episodes"] - totals["episodes_at_rl_start"]
+        return recent >= 100 and float(np.mean(recent_success)) >= cfg.stop_at_success
+
     def round_complete() -> bool:
         """--mode sync: every connected environment has delivered its episode of this round (or the
         round has waited --sync-round-timeout seconds since its first episode)."""
@@ -378,7 +384,11 @@ def run(cfg: LearnerConfig, console: Console | None = None) -> dict:
                 wanted = "time limit"
             if cfg.max_updates and update >= cfg.max_updates:
                 wanted = "update limit"
+            if cfg.stop_at_success and success_reached():
+                wanted = "success target"
             in_warmup = bool(demos) and update < cfg.warmup_updates
+            if not in_warmup and "episodes_at_rl_start" not in totals:
+                totals["episodes_at_rl_start"] = totals["episodes"]
             every = cfg.demo_update_every
             warming = in_warmup or bool(
                 demos and every and (update - cfg.warmup_updates) % every == every - 1

@@ -103,3 +103,18 @@ def test_actor_runs_one_episode_per_environment_per_version():
         rc, out = stop_and_read(proc)
         learner.close()
     assert rc == 0, out
+
+
+def test_stop_at_success_counts_only_episodes_after_the_warmup(learner_process, fake_actor):  # noqa: F811
+    learner = learner_process("--stop-at-success", "0.5", "--actor-timeout", "600", "--log-every", "0.3")
+    actor = fake_actor(learner)
+    actor.hello()
+    rng = np.random.default_rng(3)
+    for _ in range(4):  # 99 successes: not yet 100 episodes
+        actor.traj(actor.episodes(24, rng, success=True))
+    actor.traj(actor.episodes(3, rng, success=True))
+    time.sleep(1.0)
+    assert learner.proc.poll() is None, "stopped before 100 episodes"
+    actor.traj(actor.episodes(1, rng, success=True))
+    assert learner.proc.wait(timeout=120) == 0
+    assert read_metrics(learner.run_dir)[-1]["stopped"] == "success target"

@@ -1,0 +1,59 @@
+"""The collection and time-to-success benchmarks' arithmetic and the learner command they build (the
+runs themselves take minutes: they are benchmarks, not tests)."""
+
+from __future__ import annotations
+
+import pytest
+import tyro
+
+from benchmarks.collection import LATENCY, learner_command, mean_step_latency, steps_per_second
+from benchmarks.time_to_success import _time_to_target
+from learner.config import LearnerConfig
+
+
+def test_mean_step_latency_is_lognormal_mean_plus_expected_stall():
+    assert mean_step_latency(1.0) == pytest.approx(1.0 + 0.01 * 5.0)
+    assert mean_step_latency(0.2) == pytest.approx(0.21)
+
+
+def test_steps_per_second_is_the_slope_after_the_first_episode():
+    lines = [{"wall": w, "env_steps": 0} for w in (1.0, 2.0, 3.0)]  # start-up: not in the window
+    lines += [{"wall": 3.0 + t, "env_steps": 10 + 50 * t} for t in range(1, 11)]
+    lines.append({"wall": 14.0, "env_steps": 560, "stopped": "time limit"})
+    rate, window = steps_per_second(lines)
+    assert rate == pytest.approx(50.0) and window == pytest.approx(9.0)
+
+
+def test_time_to_target_counts_from_the_end_of_the_warmup():
+    lines = [
+        {"wall": 5.0, "phase": "warmup", "update": 10, "success_rate": 0.0, "env_steps": 100},
+        {"wall": 20.0, "phase": "rl", "update": 60, "success_rate": 0.1, "env_steps": 900},
+        {"wall": 50.0, "phase": "rl", "update": 90, "success_rate": 0.45, "env_steps": 2000,
+         "stopped": "success target"},
+    ]  # fmt: skip
+    got = _time_to_target(lines)
+    assert got == {"reached": True, "after_warmup_s": 30.0, "total_s": 50.0, "updates": 90,
+                   "success": 0.45, "env_steps": 2000}  # fmt: skip
+    lines[-1]["stopped"] = "time limit"
+    assert not _time_to_target(lines)["reached"]
+
+
+@pytest.mark.parametrize("mode", ["async", "sync"])
+def test_learner_command_parses_with_the_latency_model(tmp_path, mode):
+    cmd = learner_command(mode, tmp_path, 60.0, 0.2, ("--batch-size", "32"))
+    assert cmd[1:3] == ["-m", "learner"]
+    cfg = tyro.cli(LearnerConfig, args=cmd[3:])
+    assert cfg.mode == mode and cfg.local_actors == 2 and cfg.envs_per_actor == 8
+    assert cfg.emulator.enabled and cfg.emulator.time_scale == 0.2 and cfg.batch_size == 32  # later wins
+    assert cfg.emulator.step_latency_sigma == LATENCY["step-latency-sigma"] and cfg.emulator.hang_prob == 0
+    assert cfg.warmup_demos == 0 and cfg.time_limit == 60.0
+
+
+def test_emulator_flags_reach_the_local_actors_unchanged():
+    from actors.config import ActorConfig
+    from actors.envs.simphone.emulator import EmulatorModelConfig, cli_args
+
+    cfg = EmulatorModelConfig(enabled=True, time_scale=0.05, step_latency_sigma=1.0, hang_prob=0.0, seed=7)
+    actor = tyro.cli(ActorConfig, args=list(cli_args(cfg)))
+    assert actor.emulator == cfg
+    assert cli_args(EmulatorModelConfig()) == ()  # defaults add no flags
