@@ -18,7 +18,10 @@ import signal
 import time
 import uuid
 from collections import Counter
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+
+import numpy as np
 
 from actors.config import ActorConfig
 from actors.connection import LearnerConnection
@@ -197,11 +200,29 @@ class Actor:
                 env.max_steps = max_steps  # the learner's limit, known only now
         else:
             envs, threaded = build_envs(cfg, max_steps, self.log)
+        self._compile_ahead(conn, runner, len(envs))
         seeds = [cfg.seed * 100_003 + i for i in range(len(envs))]
         slots = EnvSlots(envs, seeds, threaded, self.stats, self.log)
         for i in range(len(slots)):
             slots.reset(i)
         return _World(model_cfg, max_steps, runner, slots, [None] * len(slots))
+
+    def _compile_ahead(self, conn: LearnerConnection, runner: PolicyRunner, batch: int) -> None:
+        """Compile the policy for `batch` rows on a thread while still heartbeating: a first compile
+        takes 10-30 s on a busy CPU, longer than the learner waits before it forgets a silent actor."""
+        spec = featurize.feature_spec(runner.cfg)
+        dummy = {k: np.zeros((batch, *shape), dtype) for k, (shape, dtype) in spec.items()}
+        dummy["instr_mask"][:, 0] = dummy["elem_mask"][:, 0] = True  # one word and one element, as real ones
+        last_beat = 0.0
+        with ThreadPoolExecutor(1, thread_name_prefix="compile") as pool:
+            compiled = pool.submit(runner.compile, dummy)
+            while not compiled.done():
+                if time.monotonic() - last_beat >= self.cfg.heartbeat_every:
+                    last_beat = time.monotonic()
+                    conn.send(protocol.message(protocol.HEARTBEAT, actor_id=conn.actor_id))
+                conn.wait(100)
+                self._take_in(conn, runner)
+            compiled.result()
 
     def _loop(self, conn: LearnerConnection, world: _World) -> None:
         cfg = self.cfg

@@ -29,6 +29,11 @@ class PolicyRunner:
         self.params = model.flat_to_params(self._template, flat)
         self.version = version
 
+    def compile(self, features: dict[str, np.ndarray]) -> None:
+        """Compile the sampling step for this batch shape now, with a throwaway key: the actor's own key
+        stream (its seeded sampling) is untouched."""
+        jax.block_until_ready(self._act(self.params, features, jax.random.key(0)))
+
     def act(self, features: dict[str, np.ndarray]) -> tuple[list[PolicyChoice], np.ndarray]:
         """Sample one action per row of the batched features; returns choices and behavior log-probs."""
         self._key, key = jax.random.split(self._key)

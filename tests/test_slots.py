@@ -116,3 +116,42 @@ def test_failed_resets_back_off_and_recover_while_others_work():
     waits = [float(line.rsplit("retrying in ", 1)[1].rstrip("s")) for line in lines]
     assert waits == [0.05, 0.1, 0.2]  # the backoff doubles per failure in a row
     assert "flaky is gone" in lines[0]
+
+
+def test_actor_heartbeats_while_its_policy_compiles():
+    """A first compile can outlast the learner's actor timeout on a busy CPU: the actor keeps
+    heartbeating meanwhile, and compiles exactly the batch shape it will use."""
+    from actors.actor import Actor
+    from actors.config import ActorConfig
+    from common.config import ModelConfig
+    from common.featurize import feature_spec
+
+    class Connection:  # records what the actor sends; nothing arrives
+        actor_id = 3
+
+        def __init__(self):
+            self.sent = []
+
+        def send(self, msg):
+            self.sent.append(msg["kind"])
+            return True
+
+        def wait(self, timeout_ms):
+            time.sleep(timeout_ms / 1000)
+
+        def receive(self):
+            return [], None
+
+    class SlowRunner:
+        cfg = ModelConfig()
+        shapes = None
+
+        def compile(self, features):
+            time.sleep(0.7)
+            self.shapes = {k: v.shape for k, v in features.items()}
+
+    actor = Actor(ActorConfig(heartbeat_every=0.2), log=lambda *_: None)
+    conn, runner = Connection(), SlowRunner()
+    actor._compile_ahead(conn, runner, batch=5)
+    assert conn.sent.count("HEARTBEAT") >= 3
+    assert runner.shapes == {k: (5, *shape) for k, (shape, _) in feature_spec(ModelConfig()).items()}

@@ -62,7 +62,6 @@ class AdbPhoneEnv(gym.Env):
         self._steps = 0
         self._suspect = False
         """A fault happened since the last reset: ask the pool to check (and recover) the device first."""
-        self._last_png: bytes | None = None
         judged = getattr(self.evaluator, "needs_screenshot", False)
         self._success_on = cfg.success_on if cfg.success_on != "auto" else "end" if judged else "any_step"
         self._want_png = cfg.screenshot is not None or getattr(self.evaluator, "needs_screenshot", False)
@@ -159,20 +158,22 @@ class AdbPhoneEnv(gym.Env):
         screen, so a step costs one `screencap` however long the screen takes to settle."""
         cfg = self.cfg
         start = time.monotonic()
-        settled = cfg.settle_max <= 0
-        obs, _ = self._observe(start + cfg.command_timeout, with_png=settled and self._want_png)
-        polls = 1
+        if cfg.settle_max <= 0:  # no settling: one observation, with the screen if wanted
+            self._count("settle_polls")
+            return self._observe(start + cfg.command_timeout, with_png=self._want_png)
+        obs, _ = self._observe(start + cfg.command_timeout, with_png=False)
+        polls, settled = 1, False
         while not settled and time.monotonic() - start < cfg.settle_max:
             self.sleep(cfg.settle_interval)
             previous = obs.elements
             obs, _ = self._observe(time.monotonic() + cfg.command_timeout, with_png=False)
             polls += 1
             settled = obs.elements == previous
-        if not settled and cfg.settle_max > 0:
+        if not settled:
             self._count("settle_capped")
         self._count("settle_polls", polls)
-        if not self._want_png or cfg.settle_max <= 0:
-            return obs, (self._last_png if self._want_png else None)
+        if not self._want_png:
+            return obs, None
         png = self.device.check_bytes("screencap -p", cfg.command_timeout)
         shot = decode_png(png, cfg.screenshot) if cfg.screenshot else None
         return Observation(obs.instruction, obs.elements, obs.screen_size, shot), png
@@ -184,7 +185,6 @@ class AdbPhoneEnv(gym.Env):
             err = result.stderr[:200].decode("utf-8", "replace").strip()
             raise DeviceBadOutput("dump_failed", f"{self.serial}: UI dump failed ({result.code}): {err}")
         xml, png = split_capture(result.stdout, with_png)
-        self._last_png = png
         try:
             elements: list[UIElement] = parse_dump(xml, self.screen_size)
         except DeviceOutputError as e:
