@@ -39,7 +39,7 @@ import numpy as np
 
 from actors.envs.adb.device import AdbDevice
 from actors.envs.faults import DeviceCommandFailed, DeviceFault, DeviceHang
-from actors.envs.simphone.tasks import SPLITS, TaskFileError
+from actors.envs.simphone.tasks import SPLITS, TaskFileError, load_suite
 from common.types import Observation
 
 SUITES_DIR = Path(__file__).parent / "suites"
@@ -116,27 +116,7 @@ class DeviceTask:
 
 def load_device_templates(path: str | Path) -> list[DeviceTemplate]:
     """A suite name ("stock"), a .json file, or a folder of them."""
-    p = Path(path)
-    if not p.exists() and (SUITES_DIR / f"{path}.json").exists():
-        p = SUITES_DIR / f"{path}.json"
-    if p.is_dir():
-        files = sorted(p.glob("*.json"))
-        if not files:
-            raise TaskFileError(f"{p}: no .json task files in this folder")
-    elif p.is_file():
-        files = [p]
-    else:
-        known = ", ".join(sorted(f.stem for f in SUITES_DIR.glob("*.json")))
-        raise TaskFileError(f"{path}: no such task file, folder or suite (shipped suites: {known})")
-    templates: list[DeviceTemplate] = []
-    seen: dict[str, Path] = {}
-    for f in files:
-        for t in _load_file(f):
-            if t.id in seen:
-                raise TaskFileError(f"{f}: template {t.id!r} is also defined in {seen[t.id]}")
-            seen[t.id] = f
-            templates.append(t)
-    return templates
+    return load_suite(path, SUITES_DIR, _load_file)
 
 
 def _load_file(path: Path) -> list[DeviceTemplate]:

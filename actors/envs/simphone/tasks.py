@@ -20,9 +20,10 @@ from __future__ import annotations
 
 import json
 import re
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 
@@ -37,6 +38,9 @@ STATE_ROOTS = frozenset(
     {"app", "screen", "settings", "clock", "contacts", "messages", "browser", "shop", "calendar", "notes"}
     | {"camera", "photos", "maps", "youtube", "gmail"}
 )
+
+
+T = TypeVar("T")
 
 
 class TaskFileError(ValueError):
@@ -71,9 +75,16 @@ class Task:
 
 def load_templates(path: str | Path) -> list[Template]:
     """A suite name ("general", "webshop"), a .json file, or a folder of them."""
+    return load_suite(path, SUITES_DIR, _load_file)
+
+
+def load_suite(path: str | Path, suites_dir: Path, load_file: Callable[[Path], list[T]]) -> list[T]:
+    """The templates of a suite name (a .json in `suites_dir`), a .json file, or a folder of them, each
+    file read by `load_file`; template ids must be unique across the files. Shared by the SimPhone and
+    the device task files."""
     p = Path(path)
-    if not p.exists() and (SUITES_DIR / f"{path}.json").exists():
-        p = SUITES_DIR / f"{path}.json"
+    if not p.exists() and (suites_dir / f"{path}.json").exists():
+        p = suites_dir / f"{path}.json"
     if p.is_dir():
         files = sorted(p.glob("*.json"))
         if not files:
@@ -81,12 +92,12 @@ def load_templates(path: str | Path) -> list[Template]:
     elif p.is_file():
         files = [p]
     else:
-        known = ", ".join(sorted(f.stem for f in SUITES_DIR.glob("*.json")))
+        known = ", ".join(sorted(f.stem for f in suites_dir.glob("*.json")))
         raise TaskFileError(f"{path}: no such task file, folder or suite (shipped suites: {known})")
-    templates: list[Template] = []
+    templates: list[T] = []
     seen: dict[str, Path] = {}
     for f in files:
-        for t in _load_file(f):
+        for t in load_file(f):
             if t.id in seen:
                 raise TaskFileError(f"{f}: template {t.id!r} is also defined in {seen[t.id]}")
             seen[t.id] = f
