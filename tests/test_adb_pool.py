@@ -19,7 +19,7 @@ import pytest
 
 from actors.envs.adb.config import AdbConfig
 from actors.envs.adb.console import EmulatorConsole
-from actors.envs.adb.pool import DevicePool, DevicePoolError
+from actors.envs.adb.pool import DevicePool, DevicePoolError, _port_free
 from actors.envs.faults import DeviceCommandFailed, DeviceCrash, DeviceDisconnected, DeviceHang
 from tests.conftest import ROOT
 from tests.fake_adb import FakeAdbServer, blank_phone
@@ -59,14 +59,7 @@ def alive(pid: int) -> bool:
     return True
 
 
-def port_free(port: int) -> bool:
-    with socket.socket() as s:
-        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        try:
-            s.bind(("127.0.0.1", port))
-        except OSError:
-            return False
-    return True
+port_free = _port_free
 
 
 @pytest.fixture

@@ -39,7 +39,7 @@ import numpy as np
 
 from actors.envs.adb.device import AdbDevice
 from actors.envs.faults import DeviceCommandFailed, DeviceFault, DeviceHang
-from actors.envs.simphone.tasks import SPLITS, TaskFileError, load_suite
+from actors.envs.simphone.tasks import SPLITS, TaskFileError, TemplateFields, load_suite
 from common.types import Observation
 
 SUITES_DIR = Path(__file__).parent / "suites"
@@ -137,39 +137,9 @@ def _load_file(path: Path) -> list[DeviceTemplate]:
 
 
 def _template(path: Path, suite: str, index: int, raw: Any) -> DeviceTemplate:
-    where = f"{path}: template #{index}"
-    if not isinstance(raw, dict):
-        raise TaskFileError(f"{where}: must be an object")
-    tid = raw.get("id")
-    if not isinstance(tid, str) or not tid:
-        raise TaskFileError(f"{where}: field 'id' must be a non-empty string")
-    where = f"{path}: template {tid!r}"
-
-    def field(name: str, typ: type, default: Any = None) -> Any:
-        value = raw.get(name, default)
-        if not isinstance(value, typ) or (typ is int and isinstance(value, bool)):
-            raise TaskFileError(f"{where}: field {name!r} must be {typ.__name__}, got {value!r}")
-        return value
-
-    unknown = set(raw) - {"id", "instruction", "params", "setup", "success", "max_steps", "split"}
-    if unknown:
-        raise TaskFileError(f"{where}: unknown fields {sorted(unknown)}")
-    params = field("params", dict, {})
-    for name, values in params.items():
-        if (
-            not isinstance(values, dict)
-            or set(values) != set(SPLITS)
-            or not all(isinstance(v, list) and v for v in values.values())
-        ):
-            raise TaskFileError(
-                f'{where}: field \'params.{name}\' must be {{"train": [...], "test": [...]}} with values in both'
-            )
-    split = field("split", str, "both")
-    if split not in ("both", "test"):
-        raise TaskFileError(f'{where}: field \'split\' must be "both" or "test", got {split!r}')
-    max_steps = field("max_steps", int, 15)
-    if not 1 <= max_steps <= 100:
-        raise TaskFileError(f"{where}: field 'max_steps' must be in [1, 100]")
+    head = TemplateFields(path, index, raw, {"setup", "success"})
+    tid, where, field = head.id, head.where, head.field
+    params, split, max_steps = head.params, head.split, head.max_steps
     template = DeviceTemplate(
         tid,
         suite,

@@ -116,40 +116,54 @@ def _load_file(path: Path) -> list[Template]:
     return [_template(path, suite, i, raw) for i, raw in enumerate(doc["templates"])]
 
 
-def _template(path: Path, suite: str, index: int, raw: Any) -> Template:
-    where = f"{path}: template #{index}"
-    if not isinstance(raw, dict):
-        raise TaskFileError(f"{where}: must be an object")
-    tid = raw.get("id")
-    if not isinstance(tid, str) or not tid:
-        raise TaskFileError(f"{where}: field 'id' must be a non-empty string")
-    where = f"{path}: template {tid!r}"
+class TemplateFields:
+    """What every task-file template has, checked with errors that name the file, template and field: its
+    id, no unknown fields, params with train and test values, split and max_steps. Shared by the SimPhone
+    and the device task files; `field` reads the others."""
 
-    def field(name: str, typ: type, default: Any = None) -> Any:
-        value = raw.get(name, default)
+    COMMON = frozenset({"id", "instruction", "params", "max_steps", "split"})
+
+    def __init__(self, path: Path, index: int, raw: Any, fields: set[str]):
+        where = f"{path}: template #{index}"
+        if not isinstance(raw, dict):
+            raise TaskFileError(f"{where}: must be an object")
+        self.raw = raw
+        tid = raw.get("id")
+        if not isinstance(tid, str) or not tid:
+            raise TaskFileError(f"{where}: field 'id' must be a non-empty string")
+        self.id, self.where = tid, f"{path}: template {tid!r}"
+        unknown = set(raw) - self.COMMON - fields
+        if unknown:
+            raise TaskFileError(f"{self.where}: unknown fields {sorted(unknown)}")
+        self.params = self.field("params", dict, {})
+        for name, values in self.params.items():
+            if (
+                not isinstance(values, dict)
+                or set(values) != set(SPLITS)
+                or not all(isinstance(v, list) and v for v in values.values())
+            ):
+                raise TaskFileError(
+                    f'{self.where}: field \'params.{name}\' must be {{"train": [...], "test": [...]}} '
+                    "with values in both"
+                )
+        self.split = self.field("split", str, "both")
+        if self.split not in ("both", "test"):
+            raise TaskFileError(f'{self.where}: field \'split\' must be "both" or "test", got {self.split!r}')
+        self.max_steps = self.field("max_steps", int, 15)
+        if not 1 <= self.max_steps <= 100:
+            raise TaskFileError(f"{self.where}: field 'max_steps' must be in [1, 100]")
+
+    def field(self, name: str, typ: type, default: Any = None) -> Any:
+        value = self.raw.get(name, default)
         if not isinstance(value, typ) or (typ is int and isinstance(value, bool)):
-            raise TaskFileError(f"{where}: field {name!r} must be {typ.__name__}, got {value!r}")
+            raise TaskFileError(f"{self.where}: field {name!r} must be {typ.__name__}, got {value!r}")
         return value
 
-    unknown = set(raw) - {"id", "instruction", "params", "setup", "success", "solution", "max_steps", "split"}
-    if unknown:
-        raise TaskFileError(f"{where}: unknown fields {sorted(unknown)}")
-    params = field("params", dict, {})
-    for name, values in params.items():
-        if (
-            not isinstance(values, dict)
-            or set(values) != set(SPLITS)
-            or not all(isinstance(v, list) and v for v in values.values())
-        ):
-            raise TaskFileError(
-                f'{where}: field \'params.{name}\' must be {{"train": [...], "test": [...]}} with values in both'
-            )
-    split = field("split", str, "both")
-    if split not in ("both", "test"):
-        raise TaskFileError(f'{where}: field \'split\' must be "both" or "test", got {split!r}')
-    max_steps = field("max_steps", int, 15)
-    if not 1 <= max_steps <= 100:
-        raise TaskFileError(f"{where}: field 'max_steps' must be in [1, 100]")
+
+def _template(path: Path, suite: str, index: int, raw: Any) -> Template:
+    head = TemplateFields(path, index, raw, {"setup", "success", "solution"})
+    tid, where, field = head.id, head.where, head.field
+    params, split, max_steps = head.params, head.split, head.max_steps
     setup = field("setup", list, [])
     for op in setup:
         if not isinstance(op, dict) or len(set(op) & {"set", "append"}) != 1 or "value" not in op:
