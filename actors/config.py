@@ -8,7 +8,7 @@ from typing import Annotated, Literal
 import tyro
 
 from actors.envs.adb.config import AdbConfig
-from actors.envs.simphone.emulator import EmulatorModelConfig
+from common.config import EmulatorModelConfig
 
 
 @dataclass

@@ -6,8 +6,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
 
-from actors.envs.simphone.emulator import EmulatorModelConfig
-from common.config import ModelConfig
+from common.config import EmulatorModelConfig, ModelConfig
 
 ParamSharding = Literal["replicated", "fsdp", "model"]
 PARAM_SHARDINGS: tuple[str, ...] = ("replicated", "fsdp", "model")

@@ -25,8 +25,8 @@ import jax
 import numpy as np
 from rich.console import Console
 
-from actors.envs.simphone.emulator import cli_args
 from common import featurize, model
+from common.config import cli_args
 from common.curve import CurveError, CurveServer, is_loopback
 from common.protocol import Episode
 from common.trajectory_file import load_episodes
@@ -268,7 +268,7 @@ def run(cfg: LearnerConfig, console: Console | None = None) -> dict:
                 cfg.tasks,
                 "--split",
                 cfg.split,
-                *cli_args(cfg.emulator),
+                *cli_args(cfg.emulator, "--emulator"),
             ),
         )
         console.print(f"learner: started {cfg.local_actors} local actor(s), logs in {run_dir}/actor-*.log")

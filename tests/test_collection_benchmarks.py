@@ -51,9 +51,9 @@ def test_learner_command_parses_with_the_latency_model(tmp_path, mode):
 
 def test_emulator_flags_reach_the_local_actors_unchanged():
     from actors.config import ActorConfig
-    from actors.envs.simphone.emulator import EmulatorModelConfig, cli_args
+    from common.config import EmulatorModelConfig, cli_args
 
     cfg = EmulatorModelConfig(enabled=True, time_scale=0.05, step_latency_sigma=1.0, hang_prob=0.0, seed=7)
-    actor = tyro.cli(ActorConfig, args=list(cli_args(cfg)))
+    actor = tyro.cli(ActorConfig, args=list(cli_args(cfg, "--emulator")))
     assert actor.emulator == cfg
-    assert cli_args(EmulatorModelConfig()) == ()  # defaults add no flags
+    assert cli_args(EmulatorModelConfig(), "--emulator") == ()  # defaults add no flags

@@ -21,12 +21,12 @@ from actors.envs.simphone.emulator import (
     DeviceHang,
     EmulatedPhone,
     EmulatorModel,
-    EmulatorModelConfig,
     StepOutcome,
     maybe_wrap,
 )
 from actors.envs.standin import StandInPhoneEnv
 from actors.envs.standin_oracle import oracle_action
+from common.config import EmulatorModelConfig
 from common.types import Action, ActionType, SwipeDirection
 
 N = 100_000
@@ -361,14 +361,17 @@ def test_disabled_config_is_a_pass_through():
         ({"crash_prob": -0.1}, "crash_prob"),
         ({"stall_prob": 2.0}, "stall_prob"),
         ({"disconnect_prob": "often"}, "disconnect_prob"),
-        ({"hang_prob": 0.5, "crash_prob": 0.4, "disconnect_prob": 0.2}, "hang_prob \\+ crash_prob"),
+        (
+            {"hang_prob": 0.5, "crash_prob": 0.4, "disconnect_prob": 0.2},
+            "hang-prob \\+ --emulator.crash-prob",
+        ),
         ({"seed": 1.5}, "seed"),
         ({"seed": -1}, "seed"),
         ({"enabled": 1}, "enabled"),
     ],
 )
-def test_config_validation_names_the_field(kw, field):
-    with pytest.raises(ValueError, match=f"EmulatorModelConfig.{field}"):
+def test_config_validation_names_the_flag(kw, field):
+    with pytest.raises(ValueError, match="--emulator." + field.replace("_", "-")):
         EmulatorModelConfig(**kw)
 
 

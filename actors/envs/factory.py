@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import gymnasium as gym
 
-from actors.envs.simphone.emulator import EmulatorModelConfig, maybe_wrap
+from actors.envs.simphone.emulator import maybe_wrap
+from common.config import EmulatorModelConfig
 
 ENVS = ("standin", "simphone", "adb")
 

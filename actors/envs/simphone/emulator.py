@@ -54,81 +54,17 @@ import math
 import time
 from collections import Counter
 from collections.abc import Callable
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 from typing import Any
 
 import gymnasium as gym
 import numpy as np
 
 from actors.envs.faults import DeviceCrash, DeviceDisconnected, DeviceFault, DeviceHang
+from common.config import EmulatorModelConfig
 
 FAULT_KINDS = ("hang", "crash", "disconnect")
 """The faults this model raises (actors/envs/faults.py has every kind a backend may raise)."""
-
-
-@dataclass(frozen=True)
-class EmulatorModelConfig:
-    """Latency and faults of an emulated Android device (all durations in seconds, before `time_scale`)."""
-
-    enabled: bool = False
-    """Wrap environments in the emulator model; off: environments step at full speed, without faults."""
-    time_scale: float = 1.0
-    """Multiplier on every duration (latencies, stalls, resets, restart, reconnect, step timeout); 0.001 runs 1000x faster."""
-    step_latency_mean: float = 1.0
-    """Mean seconds per step (lognormal)."""
-    step_latency_sigma: float = 0.6
-    """Spread of the step latency: sigma of the underlying normal (0 = every step takes the mean)."""
-    stall_prob: float = 0.01
-    """Probability per step of an extra stall (GC pause, heavy screen, ANR dialog)."""
-    stall_mean: float = 5.0
-    """Mean seconds of a stall (exponential)."""
-    reset_latency_mean: float = 4.0
-    """Mean seconds per reset (lognormal)."""
-    reset_latency_sigma: float = 0.5
-    """Spread of the reset latency: sigma of the underlying normal."""
-    hang_prob: float = 0.001
-    """Probability per step that the step does not return before `step_timeout`."""
-    crash_prob: float = 0.0005
-    """Probability per step that the device dies; it then needs a restart (reset) costing `restart_seconds`."""
-    disconnect_prob: float = 0.001
-    """Probability per step that the adb connection drops; the step fails at once, reconnecting costs `reconnect_seconds`."""
-    restart_seconds: float = 60.0
-    """Seconds to restart a crashed device, paid by the next reset."""
-    reconnect_seconds: float = 3.0
-    """Seconds to reconnect after a dropped connection, paid by the next reset or step."""
-    step_timeout: float = 30.0
-    """Seconds after which a step is given up as hung; also caps latency plus stall."""
-    seed: int = 0
-    """Seed of the latency and fault draws (each wrapped env gets its own stream of it)."""
-
-    def __post_init__(self) -> None:
-        for f in fields(self):
-            value = getattr(self, f.name)
-            if f.name == "enabled":
-                if not isinstance(value, bool):
-                    raise ValueError(f"EmulatorModelConfig.enabled must be a bool, got {value!r}")
-                continue
-            if f.name == "seed":
-                if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-                    raise ValueError(f"EmulatorModelConfig.seed must be an int >= 0, got {value!r}")
-                continue
-            if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
-                raise ValueError(f"EmulatorModelConfig.{f.name} must be a finite number, got {value!r}")
-            if f.name.endswith("_prob"):
-                if not 0.0 <= value <= 1.0:
-                    raise ValueError(
-                        f"EmulatorModelConfig.{f.name} must be a probability in [0, 1], got {value}"
-                    )
-            elif value < 0:
-                raise ValueError(f"EmulatorModelConfig.{f.name} must be >= 0, got {value}")
-        if self.step_timeout <= 0:
-            raise ValueError(f"EmulatorModelConfig.step_timeout must be > 0 seconds, got {self.step_timeout}")
-        total = self.hang_prob + self.crash_prob + self.disconnect_prob
-        if total > 1.0 + 1e-12:
-            raise ValueError(
-                "EmulatorModelConfig.hang_prob + crash_prob + disconnect_prob must be <= 1, "
-                f"got {self.hang_prob} + {self.crash_prob} + {self.disconnect_prob} = {total}"
-            )
 
 
 # ---- faults ---------------------------------------------------------------------------------------------
@@ -295,24 +231,6 @@ class EmulatedPhone(gym.Wrapper):
         obs, info = self.env.reset(seed=seed, options=options)
         info = {**info, "emulator": {"delay_s": extra + delay, "recovered": recovered}}
         return obs, info
-
-
-def cli_args(cfg: EmulatorModelConfig) -> tuple[str, ...]:
-    """`cfg` as `python -m actors` flags (only the fields that differ from the defaults), so a learner can
-    start local actors with the emulator model it was given."""
-    default = EmulatorModelConfig()
-    args: list[str] = []
-    for f in fields(cfg):
-        value = getattr(cfg, f.name)
-        if value == getattr(default, f.name):
-            continue
-        flag = "--emulator." + f.name.replace("_", "-")
-        args += (
-            [flag if value else flag.replace("--emulator.", "--emulator.no-")]
-            if f.type in (bool, "bool")
-            else [flag, repr(value)]
-        )
-    return tuple(args)
 
 
 def maybe_wrap(
