@@ -63,7 +63,7 @@ def run(quick: bool) -> list[dict]:
 
     def prepare():
         prepared = collate(episodes, steps)
-        rename_words(prepared["obs"], 0.0, cfg.vocab_size, seed=0, typed_rate=0.5)
+        rename_words(prepared.obs, 0.0, cfg.vocab_size, seed=0, typed_rate=0.5)
 
     prep_s = best_seconds(prepare, repeats, inner=3)
     rows.append(

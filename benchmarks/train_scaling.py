@@ -144,16 +144,16 @@ def time_layout(cfg, devices, data_axis: int, model_axis: int, sharding: str, ba
     first_s = time.perf_counter() - t0
     step_s = best_seconds(one_update, repeats, inner)
     devices = data_axis * model_axis
-    episodes = int(batch["length"].shape[0])
+    episodes = int(batch.length.shape[0])
     return {
         "devices": devices,
         "mesh": f"{data_axis}x{model_axis}",
         "param_sharding": sharding,
         "params": n_params,
-        "batch": f"{episodes} eps x {int(batch['length'].max())} steps",
+        "batch": f"{episodes} eps x {int(batch.length.max())} steps",
         "ms_per_step": step_s * 1e3,
         "traj_per_s": episodes / step_s,
-        "env_steps_per_s": int(batch["length"].sum()) / step_s,
+        "env_steps_per_s": int(batch.length.sum()) / step_s,
         "gflop_per_device": flops_per_device / 1e9,
         "gflop_per_step": flops_per_device * devices / 1e9,
         "compile_s": compile_s,

@@ -1,8 +1,10 @@
-"""The loss of the walking skeleton: advantage actor-critic with truncated importance weights.
+"""The plain actor-critic (the `--algorithm a2c` ablation), the warm-up loss on demonstrations, and the
+padding helpers every loss shares.
 
-Pure functions over padded batches [B, T]. A step t of an episode of length L is valid when t < L.
-The last valid step bootstraps from V(s_L) when the episode was truncated (step limit) and not when it
-ended in a terminal state. A-RIDE (Retrace targets, prioritized replay) replaces this in learner/ later.
+Pure functions over padded batches [B, T] (learner.batch.Batch). A step t of an episode of length L is
+valid when t < L. The last valid step bootstraps from V(s_L) when the episode was truncated (step limit)
+and not when it ended in a terminal state. The default algorithm, A-RIDE (Retrace targets, prioritized
+replay weights and priorities), is learner/aride.py.
 """
 
 from __future__ import annotations
@@ -11,6 +13,8 @@ from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
+
+from learner.batch import Batch
 
 
 class LossConfig(NamedTuple):
@@ -55,21 +59,16 @@ def _masked_mean(length: jax.Array, num_steps: int):
 
 
 def actor_critic_loss(
-    logp: jax.Array,
-    behavior_logp: jax.Array,
-    entropy: jax.Array,
-    values: jax.Array,
-    rewards: jax.Array,
-    length: jax.Array,
-    terminal: jax.Array,
-    cfg: LossConfig,
+    logp: jax.Array, entropy: jax.Array, values: jax.Array, batch: Batch, cfg: LossConfig
 ) -> tuple[jax.Array, dict[str, jax.Array]]:
-    """Total loss and its parts. logp/behavior_logp/entropy/rewards [B, T]; values [B, T + 1]."""
+    """Total loss and its parts. logp / entropy [B, T] (log pi of the actions taken, exact H(pi));
+    values [B, T + 1]; the batch's behavior_logp, reward, length and terminal (not its replay weights)."""
+    rewards, length = batch.reward, batch.length
     mean = _masked_mean(length, rewards.shape[1])
-    returns = discounted_returns(rewards, jax.lax.stop_gradient(values), length, terminal, cfg.gamma)
+    returns = discounted_returns(rewards, jax.lax.stop_gradient(values), length, batch.terminal, cfg.gamma)
     v = values[:, :-1]
     advantage = jax.lax.stop_gradient(returns - v)
-    rho = jax.lax.stop_gradient(jnp.minimum(cfg.rho_clip, jnp.exp(logp - behavior_logp)))
+    rho = jax.lax.stop_gradient(jnp.minimum(cfg.rho_clip, jnp.exp(logp - batch.behavior_logp)))
     policy_loss = -mean(rho * advantage * logp)
     value_loss = 0.5 * mean((returns - v) ** 2)
     mean_entropy = mean(entropy)
@@ -85,13 +84,7 @@ def actor_critic_loss(
 
 
 def warmup_loss(
-    logp: jax.Array,
-    values: jax.Array,
-    rewards: jax.Array,
-    length: jax.Array,
-    terminal: jax.Array,
-    cfg: LossConfig,
-    behavior_logp: jax.Array | None = None,
+    logp: jax.Array, values: jax.Array, batch: Batch, cfg: LossConfig
 ) -> tuple[jax.Array, dict[str, jax.Array]]:
     """Behavior cloning on demonstrations, plus the critic regressed on their returns.
 
@@ -99,19 +92,16 @@ def warmup_loss(
     demonstrations' discounted returns warms the critic up, so the first actor-critic advantages after
     warm-up are not pure noise.
 
-    With `behavior_logp` (the demonstrator's log-probability of each recorded action), each step's
-    imitation term is weighted by that probability, mean_w = sum(w x) / sum(w), w = exp(behavior_logp):
-    a noisy demonstrator's own choices (probability >= 1 - noise) dominate and the random actions mixed in
-    (noise / number of actions) barely count, so the policy imitates the oracle rather than its noise.
-    Clean demonstrations (log-prob 0) give the plain mean.
+    Each step's imitation term is weighted by the demonstrator's probability of the recorded action,
+    mean_w = sum(w x) / sum(w), w = exp(behavior_logp): a noisy demonstrator's own choices (probability
+    >= 1 - noise) dominate and the random actions mixed in (noise / number of actions) barely count, so the
+    policy imitates the oracle rather than its noise. Clean demonstrations (log-prob 0) give the plain mean.
     """
+    rewards, length = batch.reward, batch.length
     mean = _masked_mean(length, rewards.shape[1])
-    returns = discounted_returns(rewards, jax.lax.stop_gradient(values), length, terminal, cfg.gamma)
-    if behavior_logp is None:
-        bc = -mean(logp)
-    else:
-        w = step_mask(length, rewards.shape[1]) * jnp.exp(behavior_logp)
-        bc = -jnp.sum(w * logp) / jnp.maximum(jnp.sum(w), 1e-6)
+    returns = discounted_returns(rewards, jax.lax.stop_gradient(values), length, batch.terminal, cfg.gamma)
+    w = step_mask(length, rewards.shape[1]) * jnp.exp(batch.behavior_logp)
+    bc = -jnp.sum(w * logp) / jnp.maximum(jnp.sum(w), 1e-6)
     value_loss = 0.5 * mean((returns - values[:, :-1]) ** 2)
     total = bc + cfg.value_coef * value_loss
     return total, {"loss": total, "bc_loss": bc, "value_loss": value_loss}

@@ -42,7 +42,7 @@ Comparison options from DigiRL (Bai et al. 2024) and DistRL, all off by default:
   positive advantages); filtered steps still count in `count`, so filtering never rescales kept steps;
 - advantage binarization, `binarize_advantage`: A~ = 1[A > 0] instead of A (filtering, when on, is
   decided on the raw A first);
-- instruction-level critic filter: `keep` [B] bool, a per-trajectory flag (for example
+- instruction-level critic filter: `Batch.keep` [B] bool, a per-trajectory flag (for example
   `instruction_keep(V_instr(c), low, high)`: the instruction-level value estimate says the task is
   neither solved nor hopeless, so its trajectories are informative); it multiplies the actor loss only,
   so the critic still learns from every trajectory.
@@ -63,6 +63,7 @@ import jax
 import jax.numpy as jnp
 
 from learner.algorithm import step_mask
+from learner.batch import Batch
 
 _NUMBERS = ("gamma", "lambda_", "rho_clip", "c_clip", "pg_rho_clip", "entropy_coef", "value_coef")
 
@@ -232,47 +233,39 @@ def instruction_keep(instruction_value: jax.Array, low: float, high: float) -> j
 
     instruction_value [B] is V(instruction) from an instruction-level critic (the estimated success rate
     of the task); tasks it calls almost surely solved or hopeless carry little policy-gradient signal.
-    Pass the result as `keep` to `aride_loss`.
+    Pass the result as the batch's `keep` to `aride_loss`.
     """
     return (instruction_value >= low) & (instruction_value <= high)
 
 
 def aride_loss(
-    logp: jax.Array,
-    behavior_logp: jax.Array,
-    entropy: jax.Array,
-    values: jax.Array,
-    rewards: jax.Array,
-    length: jax.Array,
-    terminal: jax.Array,
-    cfg: ARideConfig,
-    weights: jax.Array | None = None,
-    keep: jax.Array | None = None,
+    logp: jax.Array, entropy: jax.Array, values: jax.Array, batch: Batch, cfg: ARideConfig
 ) -> tuple[jax.Array, dict[str, jax.Array]]:
     """Total A-RIDE loss and metrics (see the module docstring for every formula).
 
-    logp / behavior_logp / entropy / rewards [B, T] (log pi, log mu, exact H(pi), r); values [B, T + 1];
-    length [B] int; terminal [B] bool; weights [B] replay importance weights (default 1); keep [B] bool
-    instruction-level filter on the actor (default all True). Gradients flow into logp (actor), entropy
-    (bonus) and values[:, :-1] on real steps (critic) only.
+    logp / entropy [B, T] (log pi of the actions taken, exact H(pi)); values [B, T + 1]; from the batch:
+    behavior_logp (log mu), reward, length, terminal, weights (replay importance weights) and keep (the
+    instruction-level filter on the actor). Gradients flow into logp (actor), entropy (bonus) and
+    values[:, :-1] on real steps (critic) only.
 
     Metrics: scalars loss, policy_loss, value_loss, entropy, advantage_mean (raw A), target_mean,
     rho_mean (unclipped), rho_clipped_fraction (share of real steps with rho > rho_clip),
     actor_step_fraction (share of real steps that train the actor); and [B] priority_delta, priority_rho,
     priority_rho_clipped, priority_nll for the replay (0 for empty trajectories).
     """
-    batch, num_steps = rewards.shape
+    rewards, length, terminal = batch.reward, batch.length, batch.terminal
+    num_steps = rewards.shape[1]
     mask = step_mask(length, num_steps)
     maskf = mask.astype(jnp.float32)
     count = jnp.maximum(maskf.sum(), 1.0)
     per_traj = jnp.maximum(maskf.sum(axis=1), 1.0)
-    w = jnp.ones(batch, jnp.float32) if weights is None else jnp.asarray(weights, jnp.float32)
-    kept = jnp.ones(batch, bool) if keep is None else jnp.asarray(keep, bool)
+    w = jnp.asarray(batch.weights, jnp.float32)
+    kept = jnp.asarray(batch.keep, bool)
 
     logp_real = jnp.where(mask, logp, 0.0)  # padded garbage (even NaN) stays out of values and gradients
     sg_logp = jax.lax.stop_gradient(logp_real)
     sg_values = jax.lax.stop_gradient(values)
-    rho = importance_ratios(sg_logp, jax.lax.stop_gradient(behavior_logp), length)
+    rho = importance_ratios(sg_logp, jax.lax.stop_gradient(batch.behavior_logp), length)
     targets, delta = retrace_targets(
         rho, sg_values, rewards, length, terminal, cfg.gamma, cfg.lambda_, cfg.rho_clip, cfg.c_clip
     )

@@ -1,22 +1,63 @@
-"""Collate validated episodes into one fixed-shape padded batch, so the train step compiles once."""
+"""The training batch: one typed layout of B padded episodes, built here and taken by every loss.
+
+Episodes are padded to T = max_steps so the train step compiles once. Observations carry T + 1 rows per
+episode (one per step, then the observation after the last step: the critic's bootstrap); per-step
+arrays carry T. Padding is zeros: padded observations have empty masks, and padded steps are masked
+out of every loss by `length`.
+"""
 
 from __future__ import annotations
 
+from typing import Any, NamedTuple
+
 import numpy as np
 
+from common.distribution import CHOICE_KEYS
 from common.protocol import STEP_ARRAYS, Episode
 
 
-def collate(
-    episodes: list[Episode], max_steps: int, weights: np.ndarray | None = None
-) -> dict[str, np.ndarray | dict[str, np.ndarray]]:
-    """Episodes -> {"obs": {name: [B, T + 1, ...]}, step arrays [B, T], "length" [B], "terminal" [B],
-    "weights" [B] (replay importance weights, default 1), "keep" [B] (the instruction-level filter on the
-    actor, default all True)}.
+class Batch(NamedTuple):
+    """B padded episodes (a JAX pytree: it is jitted, sharded and placed like a dict of arrays).
 
-    T is max_steps; padding is zeros (padded observations have empty masks, padded steps are masked
-    out of the loss by `length`).
+    Shapes are [B, T + 1, ...] for observations, [B, T] per step, [B] per episode. The per-step fields
+    are protocol.STEP_ARRAYS, with their wire dtypes.
     """
+
+    obs: dict[str, Any]
+    """Featurized observations {name: [B, T + 1, ...]} (common.featurize.feature_spec)."""
+    action_type: Any
+    """[B, T] int32: the action type taken (common.types.ActionType)."""
+    element: Any
+    """[B, T] int32: the element pointed at (tap / type target)."""
+    word: Any
+    """[B, T] int32: the instruction word pointed at (typed text)."""
+    direction: Any
+    """[B, T] int32: the swipe direction."""
+    behavior_logp: Any
+    """[B, T] float32: log mu(a_t | s_t), the behaviour policy's log-probability of the action taken."""
+    reward: Any
+    """[B, T] float32."""
+    policy_version: Any
+    """[B, T] int32: the policy version that chose each action (its lag is the learner's version minus it)."""
+    length: Any
+    """[B] int32: real steps of each episode (steps t < length are real)."""
+    terminal: Any
+    """[B] bool: ended in a terminal state (no bootstrap); False when truncated (bootstrap from V(s_L))."""
+    weights: Any
+    """[B] float32: prioritized-replay importance weights (1 for uniform sampling and demonstrations)."""
+    keep: Any
+    """[B] bool: the instruction-level filter on the actor loss (all True when it is off)."""
+
+    def choice(self) -> dict[str, Any]:
+        """The factorized action taken, as common.distribution.log_prob takes it."""
+        return {k: getattr(self, k) for k in CHOICE_KEYS}
+
+
+assert Batch._fields[1 : 1 + len(STEP_ARRAYS)] == tuple(STEP_ARRAYS), "Batch's step fields are STEP_ARRAYS"
+
+
+def collate(episodes: list[Episode], max_steps: int, weights: np.ndarray | None = None) -> Batch:
+    """Validated episodes -> one padded host Batch (weights default to 1, keep to all True)."""
     b = len(episodes)
     first = episodes[0]
     obs = {k: np.zeros((b, max_steps + 1, *v.shape[1:]), v.dtype) for k, v in first.obs.items()}
@@ -27,29 +68,29 @@ def collate(
             obs[k][i, : n + 1] = v
         for k, v in ep.steps.items():
             steps[k][i, :n] = v
-    return {
-        "obs": obs,
+    return Batch(
+        obs=obs,
         **steps,
-        "length": np.array([ep.length for ep in episodes], np.int32),
-        "terminal": np.array([not ep.truncated for ep in episodes], bool),
-        "weights": np.ones(b, np.float32) if weights is None else np.asarray(weights, np.float32),
-        "keep": np.ones(b, bool),
-    }
+        length=np.array([ep.length for ep in episodes], np.int32),
+        terminal=np.array([not ep.truncated for ep in episodes], bool),
+        weights=np.ones(b, np.float32) if weights is None else np.asarray(weights, np.float32),
+        keep=np.ones(b, bool),
+    )
 
 
 def example_batch(
     feature_spec: dict[str, tuple[tuple[int, ...], str]], batch_size: int, max_steps: int
-) -> dict[str, np.ndarray | dict[str, np.ndarray]]:
-    """A batch of the exact shapes and dtypes `collate` produces (all zeros), to compile ahead of data."""
+) -> Batch:
+    """A Batch of the exact shapes and dtypes `collate` produces (all zeros), to compile ahead of data."""
     obs = {
         k: np.zeros((batch_size, max_steps + 1, *shape), np.dtype(dt))
         for k, (shape, dt) in feature_spec.items()
     }
-    return {
-        "obs": obs,
+    return Batch(
+        obs=obs,
         **{k: np.zeros((batch_size, max_steps), np.dtype(dt)) for k, dt in STEP_ARRAYS.items()},
-        "length": np.ones(batch_size, np.int32),
-        "terminal": np.ones(batch_size, bool),
-        "weights": np.ones(batch_size, np.float32),
-        "keep": np.ones(batch_size, bool),
-    }
+        length=np.ones(batch_size, np.int32),
+        terminal=np.ones(batch_size, bool),
+        weights=np.ones(batch_size, np.float32),
+        keep=np.ones(batch_size, bool),
+    )

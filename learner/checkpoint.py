@@ -41,6 +41,11 @@ class TrainState:
 
 
 class Checkpointer:
+    """One run's checkpoint directory: orbax checkpoints of the TrainState (with the run's config and the
+    featurizer's layout as JSON metadata) numbered by update, the newest `max_to_keep` kept, and each
+    process's replay file and delivery ledger beside the checkpoint they belong to (pruned with it).
+    Save order per update: `save`, `save_replay`, `save_delivery`; restore reads them back in that order."""
+
     def __init__(self, directory: Path, max_to_keep: int = 3):
         self.directory = Path(directory).absolute()
         self.manager = ocp.CheckpointManager(

@@ -1,15 +1,35 @@
-"""Command-line configuration of `python -m learner` (tyro builds --help from these docstrings)."""
+"""Command-line configuration of `python -m learner` (tyro builds --help from these docstrings).
+
+`LearnerConfig` groups its settings by the part of the learner they steer (transport, local actors,
+imitation, replay buffer, loss, optimizer, dashboards, multi-host); every group's flags keep their plain
+names, so `--alpha` sets `cfg.buffer.alpha`. Each config checks its own values in `__post_init__` and
+raises ValueError naming the flag; tyro shows that message and exits with status 2. What can only be
+checked against the machine (the device mesh, key files, ports in use) is checked at start-up
+(learner/setup.py). config.json and checkpoints store the settings flat, by field name (`flat_dict`).
+"""
 
 from __future__ import annotations
 
+import dataclasses
+import json
+import math
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Literal
+from typing import Annotated, Any, Literal
+
+from tyro.conf import OmitArgPrefixes
 
 from common.config import EmulatorModelConfig, ModelConfig
+from common.curve import is_loopback
 
 ParamSharding = Literal["replicated", "fsdp", "model"]
 PARAM_SHARDINGS: tuple[str, ...] = ("replicated", "fsdp", "model")
+
+
+def _check(ok: bool, message: str) -> None:
+    """One validation rule: ValueError(message) when it does not hold (tyro prints the message)."""
+    if not ok:
+        raise ValueError(message)
 
 
 @dataclass(frozen=True)
@@ -29,19 +49,19 @@ class MeshConfig:
 
     def __post_init__(self) -> None:
         if self.param_sharding not in PARAM_SHARDINGS:
-            raise ValueError(f"param_sharding must be one of {PARAM_SHARDINGS}, got {self.param_sharding!r}")
+            raise ValueError(
+                f"--mesh.param-sharding must be one of {PARAM_SHARDINGS}, got {self.param_sharding!r}"
+            )
         if self.model < 1:
-            raise ValueError(f"mesh model axis must be >= 1, got {self.model}")
+            raise ValueError(f"--mesh.model must be >= 1, got {self.model}")
         if self.data == 0 or self.data < -1:
-            raise ValueError(f"mesh data axis must be >= 1 or -1 (all remaining devices), got {self.data}")
+            raise ValueError(f"--mesh.data must be >= 1 or -1 (all remaining devices), got {self.data}")
 
 
-@dataclass
-class LearnerConfig:
-    """Train a phone-control policy from actors' trajectories and publish parameter snapshots."""
+@dataclass(frozen=True)
+class TransportConfig:
+    """The learner's two sockets and how it treats the actors on them (delivery, flow control, security)."""
 
-    run_dir: Path = Path("runs/latest")
-    """Where metrics.jsonl, endpoints.json and the local actors' logs go (created if missing)."""
     bind: str = "127.0.0.1"
     """Address the sockets bind to. Use 0.0.0.0 (or this host's LAN address) for actors on other machines."""
     ingest_port: int = 5555
@@ -56,25 +76,54 @@ class LearnerConfig:
     insecure: bool = False
     """Allow binding to an address other than loopback without CURVE keys: anyone who can reach the
     ports could then feed the learner trajectories and read its parameters."""
-    mode: Literal["async", "sync"] = "async"
-    """"async" (DistRL): actors collect continuously with the newest snapshot while the learner trains.
-    "sync" (DigiRL's loop, the baseline): every round each environment runs one episode on the same
-    policy version, the round ends when the slowest episode does, then the learner trains (as many
-    updates as --samples-per-insert allows on the data so far) and publishes, and collection waits for
-    that version. Same algorithm and configuration otherwise."""
-    sync_round_timeout: float = 300.0
-    """--mode sync: end a round this many seconds after its first episode even if some environments have
-    not delivered (a dead device would otherwise stall training forever); counted in sync_rounds_timed_out."""
+    actor_timeout: float = 15.0
+    """An actor silent this long is forgotten: it no longer counts as connected and must HELLO again."""
+    actor_credit: int = 8
+    """Flow control: TRAJ batches each actor may have sent and not yet acknowledged. Bounds the learner's
+    ingest queue at (actors x credit) batches, whatever the actors do."""
+
+    def __post_init__(self) -> None:
+        for flag, port in (("--ingest-port", self.ingest_port), ("--params-port", self.params_port)):
+            _check(0 <= port <= 65535, f"{flag} must be in [0, 65535] (0 picks a free port), got {port}")
+        _check(self.actor_timeout > 0, f"--actor-timeout must be positive, got {self.actor_timeout}")
+        _check(self.actor_credit >= 1, f"--actor-credit must be at least 1, got {self.actor_credit}")
+        _check(
+            (self.curve_secret_key is None) == (self.curve_authorized is None),
+            "--curve-secret-key and --curve-authorized go together",
+        )
+        _check(
+            self.curve_secret_key is not None or self.insecure or is_loopback(self.bind),
+            f"--bind {self.bind} exposes the learner beyond this machine without authentication: anyone who "
+            "reaches its ports could feed it trajectories and read its parameters. Create keys with "
+            "`python -m learner keys DIR` and pass --curve-secret-key DIR/learner.key_secret "
+            "--curve-authorized DIR/authorized (BUILD.md, 'Security'), or accept the risk with --insecure.",
+        )
+
+
+@dataclass(frozen=True)
+class LocalActorsConfig:
+    """Actor processes the learner starts itself on loopback (the one-command demo)."""
+
     local_actors: int = 0
     """Actor processes to start on loopback (the one-command demo); 0 means actors connect from elsewhere."""
-    emulator: EmulatorModelConfig = field(default_factory=EmulatorModelConfig)
-    """The emulator latency and fault model of the local actors (--emulator.enabled; see docs/SIMPHONE.md)."""
+    envs_per_actor: int = 16
+    """Environments each local actor runs (batched inference)."""
     env: Literal["simphone", "standin"] = "simphone"
     """Environment of the local actors: "simphone" (the built-in phone) or "standin" (a tiny one)."""
     tasks: str = "general"
     """SimPhone tasks of the local actors (a suite name, a .json file or a folder)."""
     split: str = "train"
     """SimPhone split of the local actors."""
+
+    def __post_init__(self) -> None:
+        _check(self.local_actors >= 0, f"--local-actors must be >= 0, got {self.local_actors}")
+        _check(self.envs_per_actor >= 1, f"--envs-per-actor must be at least 1, got {self.envs_per_actor}")
+
+
+@dataclass(frozen=True)
+class ImitationConfig:
+    """Demonstrations: the warm-up on them, their share of later updates, and the replay prefill."""
+
     demos: Path | None = None
     """Demonstrations to warm up on (written by `python -m actors demos`)."""
     warmup_demos: int = 1000
@@ -89,49 +138,23 @@ class LearnerConfig:
     DQfD keeps a demonstration loss during online learning), so imitation keeps anchoring long tasks the
     policy still rarely completes on its own; 0: none. In 15-minute SimPhone runs, 4 gave 0.935 train and
     0.752 test greedy success where 0 gave 0.970 and 0.685 (BENCHMARKS.md)."""
-    envs_per_actor: int = 16
-    """Environments each local actor runs (batched inference)."""
-    time_limit: float = 0.0
-    """Stop after this many seconds (0 = no limit)."""
-    max_updates: int = 0
-    """Stop after this many updates (0 = no limit)."""
-    stop_at_success: float = 0.0
-    """Stop once the training success rate (over the last 100 episodes, all collected after the warm-up)
-    reaches this (0 = never)."""
-    batch_size: int = 32
-    """Episodes per update."""
-    max_steps: int = 16
-    """Longest episode in steps; actors truncate there and the learner refuses longer ones."""
-    algorithm: Literal["aride", "a2c"] = "aride"
-    """"aride": Retrace(lambda) targets, truncated-IS advantages, replay weights (DistRL); "a2c": the plain
-    actor-critic (an ablation)."""
-    lambda_: float = 0.95
-    """Retrace trace decay lambda."""
-    rho_clip: float = 1.0
-    """Clip of the importance ratios pi/mu (rho-bar, c-bar and the policy-gradient weight)."""
-    advantage_threshold: float | None = None
-    """A-RIDE: only steps with advantage above this train the actor (DigiRL's filtering uses 0; None: all)."""
-    binarize_advantage: bool = False
-    """A-RIDE: the actor uses 1[A > 0] instead of the advantage A (DigiRL's binarization)."""
-    instruction_filter: tuple[float, float] | None = None
-    """A-RIDE: LOW HIGH of DigiRL's instruction-level critic filter: a trajectory trains the actor only if
-    its task's recent success rate (learner/instruction_critic.py) is in [LOW, HIGH], skipping tasks
-    that are already solved or hopeless; tasks with fewer than 10 episodes always train. None: off."""
-    word_rename_rate: float = 0.0
-    """Share of each training episode's distinct words renamed to random vocabulary ids, consistently
-    across its instruction and screens (learner/augment.py). Applies to warm-up and reinforcement-learning
-    batches. Off by default: renaming the words that say what to do costs more than it gains (BENCHMARKS.md);
-    --typed-word-rename-rate renames the values."""
-    typed_word_rename_rate: float = 0.5
-    """The same for the words an episode types (instruction words found in a text field at some step), so
-    the policy learns to type and tap values it has never seen by where they sit in the instruction. After
-    400 behavior-cloning updates on noisy SimPhone demonstrations, 0.5 gave 0.71 greedy success on
-    held-out values and templates against 0.51 with no renaming at all (BENCHMARKS.md)."""
+    prefill_demos: bool = True
+    """Also put the warm-up demonstrations into the replay (as DigiRL and DistRL do with offline data), so
+    early reinforcement-learning batches mix them with the actors' episodes."""
+
+    def __post_init__(self) -> None:
+        _check(self.warmup_demos >= 0, f"--warmup-demos must be >= 0, got {self.warmup_demos}")
+        _check(0.0 <= self.warmup_noise <= 1.0, f"--warmup-noise must be in [0, 1], got {self.warmup_noise}")
+        _check(self.warmup_updates >= 0, f"--warmup-updates must be >= 0, got {self.warmup_updates}")
+        _check(self.demo_update_every >= 0, f"--demo-update-every must be >= 0, got {self.demo_update_every}")
+
+
+@dataclass(frozen=True)
+class ReplayConfig:
+    """The replay buffer (DPER) and both sides of its rate limit."""
+
     replay: Literal["prioritized", "uniform"] = "prioritized"
     """"prioritized" (DPER: sampling proportional to priority^alpha) or "uniform" (an ablation)."""
-    samples_per_insert: float = 4.0
-    """Rate limit (as Reverb's): reinforcement-learning updates stop once they have sampled, on average,
-    this many times per episode inserted; they resume as new episodes arrive."""
     replay_capacity: int = 2048
     """Episodes kept for training; the oldest is evicted at capacity (counted in dropped_episodes)."""
     alpha: float = 0.6
@@ -144,8 +167,99 @@ class LearnerConfig:
     """(w1, w2, w3) of the trajectory priority w1*mean|delta| + w2*mean(min(rho_clip, rho)) + w3*mean(-log pi)."""
     max_policy_lag: int = 50
     """Trajectories whose oldest step is more than this many policy versions old are dropped (0: keep all)."""
-    publish_every: int = 2
-    """Publish a new parameter snapshot every this many updates."""
+    samples_per_insert: float = 4.0
+    """Rate limit (as Reverb's): reinforcement-learning updates stop once they have sampled, on average,
+    this many times per episode inserted; they resume as new episodes arrive."""
+    insert_slack: int = 0
+    """Rate limit on the insert side (Reverb's error buffer): while stored episodes run more than this
+    many ahead of what reinforcement-learning updates have used (samples / samples_per_insert), the
+    learner grants no credit, so actors wait or discard (their --when-blocked). 0: never; actors keep
+    collecting as DistRL's do, and the replay evicts its oldest episodes."""
+
+    def __post_init__(self) -> None:
+        _check(self.replay_capacity >= 1, f"--replay-capacity must be at least 1, got {self.replay_capacity}")
+        _check(self.alpha >= 0, f"--alpha must be >= 0, got {self.alpha}")
+        _check(0.0 <= self.beta_start <= 1.0, f"--beta-start must be in [0, 1], got {self.beta_start}")
+        _check(self.beta_steps >= 0, f"--beta-steps must be >= 0, got {self.beta_steps}")
+        _check(
+            all(w >= 0 for w in self.priority_weights) and sum(self.priority_weights) > 0,
+            f"--priority-weights must be >= 0 and not all 0, got {self.priority_weights}",
+        )
+        _check(self.max_policy_lag >= 0, f"--max-policy-lag must be >= 0, got {self.max_policy_lag}")
+        _check(
+            self.samples_per_insert > 0,
+            f"--samples-per-insert must be positive, got {self.samples_per_insert}",
+        )
+        _check(self.insert_slack >= 0, f"--insert-slack must be >= 0, got {self.insert_slack}")
+
+
+@dataclass(frozen=True)
+class LossSettings:
+    """The reinforcement-learning objective (A-RIDE or the plain actor-critic) and its options."""
+
+    algorithm: Literal["aride", "a2c"] = "aride"
+    """"aride": Retrace(lambda) targets, truncated-IS advantages, replay weights (DistRL); "a2c": the plain
+    actor-critic (an ablation)."""
+    gamma: float = 0.95
+    """Discount."""
+    lambda_: float = 0.95
+    """Retrace trace decay lambda."""
+    rho_clip: float = 1.0
+    """Clip of the importance ratios pi/mu (rho-bar, c-bar and the policy-gradient weight)."""
+    advantage_threshold: float | None = None
+    """A-RIDE: only steps with advantage above this train the actor (DigiRL's filtering uses 0; None: all)."""
+    binarize_advantage: bool = False
+    """A-RIDE: the actor uses 1[A > 0] instead of the advantage A (DigiRL's binarization)."""
+    instruction_filter: tuple[float, float] | None = None
+    """A-RIDE: LOW HIGH of DigiRL's instruction-level critic filter: a trajectory trains the actor only if
+    its task's recent success rate (learner/instruction_critic.py) is in [LOW, HIGH], skipping tasks
+    that are already solved or hopeless; tasks with fewer than 10 episodes always train. None: off."""
+    entropy_coef: float | None = None
+    """Weight of the exact entropy bonus. Default: 0.01 when learning from scratch (exploration), 0.001
+    after a warm-up on demonstrations (at 0.01 the entropy kept growing through 15-minute SimPhone runs
+    once the sparse advantages were small, undoing the imitation, and success sagged)."""
+    value_coef: float = 0.5
+    """Weight of the critic loss."""
+    word_rename_rate: float = 0.0
+    """Share of each training episode's distinct words renamed to random vocabulary ids, consistently
+    across its instruction and screens (learner/augment.py). Applies to warm-up and reinforcement-learning
+    batches. Off by default: renaming the words that say what to do costs more than it gains (BENCHMARKS.md);
+    --typed-word-rename-rate renames the values."""
+    typed_word_rename_rate: float = 0.5
+    """The same for the words an episode types (instruction words found in a text field at some step), so
+    the policy learns to type and tap values it has never seen by where they sit in the instruction. After
+    400 behavior-cloning updates on noisy SimPhone demonstrations, 0.5 gave 0.71 greedy success on
+    held-out values and templates against 0.51 with no renaming at all (BENCHMARKS.md)."""
+
+    def __post_init__(self) -> None:
+        _check(0.0 <= self.gamma <= 1.0, f"--gamma must be in [0, 1], got {self.gamma}")
+        _check(0.0 <= self.lambda_ <= 1.0, f"--lambda_ must be in [0, 1], got {self.lambda_}")
+        _check(self.rho_clip > 0, f"--rho-clip must be positive, got {self.rho_clip}")
+        _check(
+            self.advantage_threshold is None or math.isfinite(self.advantage_threshold),
+            f"--advantage-threshold must be a finite number, got {self.advantage_threshold}",
+        )
+        _check(
+            self.instruction_filter is None
+            or 0.0 <= self.instruction_filter[0] <= self.instruction_filter[1] <= 1.0,
+            f"--instruction-filter needs 0 <= LOW <= HIGH <= 1, got {self.instruction_filter}",
+        )
+        _check(
+            self.entropy_coef is None or self.entropy_coef >= 0,
+            f"--entropy-coef must be >= 0, got {self.entropy_coef}",
+        )
+        _check(self.value_coef >= 0, f"--value-coef must be >= 0, got {self.value_coef}")
+        for flag, rate in (
+            ("--word-rename-rate", self.word_rename_rate),
+            ("--typed-word-rename-rate", self.typed_word_rename_rate),
+        ):
+            _check(0.0 <= rate <= 1.0, f"{flag} must be in [0, 1], got {rate}")
+
+
+@dataclass(frozen=True)
+class OptimizerConfig:
+    """AdamW, its learning-rate schedule and gradient clipping."""
+
     learning_rate: float = 1e-3
     """AdamW learning rate."""
     lr_decay_updates: int = 2000
@@ -157,17 +271,21 @@ class LearnerConfig:
     """Where the cosine decay ends, as a fraction of --learning-rate."""
     max_grad_norm: float = 1.0
     """Global-norm gradient clipping."""
-    gamma: float = 0.95
-    """Discount."""
-    entropy_coef: float | None = None
-    """Weight of the exact entropy bonus. Default: 0.01 when learning from scratch (exploration), 0.001
-    after a warm-up on demonstrations (at 0.01 the entropy kept growing through 15-minute SimPhone runs
-    once the sparse advantages were small, undoing the imitation, and success sagged)."""
-    value_coef: float = 0.5
-    """Weight of the critic loss."""
-    checkpoint_every: int = 200
-    """Save a checkpoint (orbax) to RUN_DIR/checkpoints every this many updates and at exit; a run dir
-    that holds one resumes from it. 0 disables checkpoints."""
+
+    def __post_init__(self) -> None:
+        _check(self.learning_rate >= 0, f"--learning-rate must be >= 0, got {self.learning_rate}")
+        _check(self.lr_decay_updates >= 0, f"--lr-decay-updates must be >= 0, got {self.lr_decay_updates}")
+        _check(
+            0.0 <= self.lr_final_fraction <= 1.0,
+            f"--lr-final-fraction must be in [0, 1], got {self.lr_final_fraction}",
+        )
+        _check(self.max_grad_norm > 0, f"--max-grad-norm must be positive, got {self.max_grad_norm}")
+
+
+@dataclass(frozen=True)
+class DashboardConfig:
+    """What the learner shows and writes while it trains."""
+
     log_every: float = 2.0
     """Seconds between metrics.jsonl lines and progress prints."""
     console: Literal["auto", "live", "lines"] = "auto"
@@ -180,29 +298,15 @@ class LearnerConfig:
     to turn off."""
     wandb_project: str = ""
     """Also log the same scalars to this Weights & Biases project (needs `pip install wandb`); "" = off."""
-    actor_timeout: float = 15.0
-    """An actor silent this long is forgotten: it no longer counts as connected and must HELLO again."""
-    actor_credit: int = 8
-    """Flow control: TRAJ batches each actor may have sent and not yet acknowledged. Bounds the learner's
-    ingest queue at (actors x credit) batches, whatever the actors do."""
-    insert_slack: int = 0
-    """Rate limit on the insert side (Reverb's error buffer): while stored episodes run more than this
-    many ahead of what reinforcement-learning updates have used (samples / samples_per_insert), the
-    learner grants no credit, so actors wait or discard (their --when-blocked). 0: never; actors keep
-    collecting as DistRL's do, and the replay evicts its oldest episodes."""
-    seed: int = 0
-    """Seed of the model initialization and of the local actors' environments."""
-    model: ModelConfig = field(default_factory=ModelConfig)
-    """Policy network size (sent to every actor in WELCOME)."""
-    model_preset: Literal["custom", "large"] = "custom"
-    """"custom": the network --model.* describes (default: the small CPU model); "large": the ~134M-parameter
-    preset for accelerators (learner.mesh.large_model_config; replaces --model.*), meant for
-    --mesh.param-sharding model or fsdp."""
-    mesh: MeshConfig = field(default_factory=MeshConfig)
-    """Device mesh of the train step (axes 'data' x 'model'); the batch size must be a multiple of 'data'."""
-    prefill_demos: bool = True
-    """Also put the warm-up demonstrations into the replay (as DigiRL and DistRL do with offline data), so
-    early reinforcement-learning batches mix them with the actors' episodes."""
+
+    def __post_init__(self) -> None:
+        _check(self.log_every > 0, f"--log-every must be positive, got {self.log_every}")
+
+
+@dataclass(frozen=True)
+class MultihostConfig:
+    """Several learner processes training one model (jax.distributed)."""
+
     coordinator: str | None = None
     """Multi-host training: HOST:PORT of process 0's jax.distributed coordinator (the same on every
     learner process). Each process serves its own actors, trains on its share of every batch, and
@@ -213,14 +317,130 @@ class LearnerConfig:
     """Multi-host training: this process's index in [0, num_processes). Processes other than 0 write
     their metrics, endpoints and actor logs to RUN_DIR/process-I; checkpoints are shared in RUN_DIR."""
 
+    def __post_init__(self) -> None:
+        _check(self.num_processes >= 1, f"--num-processes must be at least 1, got {self.num_processes}")
+        _check(
+            0 <= self.process_id < self.num_processes,
+            f"--process-id must be in [0, {self.num_processes}), got {self.process_id}",
+        )
+        _check(
+            self.num_processes == 1 or bool(self.coordinator),
+            "--num-processes > 1 needs --coordinator HOST:PORT (process 0's address)",
+        )
+
+
+@dataclass(frozen=True)
+class LearnerConfig:
+    """Train a phone-control policy from actors' trajectories and publish parameter snapshots.
+
+    Grouped for reading; every group's flags keep their plain names (`--alpha`, not `--buffer.alpha`).
+    """
+
+    run_dir: Path = Path("runs/latest")
+    """Where metrics.jsonl, endpoints.json and the local actors' logs go (created if missing)."""
+    mode: Literal["async", "sync"] = "async"
+    """"async" (DistRL): actors collect continuously with the newest snapshot while the learner trains.
+    "sync" (DigiRL's loop, the baseline): every round each environment runs one episode on the same
+    policy version, the round ends when the slowest episode does, then the learner trains (as many
+    updates as --samples-per-insert allows on the data so far) and publishes, and collection waits for
+    that version. Same algorithm and configuration otherwise."""
+    sync_round_timeout: float = 300.0
+    """--mode sync: end a round this many seconds after its first episode even if some environments have
+    not delivered (a dead device would otherwise stall training forever); counted in sync_rounds_timed_out."""
+    time_limit: float = 0.0
+    """Stop after this many seconds (0 = no limit)."""
+    max_updates: int = 0
+    """Stop after this many updates (0 = no limit)."""
+    stop_at_success: float = 0.0
+    """Stop once the training success rate (over the last 100 episodes, all collected after the warm-up)
+    reaches this (0 = never)."""
+    batch_size: int = 32
+    """Episodes per update."""
+    max_steps: int = 16
+    """Longest episode in steps; actors truncate there and the learner refuses longer ones."""
+    publish_every: int = 2
+    """Publish a new parameter snapshot every this many updates."""
+    checkpoint_every: int = 200
+    """Save a checkpoint (orbax) to RUN_DIR/checkpoints every this many updates and at exit; a run dir
+    that holds one resumes from it. 0 disables checkpoints."""
+    seed: int = 0
+    """Seed of the model initialization and of the local actors' environments."""
+    model: ModelConfig = field(default_factory=ModelConfig)
+    """Policy network size (sent to every actor in WELCOME)."""
+    model_preset: Literal["custom", "large"] = "custom"
+    """"custom": the network --model.* describes (default: the small CPU model); "large": the ~134M-parameter
+    preset for accelerators (learner.mesh.large_model_config; replaces --model.*), meant for
+    --mesh.param-sharding model or fsdp."""
+    mesh: MeshConfig = field(default_factory=MeshConfig)
+    """Device mesh of the train step (axes 'data' x 'model'); the batch size must be a multiple of 'data'."""
+    emulator: EmulatorModelConfig = field(default_factory=EmulatorModelConfig)
+    """The emulator latency and fault model of the local actors (--emulator.enabled; see docs/SIMPHONE.md)."""
+    transport: Annotated[TransportConfig, OmitArgPrefixes] = field(default_factory=TransportConfig)
+    """The learner's two sockets and how it treats the actors on them (delivery, flow control, security)."""
+    local: Annotated[LocalActorsConfig, OmitArgPrefixes] = field(default_factory=LocalActorsConfig)
+    """Actor processes the learner starts itself on loopback (the one-command demo)."""
+    imitation: Annotated[ImitationConfig, OmitArgPrefixes] = field(default_factory=ImitationConfig)
+    """Demonstrations: the warm-up on them, their share of later updates, and the replay prefill."""
+    buffer: Annotated[ReplayConfig, OmitArgPrefixes] = field(default_factory=ReplayConfig)
+    """The replay buffer (DPER) and both sides of its rate limit."""
+    loss: Annotated[LossSettings, OmitArgPrefixes] = field(default_factory=LossSettings)
+    """The reinforcement-learning objective (A-RIDE or the plain actor-critic) and its options."""
+    optimizer: Annotated[OptimizerConfig, OmitArgPrefixes] = field(default_factory=OptimizerConfig)
+    """AdamW, its learning-rate schedule and gradient clipping."""
+    dashboards: Annotated[DashboardConfig, OmitArgPrefixes] = field(default_factory=DashboardConfig)
+    """What the learner shows and writes while it trains."""
+    multihost: Annotated[MultihostConfig, OmitArgPrefixes] = field(default_factory=MultihostConfig)
+    """Several learner processes training one model (jax.distributed)."""
+
+    def __post_init__(self) -> None:
+        """Rules across groups and of the top-level settings (each group checks its own)."""
+        _check(
+            not (self.mode == "sync" and self.multihost.num_processes > 1),
+            "--mode sync runs on one learner process (its rounds are not coordinated across hosts)",
+        )
+        _check(
+            self.sync_round_timeout > 0,
+            f"--sync-round-timeout must be positive, got {self.sync_round_timeout}",
+        )
+        _check(self.time_limit >= 0, f"--time-limit must be >= 0, got {self.time_limit}")
+        _check(self.max_updates >= 0, f"--max-updates must be >= 0, got {self.max_updates}")
+        _check(
+            0.0 <= self.stop_at_success <= 1.0,
+            f"--stop-at-success must be in [0, 1], got {self.stop_at_success}",
+        )
+        _check(self.batch_size >= 1, f"--batch-size must be at least 1, got {self.batch_size}")
+        _check(self.max_steps >= 1, f"--max-steps must be at least 1, got {self.max_steps}")
+        _check(self.publish_every >= 1, f"--publish-every must be at least 1, got {self.publish_every}")
+        _check(self.checkpoint_every >= 0, f"--checkpoint-every must be >= 0, got {self.checkpoint_every}")
+
     def uses_demonstrations(self) -> bool:
         """Whether this run warms up on, or prefills its replay with, demonstrations (a --demos file, or
         SimPhone oracle ones written at start-up)."""
-        wanted = self.warmup_updates > 0 or self.prefill_demos or self.demo_update_every > 0
-        return wanted and (self.demos is not None or (self.env == "simphone" and self.warmup_demos > 0))
+        im = self.imitation
+        wanted = im.warmup_updates > 0 or im.prefill_demos or im.demo_update_every > 0
+        return wanted and (im.demos is not None or (self.local.env == "simphone" and im.warmup_demos > 0))
 
     def entropy(self) -> float:
         """--entropy-coef, or its default: 0.001 after demonstrations, 0.01 from scratch."""
-        if self.entropy_coef is not None:
-            return self.entropy_coef
+        if self.loss.entropy_coef is not None:
+            return self.loss.entropy_coef
         return 0.001 if self.uses_demonstrations() else 0.01
+
+
+GROUPS = ("transport", "local", "imitation", "buffer", "loss", "optimizer", "dashboards", "multihost")
+"""LearnerConfig's fields that only group others (their fields are flags and JSON keys of their own)."""
+
+
+def flat_dict(cfg: LearnerConfig) -> dict[str, Any]:
+    """The config as plain JSON values (paths as strings), one level of settings by field name with the
+    groups dissolved (model, mesh and emulator stay nested, as their flags are): the layout of
+    config.json and of the config stored with every checkpoint, the same as before the settings were
+    grouped, so older run dirs and `learner eval` read alike."""
+    out: dict[str, Any] = {}
+    for f in dataclasses.fields(cfg):
+        value = getattr(cfg, f.name)
+        if f.name in GROUPS:
+            out.update(dataclasses.asdict(value))
+        else:
+            out[f.name] = dataclasses.asdict(value) if dataclasses.is_dataclass(value) else value
+    return json.loads(json.dumps(out, default=str))

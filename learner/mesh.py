@@ -41,6 +41,7 @@ from jax.sharding import PartitionSpec as P
 
 from common import model
 from common.config import ModelConfig
+from learner.batch import Batch
 from learner.config import PARAM_SHARDINGS, MeshConfig, ParamSharding  # noqa: F401 (re-exported)
 from learner.train_step import make_train_step
 
@@ -237,7 +238,7 @@ def make_sharded_train_step(
     param_shardings: Any,
     *,
     warmup: bool = False,
-) -> Callable[[Any, Any, dict], tuple[Any, Any, dict]]:
+) -> Callable[[Any, Any, Batch], tuple[Any, Any, dict]]:
     """step(params, opt_state, batch) -> (params, opt_state, metrics), as learner.train_step's step.
 
     One jax.jit over learner.train_step.make_train_step's step (the same loss and update; its own jit is
@@ -261,12 +262,10 @@ def make_sharded_train_step(
     )
 
 
-def shard_batch(batch: dict, mesh: Mesh) -> dict:
-    """Place a host batch (learner.batch.collate's layout, with nested "obs") on the mesh, split over 'data'.
-
-    Single-process: each device receives only its slice. (For multi-host training this would become
-    jax.make_array_from_process_local_data with each host's local episodes.)
-    """
+def shard_batch(batch: Batch, mesh: Mesh) -> Batch:
+    """Place one process's host Batch (learner.batch.collate) on the mesh, split over 'data': each device
+    receives only its slice. Multi-host training builds its global batch from every process's rows with
+    learner.multihost.global_batch instead."""
     d = dict(mesh.shape)[DATA]
     sizes = {
         jax.tree_util.keystr(path): np.shape(x)[0] if np.ndim(x) else None

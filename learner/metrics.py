@@ -9,6 +9,8 @@ from typing import Any
 
 
 class MetricsWriter:
+    """Appends one JSON object per line to RUN_DIR/metrics.jsonl, flushed at once (a crash loses no line)."""
+
     def __init__(self, run_dir: Path):
         run_dir.mkdir(parents=True, exist_ok=True)
         self.path = run_dir / "metrics.jsonl"

@@ -23,13 +23,10 @@ from jax.sharding import NamedSharding
 
 
 def initialize(coordinator: str | None, num_processes: int, process_id: int) -> None:
-    """Join the jax.distributed job (must run before anything touches a JAX device); no-op for 1 process."""
-    if num_processes < 1 or not 0 <= process_id < num_processes:
-        raise SystemExit(f"--process-id must be in [0, {num_processes}) and --num-processes >= 1")
+    """Join the jax.distributed job (must run before anything touches a JAX device); no-op for 1 process.
+    The arguments are checked by learner.config.MultihostConfig."""
     if num_processes == 1:
         return
-    if not coordinator:
-        raise SystemExit("--num-processes > 1 needs --coordinator HOST:PORT (process 0's address)")
     jax.config.update("jax_cpu_collectives_implementation", "gloo")  # CPU-only runs need a collective backend
     jax.distributed.initialize(coordinator, num_processes=num_processes, process_id=process_id)
 
@@ -60,8 +57,9 @@ def local_rows(sharding: NamedSharding, global_size: int) -> slice:
     return slice(lo, hi)
 
 
-def global_batch(local: dict, sharding: NamedSharding, global_size: int) -> dict:
-    """This process's rows (host arrays) -> global jax.Arrays of [global_size, ...] split per `sharding`."""
+def global_batch(local: Any, sharding: NamedSharding, global_size: int) -> Any:
+    """This process's rows (a host Batch or any tree of arrays) -> the same tree of global jax.Arrays of
+    [global_size, ...], split per `sharding`."""
     return jax.tree.map(
         lambda x: jax.make_array_from_process_local_data(sharding, x, (global_size, *np.shape(x)[1:])), local
     )

@@ -5,7 +5,8 @@ item i is drawn with P(i) = p_i^alpha / sum_k p_k^alpha and its update is scaled
 weight w_i = (N P(i))^-beta / max_j w_j, beta annealed to 1. As in Ape-X (Horgan et al. 2018,
 "Distributed Prioritized Experience Replay") many actors feed one learner-side buffer, new items enter
 at the running max priority and the learner refreshes priorities after each update. The unit is a whole
-trajectory with the DistRL (2024) priority p = w1 mean|delta| + w2 mean(rho) + w3 mean(-log pi).
+trajectory with the DistRL (2024) priority p = w1 mean|delta| + w2 mean(rho) + w3 mean(-log pi), where
+the learner passes the clipped ratio mean(min(rho_clip, rho)) as the rho term (learner/loop.py).
 """
 
 from __future__ import annotations
@@ -24,8 +25,9 @@ T = TypeVar("T")
 
 
 class SumTree:
-    """Fixed-capacity binary sum tree in one float64 array: root at node 1, node k = 2k + (2k + 1), leaf i at
-    node size + i (size: capacity rounded up to a power of two, the padding leaves stay 0).
+    """Fixed-capacity binary sum tree in one float64 array: the root is node 1, node k holds the sum of its
+    children, nodes 2k and 2k + 1, and leaf i is node size + i (size: capacity rounded up to a power of
+    two; the padding leaves stay 0). Node 0 is unused.
 
     Floats: each internal node is recomputed as the float64 sum of its two children (never by adding
     deltas), so nothing drifts over many updates and `total` is the exact sum to within the O(log N) ulps
@@ -120,6 +122,8 @@ def oldest_version(episode: Episode) -> int:
 
 @dataclass
 class ReplaySample(Generic[T]):
+    """One batch drawn by `PrioritizedReplay.sample`, with what `update_priorities` needs to find its slots."""
+
     items: list[T]
     indices: np.ndarray  # slots, [B]; pass back with `generations` to update_priorities
     generations: np.ndarray  # the slots' generations when sampled, [B]

@@ -1,4 +1,5 @@
-"""One jitted update: forward over the padded batch, actor-critic loss, optax AdamW with clipping."""
+"""One jitted update: forward over the padded Batch, the loss (A-RIDE, the plain actor-critic, or the
+warm-up's behavior cloning), optax AdamW with clipping; a non-finite update is skipped, not applied."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ from flax import nnx
 from common import distribution, model
 from learner.algorithm import LossConfig, actor_critic_loss, warmup_loss
 from learner.aride import ARideConfig, aride_loss
+from learner.batch import Batch
 
 
 def make_optimizer(
@@ -45,7 +47,7 @@ def make_train_step(
     optimizer: optax.GradientTransformation,
     loss_cfg: LossConfig | ARideConfig,
     warmup: bool = False,
-) -> Callable[[Any, Any, dict], tuple[Any, Any, dict]]:
+) -> Callable[[Any, Any, Batch], tuple[Any, Any, dict]]:
     """Returns jitted step(params, opt_state, batch) -> (params, opt_state, metrics); params are donated.
 
     `loss_cfg` picks the loss: an `ARideConfig` (Retrace targets, replay weights, priorities out) or a
@@ -53,34 +55,16 @@ def make_train_step(
     cloning + critic on returns; needs `gamma` and `value_coef`, which both configs have).
     """
 
-    def loss_fn(params, batch):
-        logits, values = model.apply(graphdef, params, batch["obs"])
+    def loss_fn(params, batch: Batch):
+        logits, values = model.apply(graphdef, params, batch.obs)
         step_logits = {k: v[:, :-1] for k, v in logits.items()}
-        choice = {k: batch[k] for k in distribution.CHOICE_KEYS}
-        logp = distribution.log_prob(step_logits, choice)
+        logp = distribution.log_prob(step_logits, batch.choice())
         if warmup:
-            return warmup_loss(
-                logp,
-                values,
-                batch["reward"],
-                batch["length"],
-                batch["terminal"],
-                loss_cfg,
-                batch["behavior_logp"],
-            )
+            return warmup_loss(logp, values, batch, loss_cfg)
         entropy = distribution.entropy(step_logits)
-        args = (
-            logp,
-            batch["behavior_logp"],
-            entropy,
-            values,
-            batch["reward"],
-            batch["length"],
-            batch["terminal"],
-        )
         if isinstance(loss_cfg, ARideConfig):
-            return aride_loss(*args, loss_cfg, weights=batch["weights"], keep=batch.get("keep"))
-        return actor_critic_loss(*args, loss_cfg)
+            return aride_loss(logp, entropy, values, batch, loss_cfg)
+        return actor_critic_loss(logp, entropy, values, batch, loss_cfg)
 
     def step(params, opt_state, batch):
         grads, metrics = jax.grad(loss_fn, has_aux=True)(params, batch)

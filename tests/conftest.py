@@ -91,3 +91,9 @@ def learner_process(tmp_path):
     yield start
     for proc in started:
         proc.stop()
+
+
+def one_line(text: str) -> str:
+    """`text` with box-drawing borders and line breaks folded into single spaces: tyro prints a config's
+    ValueError in a box wrapped to the terminal width, and tests look for the message in it."""
+    return " ".join(text.translate({ord(c): " " for c in "│╭╮╰╯─"}).split())

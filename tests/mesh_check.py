@@ -27,7 +27,7 @@ from common.types import NUM_ACTION_TYPES, NUM_SWIPE_DIRECTIONS
 from learner import mesh as M
 from learner.algorithm import LossConfig
 from learner.aride import ARideConfig
-from learner.batch import example_batch
+from learner.batch import Batch, example_batch
 from learner.train_step import make_train_step
 
 TINY = ModelConfig(vocab_size=512, d_model=32, num_heads=4, num_layers=1, mlp_dim=128)
@@ -44,11 +44,11 @@ LAYOUTS = [
 LOSSES = {"actor_critic": LossConfig(), "aride": ARideConfig()}
 
 
-def random_batch(cfg: ModelConfig, seed: int) -> dict:
+def random_batch(cfg: ModelConfig, seed: int) -> Batch:
     """example_batch's shapes filled with random valid values (chosen arguments point at valid slots)."""
     rng = np.random.default_rng(seed)
     b = example_batch(featurize.feature_spec(cfg), BATCH, MAX_STEPS)
-    obs = b["obs"]
+    obs = b.obs
     obs["instr_tokens"][:] = rng.integers(0, cfg.vocab_size, obs["instr_tokens"].shape)
     obs["instr_mask"][:] = rng.random(obs["instr_mask"].shape) < 0.7
     obs["instr_feats"][:] = rng.standard_normal(obs["instr_feats"].shape)
@@ -56,18 +56,18 @@ def random_batch(cfg: ModelConfig, seed: int) -> dict:
     obs["elem_mask"][:] = rng.random(obs["elem_mask"].shape) < 0.7
     obs["elem_feats"][:] = rng.standard_normal(obs["elem_feats"].shape)
     shape = (BATCH, MAX_STEPS)
-    b["action_type"][:] = rng.integers(0, NUM_ACTION_TYPES, shape)
-    b["element"][:] = rng.integers(0, cfg.max_elements, shape)
-    b["word"][:] = rng.integers(0, cfg.max_instruction_tokens, shape)
-    b["direction"][:] = rng.integers(0, NUM_SWIPE_DIRECTIONS, shape)
+    b.action_type[:] = rng.integers(0, NUM_ACTION_TYPES, shape)
+    b.element[:] = rng.integers(0, cfg.max_elements, shape)
+    b.word[:] = rng.integers(0, cfg.max_instruction_tokens, shape)
+    b.direction[:] = rng.integers(0, NUM_SWIPE_DIRECTIONS, shape)
     bi, ti = np.meshgrid(np.arange(BATCH), np.arange(MAX_STEPS), indexing="ij")
-    obs["elem_mask"][bi, ti, b["element"]] = True
-    obs["instr_mask"][bi, ti, b["word"]] = True
-    b["behavior_logp"][:] = -rng.random(shape) * 3
-    b["reward"][:] = rng.standard_normal(shape)
-    b["length"][:] = rng.integers(1, MAX_STEPS + 1, BATCH)
-    b["terminal"][:] = rng.random(BATCH) < 0.5
-    b["weights"] = rng.uniform(0.5, 1.5, BATCH).astype(np.float32)  # replay importance weights
+    obs["elem_mask"][bi, ti, b.element] = True
+    obs["instr_mask"][bi, ti, b.word] = True
+    b.behavior_logp[:] = -rng.random(shape) * 3
+    b.reward[:] = rng.standard_normal(shape)
+    b.length[:] = rng.integers(1, MAX_STEPS + 1, BATCH)
+    b.terminal[:] = rng.random(BATCH) < 0.5
+    b.weights[:] = rng.uniform(0.5, 1.5, BATCH)  # replay importance weights
     return b
 
 

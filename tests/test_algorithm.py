@@ -14,6 +14,7 @@ from hypothesis import strategies as st
 
 from learner import algorithm
 from learner.algorithm import LossConfig
+from tests.loss_batch import loss_batch
 
 B, T = 6, 7
 PROPS = settings(derandomize=True, max_examples=40, deadline=None)
@@ -90,16 +91,8 @@ def random_batch(seed: int, length=None, terminal=None):
 
 
 def call_loss(batch, cfg):
-    return _loss(
-        batch["logp"],
-        batch["behavior_logp"],
-        batch["entropy"],
-        batch["values"],
-        batch["rewards"],
-        batch["length"],
-        batch["terminal"],
-        cfg,
-    )
+    typed = loss_batch(batch["behavior_logp"], batch["rewards"], batch["length"], batch["terminal"])
+    return _loss(batch["logp"], batch["entropy"], batch["values"], typed, cfg)
 
 
 # ---- step_mask and discounted returns -----------------------------------------------------------------
@@ -226,8 +219,10 @@ def test_warmup_loss_against_loops():
     rewards = rng.random((b, t)).astype(np.float32)
     length = rng.integers(1, t + 1, size=b).astype(np.int32)
     terminal = rng.random(b) < 0.5
-    args = (jnp.asarray(x) for x in (logp, values, rewards, length, terminal))
-    total, parts = warmup_loss(*args, LossConfig(gamma=gamma, value_coef=0.25))
+    clean = loss_batch(np.zeros((b, t), np.float32), rewards, length, terminal)  # a noiseless demonstrator
+    total, parts = warmup_loss(
+        jnp.asarray(logp), jnp.asarray(values), clean, LossConfig(gamma=gamma, value_coef=0.25)
+    )
     bc_sum = value_sum = count = 0.0
     for i in range(b):
         g = 0.0 if terminal[i] else float(values[i, length[i]])
@@ -254,8 +249,9 @@ def test_warmup_imitation_is_weighted_by_the_demonstrator_probability():
     terminal = np.array([True, False, True, True])
     # Oracle steps (probability 0.7) and noise steps (0.3 / 50), as a noisy demonstrator records them.
     behavior_logp = np.where(rng.random((b, t)) < 0.7, np.log(0.7), np.log(0.3 / 50)).astype(np.float32)
-    args = [jnp.asarray(x) for x in (logp, values, rewards, length, terminal)]
-    _, weighted = warmup_loss(*args, LossConfig(), jnp.asarray(behavior_logp))
+    logp, values = jnp.asarray(logp), jnp.asarray(values)
+    noisy = loss_batch(behavior_logp, rewards, length, terminal)
+    _, weighted = warmup_loss(logp, values, noisy, LossConfig())
     num = den = 0.0
     for i in range(b):
         for s in range(length[i]):
@@ -263,7 +259,11 @@ def test_warmup_imitation_is_weighted_by_the_demonstrator_probability():
             num -= w * float(logp[i, s])
             den += w
     np.testing.assert_allclose(float(weighted["bc_loss"]), num / den, rtol=1e-5)
-    _, plain = warmup_loss(*args, LossConfig())
-    _, clean = warmup_loss(*args, LossConfig(), jnp.zeros((b, t), jnp.float32))  # a noiseless demonstrator
-    np.testing.assert_allclose(float(clean["bc_loss"]), float(plain["bc_loss"]), rtol=1e-6)
-    assert abs(float(weighted["bc_loss"]) - float(plain["bc_loss"])) > 1e-3
+    plain = -sum(float(logp[i, s]) for i in range(b) for s in range(length[i])) / sum(length)
+    _, clean = warmup_loss(
+        logp, values, loss_batch(np.zeros((b, t), np.float32), rewards, length, terminal), LossConfig()
+    )
+    np.testing.assert_allclose(
+        float(clean["bc_loss"]), plain, rtol=1e-5
+    )  # a noiseless demonstrator: the plain mean
+    assert abs(float(weighted["bc_loss"]) - plain) > 1e-3

@@ -16,6 +16,7 @@ from hypothesis import strategies as st
 from learner import aride
 from learner.algorithm import discounted_returns
 from learner.aride import ARideConfig
+from tests.loss_batch import loss_batch
 
 B, T = 6, 7
 PROPS = settings(derandomize=True, max_examples=40, deadline=None)
@@ -42,8 +43,9 @@ BATCH_ARGS = (*GRAD_ARGS, "rewards", "length", "terminal")
 def _grads(logp, behavior_logp, entropy, values, rewards, length, terminal, cfg, weights, keep):
     """d metric / d (logp, behavior_logp, entropy, values) for the total, actor and critic losses."""
 
-    def metric(*xs, which):
-        return aride.aride_loss(*xs, rewards, length, terminal, cfg, weights, keep)[1][which]
+    def metric(logp, behavior_logp, entropy, values, which):
+        batch = loss_batch(behavior_logp, rewards, length, terminal, weights, keep)
+        return aride.aride_loss(logp, entropy, values, batch, cfg)[1][which]
 
     xs = (logp, behavior_logp, entropy, values)
     argnums = tuple(range(len(xs)))
@@ -162,7 +164,10 @@ def loss_ref(batch, cfg: ARideConfig, weights=None, keep=None):
 
 
 def call_loss(batch, cfg, weights=None, keep=None):
-    return _loss(*(batch[k] for k in BATCH_ARGS), cfg, weights, keep)
+    typed = loss_batch(
+        batch["behavior_logp"], batch["rewards"], batch["length"], batch["terminal"], weights, keep
+    )
+    return _loss(batch["logp"], batch["entropy"], batch["values"], typed, cfg)
 
 
 def loss_grads(batch, cfg, which="loss", weights=None, keep=None):

@@ -32,7 +32,7 @@ def _mapping(old: np.ndarray, new: np.ndarray) -> dict[int, set[int]]:
 
 
 def test_each_word_is_renamed_the_same_way_everywhere_in_its_episode(demo_batch):
-    obs = demo_batch["obs"]
+    obs = demo_batch.obs
     renamed = rename_words(obs, 0.5, CFG.vocab_size, seed=7)
     changed_words = collisions = 0
     for b in range(obs["instr_tokens"].shape[0]):
@@ -52,11 +52,11 @@ def test_each_word_is_renamed_the_same_way_everywhere_in_its_episode(demo_batch)
 
 def test_visible_instruction_words_stay_visible_after_renaming(demo_batch):
     """The featurizer's word-identity cues (instr_feats: the word is on screen) remain true."""
-    obs = demo_batch["obs"]
+    obs = demo_batch.obs
     renamed = rename_words(obs, 0.5, CFG.vocab_size, seed=8)
     checked = 0
     for b in range(obs["instr_tokens"].shape[0]):
-        for t in range(int(demo_batch["length"][b]) + 1):
+        for t in range(int(demo_batch.length[b]) + 1):
             screen = set(renamed["elem_tokens"][b, t].ravel().tolist())
             for i in np.flatnonzero(obs["instr_feats"][b, t, :, 0]):
                 assert renamed["instr_tokens"][b, t, i] in screen
@@ -94,7 +94,7 @@ def test_typed_words_are_renamed_at_their_own_rate():
 
 
 def test_renaming_is_reproducible_from_its_seed_and_off_at_rate_zero(demo_batch):
-    obs = demo_batch["obs"]
+    obs = demo_batch.obs
     a = rename_words(obs, 0.3, CFG.vocab_size, seed=[0, 12, 0])
     b = rename_words(obs, 0.3, CFG.vocab_size, seed=[0, 12, 0])
     c = rename_words(obs, 0.3, CFG.vocab_size, seed=[0, 13, 0])

@@ -23,14 +23,14 @@ CFG = ModelConfig(vocab_size=256, d_model=16, num_heads=2, num_layers=1, mlp_dim
 
 def _batch(rng: np.random.Generator) -> dict:
     batch = example_batch(featurize.feature_spec(CFG), 4, 3)
-    batch["obs"]["instr_tokens"][:] = rng.integers(1, 256, batch["obs"]["instr_tokens"].shape)
-    batch["obs"]["instr_mask"][:] = True
-    batch["obs"]["elem_mask"][..., :3] = True
-    batch["obs"]["elem_feats"][:] = rng.random(batch["obs"]["elem_feats"].shape)
-    batch["length"][:] = rng.integers(1, 4, 4)
-    batch["reward"][:] = rng.random((4, 3)) < 0.3
-    batch["behavior_logp"][:] = -rng.random((4, 3))
-    batch["action_type"][:] = rng.integers(0, 7, (4, 3))
+    batch.obs["instr_tokens"][:] = rng.integers(1, 256, batch.obs["instr_tokens"].shape)
+    batch.obs["instr_mask"][:] = True
+    batch.obs["elem_mask"][..., :3] = True
+    batch.obs["elem_feats"][:] = rng.random(batch.obs["elem_feats"].shape)
+    batch.length[:] = rng.integers(1, 4, 4)
+    batch.reward[:] = rng.random((4, 3)) < 0.3
+    batch.behavior_logp[:] = -rng.random((4, 3))
+    batch.action_type[:] = rng.integers(0, 7, (4, 3))
     return batch
 
 

@@ -43,10 +43,10 @@ def test_learner_command_parses_with_the_latency_model(tmp_path, mode):
     cmd = learner_command(mode, tmp_path, 60.0, 0.2, ("--batch-size", "32"))
     assert cmd[1:3] == ["-m", "learner"]
     cfg = tyro.cli(LearnerConfig, args=cmd[3:])
-    assert cfg.mode == mode and cfg.local_actors == 2 and cfg.envs_per_actor == 8
+    assert cfg.mode == mode and cfg.local.local_actors == 2 and cfg.local.envs_per_actor == 8
     assert cfg.emulator.enabled and cfg.emulator.time_scale == 0.2 and cfg.batch_size == 32  # later wins
     assert cfg.emulator.step_latency_sigma == LATENCY["step-latency-sigma"] and cfg.emulator.hang_prob == 0
-    assert cfg.warmup_demos == 0 and cfg.time_limit == 60.0
+    assert cfg.imitation.warmup_demos == 0 and cfg.time_limit == 60.0
 
 
 def test_emulator_flags_reach_the_local_actors_unchanged():

@@ -15,7 +15,7 @@ import pytest
 import zmq
 
 from common import curve, protocol, wire
-from tests.conftest import ACTOR_ENV, ROOT
+from tests.conftest import ACTOR_ENV, ROOT, one_line
 from tests.test_fake_actor import make_episode
 
 pytestmark = pytest.mark.timeout(300)
@@ -142,7 +142,7 @@ def test_binding_beyond_loopback_without_keys_is_refused(tmp_path):
         cwd=ROOT, env=ACTOR_ENV, capture_output=True, text=True, timeout=120,
     )  # fmt: skip
     assert out.returncode != 0
-    assert "without authentication" in out.stderr and "--insecure" in out.stderr
+    assert "without authentication" in one_line(out.stderr) and "--insecure" in out.stderr
     assert not (tmp_path / "run" / "endpoints.json").exists()  # nothing was bound
 
 

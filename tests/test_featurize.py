@@ -319,20 +319,20 @@ def test_collate_pads_with_zeros():
         start += n + 1
     batch = collate(episodes, max_steps)
     b = len(episodes)
-    np.testing.assert_array_equal(batch["length"], lengths)
-    assert batch["length"].dtype == np.int32
-    np.testing.assert_array_equal(batch["terminal"], [not t for t in truncs])
-    assert batch["terminal"].dtype == bool
-    assert_matches_spec(batch["obs"], lead=(b, max_steps + 1))
+    np.testing.assert_array_equal(batch.length, lengths)
+    assert batch.length.dtype == np.int32
+    np.testing.assert_array_equal(batch.terminal, [not t for t in truncs])
+    assert batch.terminal.dtype == bool
+    assert_matches_spec(batch.obs, lead=(b, max_steps + 1))
     for name, dtype in protocol.STEP_ARRAYS.items():
-        assert batch[name].shape == (b, max_steps) and batch[name].dtype.str == dtype
+        assert getattr(batch, name).shape == (b, max_steps) and getattr(batch, name).dtype.str == dtype
     for i, ep in enumerate(episodes):
         n = lengths[i]
         for name in protocol.STEP_ARRAYS:
             for t in range(max_steps):
                 want = ep.steps[name][t] if t < n else 0
-                assert batch[name][i, t] == want, (name, i, t)
-        for name, arr in batch["obs"].items():
+                assert getattr(batch, name)[i, t] == want, (name, i, t)
+        for name, arr in batch.obs.items():
             for t in range(max_steps + 1):
                 if t <= n:  # the final observation (row n) is kept for bootstrapping
                     np.testing.assert_array_equal(arr[i, t], ep.obs[name][t])
@@ -355,11 +355,11 @@ def test_collate_of_validated_wire_episodes():
         protocol.parse(wire.encode(msg)), featurize.feature_spec(CFG), 4, 10, vocab_size=CFG.vocab_size
     )
     batch = collate(valid, 4)
-    np.testing.assert_array_equal(batch["length"], [3, 3])
-    np.testing.assert_array_equal(batch["terminal"], [True, False])
-    np.testing.assert_array_equal(batch["reward"][:, :3], np.stack([e.steps["reward"] for e in eps]))
-    assert (batch["reward"][:, 3] == 0).all()
-    batch["reward"][0, 0] = 123.0  # the batch owns its memory (validated arrays are read-only views)
+    np.testing.assert_array_equal(batch.length, [3, 3])
+    np.testing.assert_array_equal(batch.terminal, [True, False])
+    np.testing.assert_array_equal(batch.reward[:, :3], np.stack([e.steps["reward"] for e in eps]))
+    assert (batch.reward[:, 3] == 0).all()
+    batch.reward[0, 0] = 123.0  # the batch owns its memory (validated arrays are read-only views)
     assert valid[0].steps["reward"][0] != 123.0
 
 

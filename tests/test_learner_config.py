@@ -1,24 +1,143 @@
-"""Learner defaults that depend on the run: whether demonstrations are used, and the entropy bonus."""
+"""LearnerConfig: defaults that depend on the run, every value checked where it is defined (naming its
+flag), and flags and stored layout unchanged by the grouping of its settings."""
 
 from __future__ import annotations
 
+import dataclasses
+import json
 from pathlib import Path
 
-from learner.config import LearnerConfig
+import pytest
+import tyro
+
+from learner.config import (
+    GROUPS,
+    ImitationConfig,
+    LearnerConfig,
+    LocalActorsConfig,
+    LossSettings,
+    ReplayConfig,
+    flat_dict,
+)
+from tests.conftest import one_line
 
 
 def test_demonstrations_are_used_when_a_warm_up_or_prefill_can_get_them():
     assert LearnerConfig().uses_demonstrations()  # SimPhone writes oracle demonstrations at start-up
-    assert not LearnerConfig(env="standin").uses_demonstrations()  # no oracle demonstrations there
-    assert LearnerConfig(env="standin", demos=Path("d.msgpack")).uses_demonstrations()
-    assert not LearnerConfig(warmup_demos=0).uses_demonstrations()
-    assert not LearnerConfig(warmup_updates=0, prefill_demos=False, demo_update_every=0).uses_demonstrations()
-    assert LearnerConfig(warmup_updates=0).uses_demonstrations()  # prefill alone
-    assert LearnerConfig(warmup_updates=0, prefill_demos=False, demo_update_every=4).uses_demonstrations()
+    assert not LearnerConfig(
+        local=LocalActorsConfig(env="standin")
+    ).uses_demonstrations()  # no oracle demonstrations there
+    assert LearnerConfig(
+        local=LocalActorsConfig(env="standin"), imitation=ImitationConfig(demos=Path("d.msgpack"))
+    ).uses_demonstrations()
+    assert not LearnerConfig(imitation=ImitationConfig(warmup_demos=0)).uses_demonstrations()
+    assert not LearnerConfig(
+        imitation=ImitationConfig(warmup_updates=0, prefill_demos=False, demo_update_every=0)
+    ).uses_demonstrations()
+    assert LearnerConfig(imitation=ImitationConfig(warmup_updates=0)).uses_demonstrations()  # prefill alone
+    assert LearnerConfig(
+        imitation=ImitationConfig(warmup_updates=0, prefill_demos=False, demo_update_every=4)
+    ).uses_demonstrations()
 
 
 def test_entropy_default_explores_from_scratch_and_keeps_imitation():
-    assert LearnerConfig(env="standin").entropy() == 0.01
+    assert LearnerConfig(local=LocalActorsConfig(env="standin")).entropy() == 0.01
     assert LearnerConfig().entropy() == 0.001
-    assert LearnerConfig(entropy_coef=0.0).entropy() == 0.0  # an explicit value always wins
-    assert LearnerConfig(env="standin", entropy_coef=0.2).entropy() == 0.2
+    assert (
+        LearnerConfig(loss=LossSettings(entropy_coef=0.0)).entropy() == 0.0
+    )  # an explicit value always wins
+    assert (
+        LearnerConfig(local=LocalActorsConfig(env="standin"), loss=LossSettings(entropy_coef=0.2)).entropy()
+        == 0.2
+    )
+
+
+# ---- every config checks itself, naming the flag ---------------------------------------------------
+@pytest.mark.parametrize(
+    ("args", "says"),
+    [
+        (["--word-rename-rate", "1.5"], "--word-rename-rate must be in [0, 1], got 1.5"),
+        (["--typed-word-rename-rate", "-0.1"], "--typed-word-rename-rate must be in [0, 1], got -0.1"),
+        (["--stop-at-success", "2"], "--stop-at-success must be in [0, 1], got 2.0"),
+        (["--actor-credit", "0"], "--actor-credit must be at least 1, got 0"),
+        (["--insert-slack", "-1"], "--insert-slack must be >= 0, got -1"),
+        (["--sync-round-timeout", "0"], "--sync-round-timeout must be positive, got 0.0"),
+        (["--demo-update-every", "-1"], "--demo-update-every must be >= 0, got -1"),
+        (["--instruction-filter", "0.8", "0.2"], "--instruction-filter needs 0 <= LOW <= HIGH <= 1"),
+        (
+            ["--mode", "sync", "--num-processes", "2", "--coordinator", "h:1"],
+            "--mode sync runs on one learner",
+        ),
+        (["--num-processes", "2"], "--num-processes > 1 needs --coordinator"),
+        (["--process-id", "1"], "--process-id must be in [0, 1), got 1"),
+        (["--curve-secret-key", "k.key_secret"], "--curve-secret-key and --curve-authorized go together"),
+        (["--bind", "0.0.0.0"], "--bind 0.0.0.0 exposes the learner beyond this machine"),
+        (["--alpha", "-1"], "--alpha must be >= 0, got -1.0"),
+        (["--beta-start", "1.5"], "--beta-start must be in [0, 1], got 1.5"),
+        (["--samples-per-insert", "0"], "--samples-per-insert must be positive, got 0.0"),
+        (["--replay-capacity", "0"], "--replay-capacity must be at least 1, got 0"),
+        (["--priority-weights", "0", "0", "0"], "--priority-weights must be >= 0 and not all 0"),
+        (["--gamma", "1.5"], "--gamma must be in [0, 1], got 1.5"),
+        (["--lambda_", "-1"], "--lambda_ must be in [0, 1], got -1.0"),
+        (["--rho-clip", "0"], "--rho-clip must be positive, got 0.0"),
+        (["--learning-rate", "-1"], "--learning-rate must be >= 0, got -1.0"),
+        (["--max-grad-norm", "0"], "--max-grad-norm must be positive, got 0.0"),
+        (["--lr-final-fraction", "2"], "--lr-final-fraction must be in [0, 1], got 2.0"),
+        (["--log-every", "0"], "--log-every must be positive, got 0.0"),
+        (["--batch-size", "0"], "--batch-size must be at least 1, got 0"),
+        (["--publish-every", "0"], "--publish-every must be at least 1, got 0"),
+        (["--envs-per-actor", "0"], "--envs-per-actor must be at least 1, got 0"),
+        (["--ingest-port", "70000"], "--ingest-port must be in [0, 65535]"),
+        (["--mesh.model", "0"], "--mesh.model must be >= 1, got 0"),
+        (["--emulator.hang-prob", "2"], "--emulator.hang-prob must be a probability in [0, 1], got 2.0"),
+    ],
+)
+def test_bad_flags_are_refused_naming_the_flag(args, says, capsys):
+    with pytest.raises(SystemExit) as e:
+        tyro.cli(LearnerConfig, args=args)
+    assert e.value.code == 2
+    assert says in one_line(capsys.readouterr().err)
+
+
+def test_configs_built_in_code_check_themselves_too():
+    with pytest.raises(ValueError, match="--alpha must be >= 0"):
+        ReplayConfig(alpha=-0.5)
+    with pytest.raises(ValueError, match="--actor-credit must be at least 1"):
+        dataclasses.replace(LearnerConfig().transport, actor_credit=0)
+    with pytest.raises(ValueError, match="--max-updates must be >= 0"):
+        LearnerConfig(max_updates=-1)
+
+
+def test_grouped_settings_keep_their_flags_and_their_stored_layout():
+    """Grouping LearnerConfig changed neither a flag nor config.json / the checkpoints' stored config:
+    every setting is still `--field-name` and a top-level key (model, mesh, emulator stay nested)."""
+    flat = flat_dict(LearnerConfig())
+    nested = {"model", "mesh", "emulator"}
+    assert nested <= set(flat) and not set(GROUPS) & set(flat)
+    assert len(flat) == 65  # as many settings as before the grouping
+    flags = [
+        f"--{name}" if name == "lambda_" else "--" + name.replace("_", "-") for name in set(flat) - nested
+    ]
+    values = {"--bind": "localhost", "--lambda_": "0.5", "--demos": "d.msgpack", "--coordinator": "h:1"}
+    for flag in flags:
+        field = flag.lstrip("-").replace("-", "_")
+        default = flat[field]
+        if isinstance(default, bool):
+            args = [flag] if not default else ["--no-" + flag[2:]]
+        elif flag in values:
+            args = [flag, values[flag]]
+        elif field == "priority_weights":
+            args = [flag, "1", "1", "1"]
+        elif field in ("instruction_filter",):
+            args = [flag, "0.1", "0.9"]
+        elif field in ("curve_secret_key", "curve_authorized"):
+            args = ["--curve-secret-key", "k", "--curve-authorized", "a"]
+        else:
+            args = [flag, str(default) if default is not None else "1"]
+        cfg = tyro.cli(LearnerConfig, args=args)
+        assert field in flat_dict(cfg), flag
+    saved = flat_dict(
+        tyro.cli(LearnerConfig, args=["--alpha", "0.3", "--learning-rate", "0.01", "--bind", "localhost"])
+    )
+    assert saved["alpha"] == 0.3 and saved["learning_rate"] == 0.01 and saved["bind"] == "localhost"
+    assert json.loads(json.dumps(saved)) == saved  # plain JSON (paths as strings)

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import ACTOR_ENV, ROOT
+from tests.conftest import ACTOR_ENV, ROOT, one_line
 
 
 def actor_children(learner_pid: int) -> list[int]:
@@ -98,7 +98,7 @@ def test_impossible_settings_are_refused_clearly(tmp_path, args, says):
     cmd = [sys.executable, "-m", "learner", "--run-dir", str(tmp_path), "--ingest-port", "0", *args]
     done = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, env=ACTOR_ENV, timeout=120)
     assert done.returncode != 0
-    assert says in done.stderr, done.stderr
+    assert says in one_line(done.stderr), done.stderr
     assert not (tmp_path / "endpoints.json").exists()  # refused before binding anything
 
 
@@ -113,5 +113,5 @@ def test_impossible_settings_are_refused_clearly(tmp_path, args, says):
 def test_impossible_actor_settings_are_refused_clearly(args, says):
     cmd = [sys.executable, "-m", "actors", "--ingest-port", "1", *args]
     done = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, env=ACTOR_ENV, timeout=120)
-    assert done.returncode != 0 and says in done.stderr, done.stderr
+    assert done.returncode != 0 and says in one_line(done.stderr), done.stderr
     assert "no answer from the learner" not in done.stdout  # refused before trying to connect

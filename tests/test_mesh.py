@@ -109,7 +109,7 @@ def test_bad_shapes_fail_clearly(checks):
     assert "model axis 3 does not divide the 8" in errors["model3"]
     assert "does not divide" in errors["data16"]
     assert "does not divide" in errors["data4_model4"]
-    assert "param_sharding must be one of" in errors["bad_mode"]
+    assert "--mesh.param-sharding must be one of" in errors["bad_mode"]
     assert "batch size 6 is not divisible by the mesh's 'data' axis (4" in errors["batch6_on_data4"]
 
 
@@ -142,9 +142,9 @@ def test_large_preset_is_over_100m_and_splits_over_model():
 
 
 def test_mesh_config_validates():
-    with pytest.raises(ValueError, match="param_sharding"):
+    with pytest.raises(ValueError, match=r"--mesh\.param-sharding"):
         M.MeshConfig(param_sharding="tensor")
-    with pytest.raises(ValueError, match="model axis"):
+    with pytest.raises(ValueError, match=r"--mesh\.model must be >= 1"):
         M.MeshConfig(model=0)
-    with pytest.raises(ValueError, match="data axis"):
+    with pytest.raises(ValueError, match=r"--mesh\.data must be >= 1 or -1"):
         M.MeshConfig(data=0)

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 from tensorboardX.proto import event_pb2
 
-from learner.config import LearnerConfig
+from learner.config import DashboardConfig, LearnerConfig
 from learner.tensorboard import Dashboards, flatten, require_wandb
 
 
@@ -95,5 +95,5 @@ def test_wandb_project_without_wandb_stops_at_start_up(monkeypatch, tmp_path):
     monkeypatch.setitem(sys.modules, "wandb", None)  # `import wandb` fails even where it is installed
     assert require_wandb("") is None  # off: never imported
     with pytest.raises(SystemExit, match=r"pip install wandb.*pip install -e '\.\[wandb\]'"):
-        run(LearnerConfig(run_dir=tmp_path / "run", wandb_project="phone-rl"))
+        run(LearnerConfig(run_dir=tmp_path / "run", dashboards=DashboardConfig(wandb_project="phone-rl")))
     assert not (tmp_path / "run").exists()  # stopped before anything started

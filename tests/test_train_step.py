@@ -22,11 +22,11 @@ def _setup(reward: float):
     opt_state = optimizer.init(params)
     step = make_train_step(graphdef, optimizer, LossConfig())
     batch = example_batch(featurize.feature_spec(CFG), 4, 3)
-    batch["obs"]["instr_mask"][..., 0] = True
-    batch["obs"]["elem_mask"][..., 0] = True
-    batch["length"][:] = 3
-    batch["reward"][:, -1] = reward
-    batch["behavior_logp"][:] = -1.0
+    batch.obs["instr_mask"][..., 0] = True
+    batch.obs["elem_mask"][..., 0] = True
+    batch.length[:] = 3
+    batch.reward[:, -1] = reward
+    batch.behavior_logp[:] = -1.0
     before = jax.tree.map(np.array, model.params_to_flat(params))
     return step, params, opt_state, batch, before
 
@@ -79,17 +79,17 @@ def test_learning_rate_follows_the_cosine_schedule():
 
 
 def test_the_instruction_filter_reaches_the_a_ride_actor_loss():
-    """batch["keep"] (collate's default: all True) is the instruction-level filter of aride_loss."""
+    """batch.keep (collate's default: all True) is the instruction-level filter of aride_loss."""
     graphdef, params = model.create(CFG, 0)
     optimizer = make_optimizer(1e-2, 1.0)
     step = make_train_step(graphdef, optimizer, ARideConfig())
     _, _, _, batch, _ = _setup(1.0)
     kept = step(jax.tree.map(jnp.copy, params), optimizer.init(params), batch)[2]
     assert float(kept["actor_step_fraction"]) == 1.0 and float(kept["policy_loss"]) != 0.0
-    batch["keep"][:] = [True, False, False, False]
+    batch.keep[:] = [True, False, False, False]
     one = step(jax.tree.map(jnp.copy, params), optimizer.init(params), batch)[2]
     assert float(one["actor_step_fraction"]) == 0.25
-    batch["keep"][:] = False
+    batch.keep[:] = False
     none = step(jax.tree.map(jnp.copy, params), optimizer.init(params), batch)[2]
     assert float(none["actor_step_fraction"]) == 0.0 and float(none["policy_loss"]) == 0.0
     assert float(none["value_loss"]) == float(kept["value_loss"])  # the critic still learns from all

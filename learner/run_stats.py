@@ -1,0 +1,62 @@
+"""What a learner run has seen and spent, for metrics.jsonl, the dashboards and --stop-at-success."""
+
+from __future__ import annotations
+
+from collections import Counter, deque
+
+import numpy as np
+
+from common.protocol import Episode
+from learner.instruction_critic import InstructionCritic
+
+SUCCESS_WINDOW = 100
+"""Episodes in the training success rate (success_rate in metrics, and --stop-at-success)."""
+
+
+class RunStats:
+    """Counters of episodes and steps, recent success (overall and per task), the last batch's policy
+    lag, the last update's loss metrics, and seconds spent per stage (compile, ingest, train, publish,
+    checkpoint; cleanba-style, so every record says where the time went)."""
+
+    def __init__(self):
+        self.totals: Counter[str] = Counter()
+        """episodes, env_steps, behavior_version_max, imitation_updates, skipped_nonfinite,
+        instruction_filtered, episodes_at_rl_start (set once reinforcement learning starts)."""
+        self.recent_success: deque[bool] = deque(maxlen=SUCCESS_WINDOW)
+        self.tasks = InstructionCritic(window=SUCCESS_WINDOW)
+        """Recent success per task: the success_by_task metric and the instruction-level filter."""
+        self.lag_mean = 0.0
+        self.lag_max = 0
+        self.train_metrics: dict[str, float] = {}
+        self.timing: Counter[str] = Counter()
+        """Seconds per stage: compile_s, ingest_s, train_s, publish_s, checkpoint_s."""
+
+    def on_episodes(self, episodes: list[Episode]) -> None:
+        for ep in episodes:
+            self.recent_success.append(ep.success)
+            self.tasks.observe(ep.task, ep.success)
+            self.totals["episodes"] += 1
+            self.totals["env_steps"] += ep.length
+            self.totals["behavior_version_max"] = max(
+                self.totals["behavior_version_max"], int(ep.steps["policy_version"].max())
+            )
+
+    def mark_rl_start(self) -> None:
+        """Reinforcement learning starts now (after any warm-up): later success counts for the target."""
+        if "episodes_at_rl_start" not in self.totals:
+            self.totals["episodes_at_rl_start"] = self.totals["episodes"]
+
+    def success_rate(self) -> float:
+        return float(np.mean(self.recent_success)) if self.recent_success else 0.0
+
+    def success_reached(self, target: float) -> bool:
+        """The last SUCCESS_WINDOW episodes all came after the warm-up and succeeded at least `target`."""
+        if "episodes_at_rl_start" not in self.totals:  # still warming up
+            return False
+        recent = self.totals["episodes"] - self.totals["episodes_at_rl_start"]
+        return recent >= SUCCESS_WINDOW and self.success_rate() >= target
+
+    def observe_lag(self, version: int, policy_versions: np.ndarray, mask: np.ndarray) -> None:
+        """The policy lag (newest version minus the one that acted) of a batch's real steps."""
+        lags = (version - policy_versions)[mask]
+        self.lag_mean, self.lag_max = float(np.mean(lags)), int(np.max(lags))

@@ -1,0 +1,111 @@
+"""When the learner imitates, trains, publishes and stops: every rule of the loop's timing in one place."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+from learner.config import LearnerConfig
+
+
+@dataclass
+class Schedule:
+    """The rules, each a method, so the loop only asks:
+
+    - **Imitation** (`imitates`): with demonstrations, updates 0 .. warmup_updates - 1 are behavior
+      cloning (the warm-up); after it, every demo_update_every-th update is one more. An imitation
+      update needs no replay data, so it is always ready.
+    - **Sample side of the rate limit** (`can_train`): a reinforcement-learning update needs a full local
+      batch in the replay, and may not sample more than samples_per_insert times per inserted episode on
+      average (Reverb's SampleToInsertRatio); it waits for new episodes otherwise.
+    - **Insert side** (`accepts_inserts`, the ingest's gate, --insert-slack): actors get no new credit
+      while stored episodes run more than the slack ahead of what reinforcement learning has used, unless
+      it could train right now (closing then would wedge it: it needs data to catch up).
+    - **Async** (DistRL): train whenever ready; publish a new version every publish_every updates.
+    - **Sync** (DigiRL's loop): a round ends when every connected environment has delivered its episode
+      (`on_episodes`, `round_complete`), or sync_round_timeout seconds after the round's first episode
+      (counted in `rounds_timed_out`). The learner then trains on it as long as the rate limit allows and
+      publishes, which starts the next round (`next_round`). The warm-up happens before the first round ends.
+    - **Stop** (`stop_reason`): the time limit, the update limit, or the success target (--stop-at-success:
+      the last 100 episodes all came after the warm-up and succeed often enough).
+    """
+
+    cfg: LearnerConfig
+    local_batch: int
+    """This process's rows of a batch: what one update samples from its replay."""
+    has_demos: bool
+    """Demonstrations were loaded (the warm-up and imitation updates need them)."""
+    start: float = 0.0
+    """When the run started (time.monotonic()), for the time limit."""
+    rl_updates: int = 0
+    """Reinforcement-learning updates made by this run (not restored: the rate limit counts this run's
+    inserts)."""
+    rounds: int = 0
+    """--mode sync: rounds completed."""
+    rounds_timed_out: int = 0
+    """--mode sync: rounds ended by sync_round_timeout rather than by every environment delivering."""
+    _round_episodes: int = 0
+    _round_first_at: float = 0.0
+    _round_late: bool = False
+
+    @property
+    def sync(self) -> bool:
+        return self.cfg.mode == "sync"
+
+    def in_warmup(self, update: int) -> bool:
+        return self.has_demos and update < self.cfg.imitation.warmup_updates
+
+    def imitates(self, update: int) -> bool:
+        """Whether update number `update` (0-based) is behavior cloning on the demonstrations."""
+        every = self.cfg.imitation.demo_update_every
+        after = update - self.cfg.imitation.warmup_updates
+        return self.in_warmup(update) or bool(self.has_demos and every and after % every == every - 1)
+
+    def can_train(self, stored: int, inserted: int) -> bool:
+        """The sample side: `stored` episodes in the replay now, `inserted` ever added to it."""
+        spi = self.cfg.buffer.samples_per_insert
+        return stored >= self.local_batch and (self.rl_updates + 1) * self.local_batch <= spi * inserted
+
+    def accepts_inserts(self, received: int, stored: int, inserted: int) -> bool:
+        """The insert side: False while the `received` episodes run more than --insert-slack ahead of what
+        reinforcement-learning updates have used, as long as it could train right now."""
+        used = self.rl_updates * self.local_batch / self.cfg.buffer.samples_per_insert
+        return received - used <= self.cfg.buffer.insert_slack or not self.can_train(stored, inserted)
+
+    def publishes_after(self, update: int) -> bool:
+        """Async: a new version after every publish_every-th update (sync publishes at round ends)."""
+        return not self.sync and update % self.cfg.publish_every == 0
+
+    def on_episodes(self, count: int) -> None:
+        """--mode sync: `count` episodes of the current round arrived."""
+        if self.sync and count:
+            self._round_episodes += count
+            self._round_first_at = self._round_first_at or time.monotonic()
+
+    def round_complete(self, connected_envs: int) -> bool:
+        """--mode sync: every connected environment has delivered its episode of this round, or the round
+        has waited sync_round_timeout seconds since its first episode."""
+        if not self._round_episodes:
+            return False
+        if self._round_episodes >= connected_envs:
+            return True
+        if time.monotonic() - self._round_first_at >= self.cfg.sync_round_timeout:
+            self.rounds_timed_out += not self._round_late
+            self._round_late = True
+            return True
+        return False
+
+    def next_round(self) -> None:
+        """--mode sync: the round's data is used up and a new version is out: the next round starts."""
+        self.rounds += 1
+        self._round_episodes, self._round_first_at, self._round_late = 0, 0.0, False
+
+    def stop_reason(self, update: int, success_reached: bool) -> str:
+        """Why the run should stop now ("" to go on); `success_reached` is RunStats.success_reached's answer."""
+        if self.cfg.stop_at_success and success_reached:
+            return "success target"
+        if self.cfg.max_updates and update >= self.cfg.max_updates:
+            return "update limit"
+        if self.cfg.time_limit and time.monotonic() - self.start >= self.cfg.time_limit:
+            return "time limit"
+        return ""

@@ -1,0 +1,182 @@
+"""The training state and the one way to change it: a jitted, sharded update on a Batch.
+
+Acme's learner is the model: one object holds what training changes (parameters and optimizer state on
+the device mesh, the update count, the policy version, the demonstrations' random stream) and offers
+`step`, `save` and `restore`; everything around it (the replay, the sockets, the schedule) lives
+elsewhere and hands it batches.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import time
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+import jax
+import numpy as np
+
+from common import featurize, model
+from learner import multihost
+from learner.algorithm import LossConfig
+from learner.aride import ARideConfig
+from learner.batch import Batch, example_batch
+from learner.checkpoint import Checkpointer, TrainState, rng_state, set_rng_state
+from learner.config import LearnerConfig
+from learner.mesh import (
+    batch_sharding,
+    init_opt_state,
+    make_sharded_train_step,
+    named_shardings,
+    param_specs,
+)
+from learner.train_step import make_optimizer
+
+
+@dataclasses.dataclass(frozen=True)
+class StepResult:
+    """What one update reports: scalar metrics, and this process's rows of the new replay priorities."""
+
+    metrics: dict[str, float]
+    """Loss parts, gradient and parameter norms (floats; learner.aride / learner.algorithm name them)."""
+    priorities: dict[str, np.ndarray]
+    """priority_delta, priority_rho, priority_rho_clipped, priority_nll [local batch] (empty after an
+    imitation update or with --algorithm a2c)."""
+    skipped: bool
+    """The loss or gradient was not finite: the parameters were left as they were."""
+
+
+class Trainer:
+    """Parameters, optimizer state, update count and policy version of one learner process.
+
+    `step(batch, imitation)` applies one update (A-RIDE or the plain actor-critic, or behavior cloning
+    for an imitation update) and counts it; `new_version()` numbers a snapshot to publish; `save` and
+    `restore` write and read the state with a Checkpointer. Parameters are placed on the mesh per
+    --mesh.param-sharding; the batch is split over 'data', and with several processes each contributes
+    `rows` of it.
+    """
+
+    def __init__(self, cfg: LearnerConfig, mesh: jax.sharding.Mesh, rank: int):
+        self.cfg = cfg
+        self.mesh = mesh
+        self.rank = rank
+        self.rows = multihost.local_rows(batch_sharding(mesh), cfg.batch_size)
+        """This process's rows of every global batch."""
+        self.local_batch = self.rows.stop - self.rows.start
+        graphdef, host_params = model.create(cfg.model, cfg.seed)
+        specs = param_specs(host_params, mesh, cfg.mesh.param_sharding)
+        self.params = multihost.place(host_params, named_shardings(specs, mesh))
+        opt = cfg.optimizer
+        optimizer = make_optimizer(
+            opt.learning_rate,
+            opt.max_grad_norm,
+            decay_updates=opt.lr_decay_updates,
+            final_fraction=opt.lr_final_fraction,
+        )
+        self.opt_state = init_opt_state(optimizer, self.params, mesh, specs)
+        loss_cfg = loss_config(cfg)
+        self._rl_step = make_sharded_train_step(graphdef, optimizer, loss_cfg, mesh, specs)
+        self._imitation_step = make_sharded_train_step(
+            graphdef, optimizer, loss_cfg, mesh, specs, warmup=True
+        )
+        self.update = 0
+        """Updates applied (imitation ones included); checkpoints are numbered by it."""
+        self.version = 0
+        """The newest published policy version."""
+        # Process I's demonstration draws: process 0's stream jumped I times (so a restored state stays right).
+        self.demo_rng = _jumped(np.random.default_rng(cfg.seed), rank)
+
+    def compile(self, imitation: bool, serve: Callable[[], None]) -> float:
+        """Compile the update(s) ahead of data on a helper thread, calling `serve()` meanwhile (the learner
+        keeps answering handshakes and taking in data: a first compile can take longer than an actor
+        waits); the imitation update only when it will be used. Returns the seconds it took."""
+        t0 = time.monotonic()
+        spec = featurize.feature_spec(self.cfg.model)
+        sharding = batch_sharding(self.mesh)
+        example = jax.tree.map(
+            lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=sharding),
+            example_batch(spec, self.cfg.batch_size, self.cfg.max_steps),
+        )
+
+        def compile_both():
+            rl = self._rl_step.lower(self.params, self.opt_state, example).compile()
+            bc = (
+                self._imitation_step.lower(self.params, self.opt_state, example).compile()
+                if imitation
+                else None
+            )
+            return rl, bc
+
+        with ThreadPoolExecutor(1, thread_name_prefix="compile") as pool:
+            compiling = pool.submit(compile_both)
+            while not compiling.done():
+                serve()
+            self._rl_step, self._imitation_step = compiling.result()
+        return time.monotonic() - t0
+
+    def step(self, batch: Batch, imitation: bool) -> StepResult:
+        """One update on this process's rows of a batch (every process calls it together)."""
+        batch = multihost.global_batch(batch, batch_sharding(self.mesh), self.cfg.batch_size)
+        step_fn = self._imitation_step if imitation else self._rl_step
+        self.params, self.opt_state, metrics = step_fn(self.params, self.opt_state, batch)
+        metrics = jax.device_get(multihost.host_copy(metrics))
+        priorities = {k: metrics.pop(k)[self.rows] for k in list(metrics) if k.startswith("priority_")}
+        skipped = bool(metrics.pop("skipped_nonfinite"))
+        self.update += 1
+        return StepResult({k: float(v) for k, v in metrics.items()}, priorities, skipped)
+
+    def new_version(self) -> int:
+        """The next policy version (the caller publishes `snapshot()` under it)."""
+        self.version += 1
+        return self.version
+
+    def snapshot(self) -> dict[str, np.ndarray]:
+        """The parameters as the host copy actors receive (gathered from every device and process)."""
+        return model.params_to_flat(multihost.host_copy(self.params))
+
+    def digest(self) -> str:
+        """A short hash of the snapshot: equal digests mean bit-identical parameters (across processes, runs)."""
+        h = hashlib.sha256()
+        flat = self.snapshot()
+        for name in sorted(flat):
+            h.update(name.encode())
+            h.update(np.ascontiguousarray(flat[name]).tobytes())
+        return h.hexdigest()[:16]
+
+    def save(self, checkpointer: Checkpointer, config: dict[str, Any]) -> None:
+        state = TrainState(self.params, self.opt_state, self.update, self.version, rng_state(self.demo_rng))
+        checkpointer.save(state, config)
+
+    def restore(self, checkpointer: Checkpointer) -> None:
+        """Continue from the newest checkpoint (ValueError naming it if it does not fit this model)."""
+        template = TrainState(self.params, self.opt_state, 0, 0, rng_state(self.demo_rng))
+        state = checkpointer.restore(template, self.cfg.model.to_dict())
+        self.params, self.opt_state = state.params, state.opt_state
+        self.update, self.version = state.update, state.policy_version
+        set_rng_state(self.demo_rng, state.rng)
+        self.demo_rng = _jumped(self.demo_rng, self.rank)
+
+
+def loss_config(cfg: LearnerConfig) -> ARideConfig | LossConfig:
+    """The loss --algorithm names, with its settings."""
+    loss = cfg.loss
+    if loss.algorithm == "aride":
+        return ARideConfig(
+            gamma=loss.gamma,
+            lambda_=loss.lambda_,
+            rho_clip=loss.rho_clip,
+            c_clip=loss.rho_clip,
+            pg_rho_clip=loss.rho_clip,
+            entropy_coef=cfg.entropy(),
+            value_coef=loss.value_coef,
+            advantage_threshold=loss.advantage_threshold,
+            binarize_advantage=loss.binarize_advantage,
+        )
+    return LossConfig(loss.gamma, loss.value_coef, cfg.entropy(), loss.rho_clip)  # "a2c"
+
+
+def _jumped(rng: np.random.Generator, times: int) -> np.random.Generator:
+    """`rng`'s stream advanced by `times` x 2^127 draws (PCG64 jumps): disjoint streams per process."""
+    return np.random.Generator(rng.bit_generator.jumped(times)) if times else rng
