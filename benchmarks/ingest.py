@@ -131,7 +131,7 @@ def traj_head(actor_id: int) -> bytes:
 
 
 def traj_bytes(head: bytes, seq: int, blob: bytes) -> bytes:
-    """The same bytes as wire.encode(protocol.message(TRAJ, actor_id=..., seq=seq, episodes=...))."""
+    """The same bytes as wire.encode(protocol.Traj(actor_id, seq, episodes).to_msg())."""
     return b"".join((head, _PACK.pack(seq), _EPISODES_KEY, blob))
 
 
@@ -184,10 +184,8 @@ def _actor_worker(endpoint: str, first: int, count: int, mode: str) -> None:
             sock.setsockopt(zmq.LINGER, 0)
             sock.connect(endpoint)
             c = _Conn(sock, f"bench-{os.getpid()}-{i}-{os.urandom(4).hex()}")
-            hello = protocol.message(
-                protocol.HELLO, actor=f"bench-{i}", num_envs=1, instance=c.instance, first_unacked=1
-            )
-            sock.send(wire.encode(hello))
+            hello = protocol.Hello(f"bench-{i}", num_envs=1, instance=c.instance, first_unacked=1)
+            sock.send(wire.encode(hello.to_msg()))
             poller.register(sock, zmq.POLLIN)
             conns.append(c)
         by_sock = {c.sock: c for c in conns}
@@ -288,24 +286,26 @@ class _Worker:
 def _on_reply(c: _Conn, msg: dict, stats: _ActorStats, per_batch: int) -> None:
     kind = msg["kind"]
     if kind == protocol.WELCOME:
-        c.actor_id, c.grant, c.welcomed = msg["actor_id"], msg["grant"], True
+        welcome = protocol.Welcome.from_msg(msg)
+        c.actor_id, c.grant, c.welcomed = welcome.actor_id, welcome.grant, True
         c.head = traj_head(c.actor_id)
     elif kind == protocol.ACK:
-        seq = msg["seq"]
-        c.grant = max(c.grant, msg["grant"])
+        ack = protocol.Ack.from_msg(msg)
+        c.grant = max(c.grant, ack.grant)
         c.answered += 1
         stats.acked += 1
-        stats.acked_episodes += msg["accepted"]
-        if seq <= c.last_acked or msg["duplicate"]:
+        stats.acked_episodes += ack.accepted
+        if ack.seq <= c.last_acked or ack.duplicate:
             stats.ack_duplicates += 1
-        elif seq != c.last_acked + 1:
+        elif ack.seq != c.last_acked + 1:
             stats.ack_out_of_order += 1
-        c.last_acked = max(c.last_acked, seq)
+        c.last_acked = max(c.last_acked, ack.seq)
     elif kind == protocol.HEARTBEAT:
-        c.grant = max(c.grant, msg["grant"])
+        c.grant = max(c.grant, protocol.Heartbeat.from_msg(msg).grant)
     elif kind == protocol.ERROR:
-        stats.errors[msg["code"]] += 1
-        if "seq" in msg:  # a refused TRAJ: answered, its episodes not stored
+        error = protocol.Error.from_msg(msg)
+        stats.errors[error.code] += 1
+        if error.seq is not None:  # a refused TRAJ: answered, its episodes not stored
             c.answered += 1
             stats.refused += 1
             stats.refused_episodes += per_batch

@@ -32,6 +32,15 @@ class _Stream:
 
 
 class DeliveryLedger:
+    """Per actor `instance`: which TRAJ seqs are stored (a watermark plus the few stored above it) and
+    the grant handed out, least recently used first and bounded by `max_instances`.
+
+    The IngestServer asks it whether a batch is a duplicate (acknowledge again, store nothing) or
+    beyond the grant (`no_credit`), records a batch once it is in the replay, and asks for the grant
+    each ACK, WELCOME and HEARTBEAT carries. `state`/`load_state` save it with each checkpoint next to
+    the replay, so after a restart the two agree on what is stored; `join` reconciles an instance that
+    holds batches the restored ledger never saw."""
+
     def __init__(self, credit: int, max_instances: int = 100_000):
         if credit < 1:
             raise ValueError(f"credit must be at least 1, got {credit}")

@@ -1,7 +1,7 @@
 """The learner's two sockets: the ingest ROUTER (handshakes, trajectories, acks, parameter requests,
-heartbeats both ways) and the params PUB (versioned snapshots). All socket work happens in `poll`, on
-the caller's thread. Delivery is acknowledged and deduplicated, and flow is credit-based
-(learner/delivery.py).
+heartbeats both ways) and the params PUB (versioned snapshots). All socket work happens on the caller's
+thread (`poll`, `publish`, `heartbeat`). Messages are parsed into common/protocol.py's dataclasses.
+Delivery is acknowledged and deduplicated, and flow is credit-based (learner/delivery.py).
 """
 
 from __future__ import annotations
@@ -16,6 +16,7 @@ import numpy as np
 import zmq
 
 from common import protocol, wire
+from common.config import ModelConfig
 from common.curve import CurveServer
 from common.protocol import Episode, ProtocolError
 from common.sockets import bind_tcp
@@ -35,19 +36,41 @@ BIND_HINT = (
 
 @dataclass
 class ActorInfo:
+    """What the learner knows of one welcomed actor connection, from its HELLO to its expiry.
+
+    Held in `IngestServer.actors` under the `actor_id` its WELCOME gave it; every later message must
+    carry that id and come from the same ROUTER `identity` (a WELCOME is bound to its connection).
+    `last_seen` drives the expiry after `actor_timeout`; `instance` keys its batches in the delivery
+    ledger; `num_envs` sizes a sync round (`connected_envs`)."""
+
     actor_id: int
     identity: bytes
+    """The ROUTER routing id of the DEALER that sent HELLO: replies go there."""
     name: str
+    """Display name from HELLO (cut to protocol.MAX_TEXT characters)."""
     instance: str
     """The actor process's random id: its TRAJ seqs are numbered per instance, across reconnects."""
     num_envs: int
     last_seen: float
+    """time.monotonic() of its last message."""
     episodes: int = 0
+    """Episodes stored from this connection."""
     active: bool = False
     """Sent something after WELCOME; an abandoned handshake (the actor retried on a new socket) never is."""
 
 
 class IngestServer:
+    """The learner's end of the protocol (docs/PROTOCOL.md): the ingest ROUTER and the params PUB.
+
+    It binds both sockets in the constructor and does all socket work in `poll`, `publish` and
+    `heartbeat`, on the caller's thread (ZeroMQ sockets are not thread-safe). Each message is parsed into
+    its `common.protocol` dataclass and answered: HELLO registers an `ActorInfo` and gets a WELCOME,
+    TRAJ episodes are validated and handed to `on_episodes` (the replay) before their ACK, PARAM_REQ
+    gets the newest snapshot, HEARTBEAT gets one back. A refused message gets an ERROR and is counted in
+    `rejected` by code, so a malformed message costs that message, never the learner. Which batches are
+    stored and how far each actor may send lives in `ledger` (learner/delivery.py); `gate` is the
+    learner's rate limit on the grants it hands out."""
+
     def __init__(
         self,
         bind: str,
@@ -93,6 +116,9 @@ class IngestServer:
         self.params_port = bind_tcp(self.pub, bind, params_port, BIND_HINT)
         self.run_id = uuid.uuid4().hex[:12]
         self.welcome_fields = welcome_fields
+        """The run-wide WELCOME fields: `model` (a ModelConfig as a dict), `max_steps`, optionally `mode`."""
+        self._run_fields = {**welcome_fields, "model": ModelConfig.from_dict(welcome_fields["model"])}
+        protocol.Welcome("", 1, 0, 0, 0, heartbeat_every, **self._run_fields)  # a wrong key fails here, once
         self.feature_spec = feature_spec
         self.vocab_size = vocab_size
         self.max_steps = max_steps
@@ -167,12 +193,8 @@ class IngestServer:
                 self._send(actor.identity, self._beat(actor))
 
     def _beat(self, actor: ActorInfo) -> dict:
-        return protocol.message(
-            protocol.HEARTBEAT,
-            run_id=self.run_id,
-            policy_version=self.policy_version,
-            grant=self.ledger.grant(actor.instance, self.gate()),
-        )
+        grant = self.ledger.grant(actor.instance, self.gate())
+        return protocol.Heartbeat(self.run_id, self.policy_version, grant).to_msg()
 
     def connected_envs(self) -> int:
         """Environments of the actors connected now (from their HELLO): a sync round waits for this many."""
@@ -187,73 +209,61 @@ class IngestServer:
         return sum(a.active for a in self.actors.values())
 
     def _handle(self, identity: bytes, msg: dict) -> None:
+        """One parsed message, checked in the order of docs/PROTOCOL.md §7: HELLO on its own; for every
+        other kind the `actor_id` and its connection first, then the message's own fields."""
         kind = msg["kind"]
         if kind == protocol.HELLO:
-            self._hello(identity, msg)
+            self._hello(identity, protocol.Hello.from_msg(msg))
             return
-        actor = self._known_actor(identity, msg)
+        actor = self._known_actor(identity, protocol.actor_id_of(msg))
         actor.last_seen = time.monotonic()
         actor.active = True
         if kind == protocol.TRAJ:
-            seq = protocol.require(msg, "seq", int)
-            if self.ledger.is_duplicate(actor.instance, seq):  # stored before: acknowledge again only
-                self.duplicates += 1
-                accepted, duplicate = 0, True
-            else:
-                episodes = protocol.validate_episodes(
-                    msg, self.feature_spec, self.max_steps, self.policy_version, self.vocab_size
-                )
-                self.on_episodes(episodes)
-                self.ledger.record(actor.instance, seq)
-                actor.episodes += len(episodes)
-                accepted, duplicate = len(episodes), False
-            grant = self.ledger.grant(actor.instance, self.gate())
-            self._send(
-                identity,
-                protocol.message(protocol.ACK, seq=seq, accepted=accepted, duplicate=duplicate, grant=grant),
-            )
+            self._traj(identity, actor, protocol.Traj.from_msg(msg))
         elif kind == protocol.PARAM_REQ:
+            protocol.ParamReq.from_msg(msg)  # checked; the answer is the newest snapshot whatever it holds
             self._send_frames([identity, *self._params_frames])
         elif kind == protocol.HEARTBEAT:
+            protocol.ActorHeartbeat.from_msg(msg)
             self._send(identity, self._beat(actor))
         else:
             raise ProtocolError("unexpected_kind", f"{kind} is not something an actor sends")
 
-    def _hello(self, identity: bytes, msg: dict) -> None:
-        name = protocol.require(msg, "actor", str)[: protocol.MAX_TEXT]
-        num_envs = protocol.require(msg, "num_envs", int)
-        if num_envs < 1:
-            raise ProtocolError("bad_field", f"HELLO num_envs must be at least 1, got {num_envs}")
-        instance = protocol.require(msg, "instance", str)
-        if not 1 <= len(instance) <= protocol.MAX_INSTANCE:
-            raise ProtocolError(
-                "bad_field", f"HELLO instance must have 1 to {protocol.MAX_INSTANCE} characters"
-            )
-        first_unacked = protocol.require(msg, "first_unacked", int)
-        if first_unacked < 1:
-            raise ProtocolError("bad_field", f"HELLO first_unacked must be at least 1, got {first_unacked}")
-        for old_id in [i for i, a in self.actors.items() if a.instance == instance]:
+    def _traj(self, identity: bytes, actor: ActorInfo, traj: protocol.Traj) -> None:
+        """Store a new batch and ACK it; a batch stored before is acknowledged again, its episodes unchecked."""
+        if self.ledger.is_duplicate(actor.instance, traj.seq):
+            self.duplicates += 1
+            accepted, duplicate = 0, True
+        else:
+            episodes = traj.validate(self.feature_spec, self.max_steps, self.policy_version, self.vocab_size)
+            self.on_episodes(episodes)
+            self.ledger.record(actor.instance, traj.seq)
+            actor.episodes += len(episodes)
+            accepted, duplicate = len(episodes), False
+        grant = self.ledger.grant(actor.instance, self.gate())
+        self._send(identity, protocol.Ack(traj.seq, accepted, duplicate, grant).to_msg())
+
+    def _hello(self, identity: bytes, hello: protocol.Hello) -> None:
+        for old_id in [i for i, a in self.actors.items() if a.instance == hello.instance]:
             del self.actors[old_id]  # the same process on a new connection: its old id is void
-        acked_upto = self.ledger.join(instance, first_unacked)
+        acked_upto = self.ledger.join(hello.instance, hello.first_unacked)
         actor_id = self._next_actor_id
         self._next_actor_id += 1
-        self.actors[actor_id] = ActorInfo(actor_id, identity, name, instance, num_envs, time.monotonic())
-        self._send(
-            identity,
-            protocol.message(
-                protocol.WELCOME,
-                run_id=self.run_id,
-                actor_id=actor_id,
-                policy_version=self.policy_version,
-                acked_upto=acked_upto,
-                grant=self.ledger.grant(instance, self.gate()),
-                heartbeat_every=self.heartbeat_every,
-                **self.welcome_fields,
-            ),
+        self.actors[actor_id] = ActorInfo(
+            actor_id, identity, hello.actor, hello.instance, hello.num_envs, time.monotonic()
         )
+        welcome = protocol.Welcome(
+            run_id=self.run_id,
+            actor_id=actor_id,
+            policy_version=self.policy_version,
+            acked_upto=acked_upto,
+            grant=self.ledger.grant(hello.instance, self.gate()),
+            heartbeat_every=self.heartbeat_every,
+            **self._run_fields,
+        )
+        self._send(identity, welcome.to_msg())
 
-    def _known_actor(self, identity: bytes, msg: dict) -> ActorInfo:
-        actor_id = protocol.require(msg, "actor_id", int)
+    def _known_actor(self, identity: bytes, actor_id: int) -> ActorInfo:
         actor = self.actors.get(actor_id)
         if actor is None or actor.identity != identity:
             raise ProtocolError(

@@ -298,6 +298,8 @@ def test_worked_examples_of_the_protocol_document():
     fields = {"actor": "a1", "num_envs": 16, "instance": "i1", "first_unacked": 1}
     assert wire.encode(protocol.message(protocol.HELLO, **fields)) == hello
     assert protocol.parse(hello) == {"v": 2, "kind": "HELLO", **fields}
+    assert wire.encode(protocol.Hello(**fields).to_msg()) == hello  # the dataclass sends the same bytes
+    assert protocol.Hello.from_msg(protocol.parse(hello)) == protocol.Hello(**fields)
     x = np.array([[1, 2, 3], [4, 5, 6]], np.int32)
     ext_bytes = bytes.fromhex("c7 2d 01 03 3c6934 02 0200000000000000 0300000000000000")
     ext_bytes += b"".join(struct.pack("<i", i) for i in range(1, 7))
@@ -538,9 +540,9 @@ def test_parse_kind_of_another_type_is_unknown(kind):
     assert e.value.code == "unknown_kind"
 
 
-@pytest.mark.parametrize("v", [True, 1.0, [1]], ids=["bool", "float", "list"])
-def test_parse_version_must_be_the_integer_one(v):
-    """PROTOCOL.md 3.1/3.2: v is the int 1 and true/false are never integers (48dd261 let True and 1.0 in)."""
+@pytest.mark.parametrize("v", [True, 1.0, [1], 2.0, [2], 1], ids=["bool", "float", "list", "2.0", "[2]", "1"])
+def test_parse_version_must_be_the_integer_two(v):
+    """PROTOCOL.md 3.1/3.2: v is the int 2 and true/false are never integers (48dd261 let True and 1.0 in)."""
     with pytest.raises(ProtocolError) as e:
         protocol.parse(msgpack.packb({"v": v, "kind": "HELLO"}))
     assert e.value.code == "bad_version"

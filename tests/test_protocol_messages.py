@@ -1,0 +1,273 @@
+"""The message dataclasses of common/protocol.py: each parser refuses every bad field with the code the
+learner counts, and each `to_msg` is byte for byte what both sides sent before."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from common import featurize, protocol, wire
+from common.config import ModelConfig
+from common.protocol import ProtocolError
+from tests.test_fake_actor import make_episode
+from tests.test_fuzz_ingest import MODEL, Peer, RunningIngest
+
+CFG = ModelConfig(vocab_size=64, max_instruction_tokens=4, max_elements=5, max_element_tokens=2)
+
+
+def msg_of(kind: str, **fields) -> dict:
+    return protocol.parse(wire.encode(protocol.message(kind, **fields)))
+
+
+def refused(parser, msg: dict) -> str:
+    """The code `parser.from_msg` raises for `msg` (the test fails if it accepts it)."""
+    with pytest.raises(ProtocolError) as e:
+        parser.from_msg(msg)
+    return e.value.code
+
+
+# ---- every valid message: parsed back to itself, and the bytes both sides have always sent ----------------
+HELLO = protocol.Hello("box-1", 4, "i" * 32, 3, pid=4242)
+WELCOME = protocol.Welcome("0123456789ab", 7, 5, 2, 10, 1.0, CFG, 16, "sync")
+TRAJ = protocol.Traj(7, 3, ["anything: not checked until validate"])
+ACK = protocol.Ack(3, 2, False, 11)
+PARAM_REQ = protocol.ParamReq(7, -1)
+ACTOR_BEAT = protocol.ActorHeartbeat(7)
+BEAT = protocol.Heartbeat("0123456789ab", 5, 11)
+ERROR = protocol.Error("bad_array", "episode 0 reward ünïcode", seq=3)
+MESSAGES = [HELLO, WELCOME, TRAJ, ACK, PARAM_REQ, ACTOR_BEAT, BEAT, ERROR]
+
+
+@pytest.mark.parametrize("message", MESSAGES, ids=[type(m).__name__ for m in MESSAGES])
+def test_every_message_survives_the_wire(message):
+    parsed = protocol.parse(wire.encode(message.to_msg()))
+    assert type(message).from_msg(parsed) == message
+
+
+def test_to_msg_sends_the_same_bytes_as_before():
+    """The field order of each map is what the learner and the reference actor sent before the dataclasses
+    (msgpack keeps it), so the bytes on the wire did not change."""
+    m = protocol.message
+    old = [
+        (HELLO, m("HELLO", actor="box-1", num_envs=4, pid=4242, instance="i" * 32, first_unacked=3)),
+        (protocol.Hello("a1", 16, "i1", 1), m("HELLO", actor="a1", num_envs=16, instance="i1", first_unacked=1)),
+        (
+            WELCOME,
+            m("WELCOME", run_id="0123456789ab", actor_id=7, policy_version=5, acked_upto=2, grant=10,
+              heartbeat_every=1.0, model=CFG.to_dict(), max_steps=16, mode="sync"),
+        ),
+        (
+            protocol.Welcome("r", 1, 0, 0, 8, 1.0, CFG, 16),  # no mode: the field is left out (async)
+            m("WELCOME", run_id="r", actor_id=1, policy_version=0, acked_upto=0, grant=8, heartbeat_every=1.0,
+              model=CFG.to_dict(), max_steps=16),
+        ),
+        (TRAJ, m("TRAJ", actor_id=7, seq=3, episodes=TRAJ.episodes)),
+        (ACK, m("ACK", seq=3, accepted=2, duplicate=False, grant=11)),
+        (PARAM_REQ, m("PARAM_REQ", actor_id=7, have_version=-1)),
+        (ACTOR_BEAT, m("HEARTBEAT", actor_id=7)),
+        (BEAT, m("HEARTBEAT", run_id="0123456789ab", policy_version=5, grant=11)),
+        (ERROR, m("ERROR", code="bad_array", reason="episode 0 reward ünïcode", seq=3)),
+        (protocol.Error("invalid", "x"), m("ERROR", code="invalid", reason="x")),
+    ]  # fmt: skip
+    for message, before in old:
+        assert wire.encode(message.to_msg()) == wire.encode(before), message
+    assert protocol.error("bad_array", "x", seq=3) == wire.encode(
+        m("ERROR", code="bad_array", reason="x", seq=3)
+    )
+
+
+# ---- each parser refuses each bad field: missing, wrongly typed, bool for an int, out of range -----------
+def bad_variants(good: dict, field: str, wrong: list) -> list[dict]:
+    missing = {k: v for k, v in good.items() if k != field}
+    return [missing, *({**good, field: w} for w in wrong)]
+
+
+INT = ["3", 3.0, True, None, [3]]
+STR = [3, b"bytes", True, None, ["x"]]
+CASES = [
+    (protocol.Hello, HELLO, "actor", STR),
+    (protocol.Hello, HELLO, "num_envs", [*INT, 0, -1]),
+    (protocol.Hello, HELLO, "instance", [*STR, "", "i" * (protocol.MAX_INSTANCE + 1)]),
+    (protocol.Hello, HELLO, "first_unacked", [*INT, 0]),
+    (protocol.Welcome, WELCOME, "run_id", STR),
+    (protocol.Welcome, WELCOME, "actor_id", [*INT, 0]),
+    (protocol.Welcome, WELCOME, "policy_version", INT),
+    (protocol.Welcome, WELCOME, "acked_upto", [*INT, -1]),
+    (protocol.Welcome, WELCOME, "grant", [*INT, -1]),
+    (protocol.Welcome, WELCOME, "heartbeat_every", ["1", True, None]),
+    (
+        protocol.Welcome,
+        WELCOME,
+        "model",
+        [None, "x", [1], {**CFG.to_dict(), "d_model": True}, {**CFG.to_dict(), "d_model": 0}, {"wings": 2}],
+    ),
+    (protocol.Welcome, WELCOME, "max_steps", [*INT, 0]),
+    (protocol.Traj, TRAJ, "actor_id", INT),
+    (protocol.Traj, TRAJ, "seq", [*INT, 0, -5]),
+    (protocol.Ack, ACK, "seq", INT),
+    (protocol.Ack, ACK, "grant", INT),
+    (protocol.ParamReq, PARAM_REQ, "actor_id", INT),
+    (protocol.ActorHeartbeat, ACTOR_BEAT, "actor_id", INT),
+    (protocol.Heartbeat, BEAT, "run_id", STR),
+    (protocol.Heartbeat, BEAT, "policy_version", INT),
+    (protocol.Heartbeat, BEAT, "grant", INT),
+    (protocol.Error, ERROR, "code", STR),
+    (protocol.Error, ERROR, "reason", STR),
+]
+
+
+@pytest.mark.parametrize(
+    ("parser", "good", "field", "wrong"), CASES, ids=[f"{c[0].__name__}.{c[2]}" for c in CASES]
+)
+def test_a_bad_required_field_is_bad_field(parser, good, field, wrong):
+    msg = protocol.parse(wire.encode(good.to_msg()))
+    for bad in bad_variants(msg, field, wrong):
+        assert refused(parser, bad) == "bad_field", bad
+
+
+@pytest.mark.parametrize(
+    ("parser", "good", "field", "wrong"),
+    [
+        (protocol.Welcome, WELCOME, "mode", [3, True, None, "", "turbo"]),
+        (protocol.Ack, ACK, "accepted", INT),
+        (protocol.Ack, ACK, "duplicate", [0, 1, "yes", None]),
+        (protocol.Error, ERROR, "seq", INT),
+    ],
+    ids=["Welcome.mode", "Ack.accepted", "Ack.duplicate", "Error.seq"],
+)
+def test_an_optional_field_may_be_absent_but_not_wrong(parser, good, field, wrong):
+    msg = protocol.parse(wire.encode(good.to_msg()))
+    for bad in bad_variants(msg, field, wrong)[1:]:
+        assert refused(parser, bad) == "bad_field", bad
+    absent = parser.from_msg({k: v for k, v in msg.items() if k != field})
+    assert getattr(absent, field) == {"mode": None, "accepted": 0, "duplicate": False, "seq": None}[field]
+
+
+def test_informational_fields_are_never_refused():
+    """HELLO `pid` and PARAM_REQ `have_version` are informational (docs/PROTOCOL.md §4): the learner
+    never refused a message over them, and still does not."""
+    hello = HELLO.to_msg()
+    for pid in ("x", True, None, 1.5):
+        assert protocol.Hello.from_msg({**hello, "pid": pid}).pid is None
+    for have in ("x", True, None, 1.5):
+        assert protocol.ParamReq.from_msg({**PARAM_REQ.to_msg(), "have_version": have}).have_version == -1
+    assert protocol.ParamReq.from_msg(msg_of("PARAM_REQ", actor_id=2)) == protocol.ParamReq(2, -1)
+
+
+def test_hello_keeps_the_first_characters_of_a_long_name():
+    msg = {**HELLO.to_msg(), "actor": "n" * 1000}
+    assert protocol.Hello.from_msg(msg).actor == "n" * protocol.MAX_TEXT
+
+
+def test_the_reasons_name_the_message_and_the_field():
+    msg = HELLO.to_msg()
+    with pytest.raises(ProtocolError, match="HELLO needs field 'num_envs' of type int"):
+        protocol.Hello.from_msg({**msg, "num_envs": True})
+    with pytest.raises(ProtocolError, match="HELLO num_envs must be at least 1, got 0"):
+        protocol.Hello.from_msg({**msg, "num_envs": 0})
+    with pytest.raises(ProtocolError, match="TRAJ seq must be at least 1, got 0"):
+        protocol.Traj.from_msg({**TRAJ.to_msg(), "seq": 0})
+    with pytest.raises(ProtocolError, match="WELCOME model: model config field d_model"):
+        protocol.Welcome.from_msg({**WELCOME.to_msg(), "model": {**CFG.to_dict(), "d_model": -1}})
+
+
+def test_actor_id_of_takes_only_an_int():
+    assert protocol.actor_id_of({"kind": "TRAJ", "actor_id": 4}) == 4
+    for bad in ({"kind": "TRAJ"}, {"kind": "TRAJ", "actor_id": True}, {"kind": "TRAJ", "actor_id": "4"}):
+        with pytest.raises(ProtocolError) as e:
+            protocol.actor_id_of(bad)
+        assert e.value.code == "bad_field"
+
+
+def test_require_refuses_bool_for_any_number_type():
+    msg = {"kind": "WELCOME", "x": True, "y": 2.5, "z": False}
+    with pytest.raises(ProtocolError):
+        protocol.require(msg, "x", (int, float))
+    assert protocol.require(msg, "y", (int, float)) == 2.5
+    assert protocol.require(msg, "z", bool) is False
+
+
+def test_traj_checks_its_episodes_only_when_asked():
+    """A duplicate batch is acknowledged without looking at its episodes, so parsing a TRAJ checks only
+    `actor_id` and `seq`; `validate` then checks the episodes exactly as `validate_episodes` does."""
+    spec = featurize.feature_spec(MODEL)
+    for junk in (None, "x", [], [1]):
+        traj = protocol.Traj.from_msg(msg_of("TRAJ", actor_id=1, seq=2, episodes=junk))
+        assert (traj.actor_id, traj.seq, traj.episodes) == (1, 2, junk)
+        with pytest.raises(ProtocolError) as e:
+            traj.validate(spec, 4, 0, MODEL.vocab_size)
+        assert e.value.code == "bad_field"
+    episodes = [make_episode(MODEL.to_dict(), 3, np.random.default_rng(2))]
+    traj = protocol.Traj.from_msg(protocol.parse(wire.encode(protocol.Traj(1, 2, episodes).to_msg())))
+    (ep,) = traj.validate(spec, 4, 0, MODEL.vocab_size)
+    assert ep.length == 3
+
+
+# ---- the learner: same checks in the same order, so the same `rejected` codes --------------------------
+def ask(peer: Peer, msg: dict) -> dict:
+    """Send one message; the first reply that is not a HEARTBEAT (the learner beats every second)."""
+    peer.sock.send(wire.encode(msg))
+    while True:
+        assert peer.sock.poll(5000), "the learner did not answer"
+        reply = protocol.parse(peer.sock.recv())
+        if reply["kind"] != protocol.HEARTBEAT:
+            return reply
+
+
+@pytest.fixture
+def ingest():
+    running = RunningIngest()
+    yield running
+    running.close()
+
+
+def test_the_learner_checks_the_actor_before_the_fields_of_its_message(ingest):
+    peer = Peer(ingest, "order")
+    try:
+        stranger = peer.actor_id + 100
+        sent = [
+            (protocol.message("TRAJ", actor_id=stranger, seq="x"), "not_welcomed"),  # not bad_field
+            (protocol.message("TRAJ", actor_id=True, seq=1), "bad_field"),
+            (protocol.message("TRAJ", actor_id=peer.actor_id, seq=0), "bad_field"),
+            (protocol.message("TRAJ", actor_id=peer.actor_id, seq=True), "bad_field"),
+            (protocol.message("HELLO", actor="a", num_envs=True, instance="i", first_unacked=1), "bad_field"),
+            (protocol.message("HEARTBEAT"), "bad_field"),
+            (protocol.message("WELCOME", actor_id=peer.actor_id), "unexpected_kind"),
+            (protocol.message("ACK", actor_id=stranger, seq=1, grant=1), "not_welcomed"),
+        ]
+        for msg, code in sent:
+            reply = ask(peer, msg)
+            assert (reply["kind"], reply.get("code")) == ("ERROR", code), (msg, reply)
+        assert (
+            peer.request([wire.encode(protocol.ActorHeartbeat(peer.actor_id).to_msg())])["kind"]
+            == "HEARTBEAT"
+        )
+        assert ingest.server.rejected == {"not_welcomed": 2, "bad_field": 5, "unexpected_kind": 1}
+    finally:
+        peer.close()
+
+
+def test_a_duplicate_is_acknowledged_without_checking_its_episodes_again(ingest):
+    peer = Peer(ingest, "dup")
+    try:
+        episodes = [make_episode(MODEL.to_dict(), 2, np.random.default_rng(3))]
+        first = protocol.Ack.from_msg(ask(peer, protocol.Traj(peer.actor_id, 1, episodes).to_msg()))
+        assert (first.seq, first.accepted, first.duplicate) == (1, 1, False)
+        again = ask(peer, protocol.Traj(peer.actor_id, 1, "not episodes").to_msg())
+        assert protocol.Ack.from_msg(again) == protocol.Ack(1, 0, True, again["grant"])
+        refusal = protocol.Error.from_msg(ask(peer, protocol.Traj(peer.actor_id, 2, "not episodes").to_msg()))
+        assert (refusal.code, refusal.seq) == ("bad_field", 2)
+        assert len(ingest.stored) == 1 and ingest.server.duplicates == 1
+        assert ingest.server.rejected == {"bad_field": 1}
+    finally:
+        peer.close()
+
+
+def test_the_learner_refuses_welcome_fields_it_cannot_send():
+    from learner.ingest import IngestServer
+
+    with pytest.raises(TypeError):
+        IngestServer(
+            "127.0.0.1", 0, 0, welcome_fields={"model": MODEL.to_dict(), "max_steps": 4, "colour": "red"},
+            feature_spec={}, vocab_size=MODEL.vocab_size, max_steps=4, on_episodes=lambda _: None,
+        )  # fmt: skip
