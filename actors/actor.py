@@ -79,6 +79,16 @@ def check_config(cfg: ActorConfig) -> None:
 
 
 class Actor:
+    """One actor process: its environments, its policy, and its side of the protocol with one learner.
+
+    It holds the configuration (checked by `check_config`), the counters it reports (`stats`), its
+    random `instance` (the id under which the learner numbers its batches, across reconnects) and the
+    `outbox` of finished episodes not yet acknowledged. `run` owns the sockets (a LearnerConnection) and
+    the `_World` (environments and policy runner, built on the first WELCOME): it joins, loops (take in
+    replies and snapshots, step, send what the grant allows, heartbeat) and, when a session breaks,
+    joins again without losing the environments, the episodes in progress or the outbox. Everything
+    runs on the caller's thread; only device steps (actors/slots.py) and the first compile use others."""
+
     def __init__(self, cfg: ActorConfig, log=print):
         check_config(cfg)
         self.cfg = cfg
@@ -107,8 +117,9 @@ class Actor:
     def run(self) -> Counter:
         cfg = self.cfg
         conn = LearnerConnection(
-            cfg.host, cfg.ingest_port, cfg.params_port, self.log, cfg.params_endpoint, curve_client(cfg)
-        )
+            cfg.host, cfg.ingest_port, cfg.params_port, self.log, cfg.params_endpoint, curve_client(cfg),
+            stats=self.stats,
+        )  # fmt: skip
         world = None
         try:
             if cfg.env == "adb":
@@ -133,22 +144,20 @@ class Actor:
             self.log(f"actor: stopped ({self._stop_reason}); {dict(self.stats)}")
         return self.stats
 
-    def _handshake(self, conn: LearnerConnection, give_up) -> dict | None:
+    def _handshake(self, conn: LearnerConnection, give_up) -> protocol.Welcome | None:
         cfg = self.cfg
         return conn.handshake(
             cfg.name, planned_envs(cfg), self.instance, lambda: self.outbox.first_unacked,
             cfg.handshake_timeout, cfg.max_backoff, give_up,
         )  # fmt: skip
 
-    def _join(self, conn: LearnerConnection, welcome: dict, world: _World | None) -> _World | None:
+    def _join(
+        self, conn: LearnerConnection, welcome: protocol.Welcome, world: _World | None
+    ) -> _World | None:
         """Start a session: settle what the learner already stores, rebuild only what changed, re-send."""
-        model_cfg = ModelConfig.from_dict(protocol.require(welcome, "model", dict))
-        max_steps = protocol.require(welcome, "max_steps", int)
-        version = protocol.require(welcome, "policy_version", int)
-        run_id = str(welcome.get("run_id"))
-        self.outbox.on_welcome(
-            protocol.require(welcome, "acked_upto", int), protocol.require(welcome, "grant", int)
-        )
+        model_cfg, max_steps = welcome.model, welcome.max_steps
+        version, run_id = welcome.policy_version, welcome.run_id
+        self.outbox.on_welcome(welcome.acked_upto, welcome.grant)
         if self._welcomed:  # every WELCOME after the first, including one that came before any parameters
             self.stats["rejoins"] += 1
         self._welcomed = True
@@ -180,7 +189,7 @@ class Actor:
             world.runner.version, world.reload = version, True
             self.stats["steps_relabelled"] += changed
         self._run_id = run_id
-        self._sync = welcome.get("mode") == "sync"
+        self._sync = welcome.sync
         self._send(conn, self.outbox.to_resend())
         return world
 
@@ -213,20 +222,17 @@ class Actor:
         spec = featurize.feature_spec(runner.cfg)
         dummy = {k: np.zeros((batch, *shape), dtype) for k, (shape, dtype) in spec.items()}
         dummy["instr_mask"][:, 0] = dummy["elem_mask"][:, 0] = True  # one word and one element, as real ones
-        last_beat = 0.0
         with ThreadPoolExecutor(1, thread_name_prefix="compile") as pool:
             compiled = pool.submit(runner.compile, dummy)
             while not compiled.done():
-                if time.monotonic() - last_beat >= self.cfg.heartbeat_every:
-                    last_beat = time.monotonic()
-                    conn.send(protocol.message(protocol.HEARTBEAT, actor_id=conn.actor_id))
+                conn.heartbeat_if_due(self.cfg.heartbeat_every)
                 conn.wait(100)
                 self._take_in(conn, runner)
             compiled.result()
 
     def _loop(self, conn: LearnerConnection, world: _World) -> None:
         cfg = self.cfg
-        last_beat = last_status = time.monotonic()
+        last_status = time.monotonic()
         last_steps = self.stats["env_steps"]  # for the status line's steps/s
         while not self._should_stop():
             self._take_in(conn, world.runner, world)
@@ -243,10 +249,8 @@ class Actor:
             else:
                 self._step(world)
             self._send(conn, self.outbox.take_batches())
+            conn.heartbeat_if_due(cfg.heartbeat_every)
             now = time.monotonic()
-            if now - last_beat >= cfg.heartbeat_every:
-                last_beat = now
-                conn.send(protocol.message(protocol.HEARTBEAT, actor_id=conn.actor_id))
             if now - last_status >= cfg.status_every:
                 rate = (self.stats["env_steps"] - last_steps) / max(now - last_status, 1e-9)
                 last_status, last_steps = now, self.stats["env_steps"]
@@ -332,10 +336,7 @@ class Actor:
 
     def _send(self, conn: LearnerConnection, batches: list[Batch]) -> None:
         for batch in batches:
-            msg = protocol.message(
-                protocol.TRAJ, actor_id=conn.actor_id, seq=batch.seq, episodes=batch.episodes
-            )
-            if conn.send(msg):
+            if conn.send(protocol.Traj(conn.actor_id, batch.seq, batch.episodes).to_msg()):
                 self.stats["batches_sent"] += 1
             else:  # kept in the outbox: sent again when its ACK is overdue
                 self.stats["send_queue_full"] += 1
@@ -345,7 +346,6 @@ class Actor:
         held: still heartbeating, and joining again (a restarted learner too) when the session breaks."""
         cfg = self.cfg
         deadline = time.monotonic() + cfg.flush_timeout
-        last_beat = time.monotonic()
         while self.outbox.held() and time.monotonic() < deadline:
             self._check_session(conn)
             if self._rejoin:
@@ -357,28 +357,20 @@ class Actor:
             self._send(conn, self.outbox.take_batches())
             conn.wait(100)
             self._take_in(conn, world.runner, world)
-            if time.monotonic() - last_beat >= cfg.heartbeat_every:
-                last_beat = time.monotonic()
-                conn.send(protocol.message(protocol.HEARTBEAT, actor_id=conn.actor_id))
+            conn.heartbeat_if_due(cfg.heartbeat_every)
 
     def _take_in(self, conn: LearnerConnection, runner: PolicyRunner, world: _World | None = None) -> None:
-        replies, newest = conn.receive()
-        for msg in replies:
-            kind = msg["kind"]
-            if kind == protocol.ACK:
-                seq, grant = msg.get("seq"), msg.get("grant")
-                if isinstance(seq, int) and isinstance(grant, int):
-                    self.outbox.on_grant(grant)
-                    self.outbox.on_ack(seq, int(msg.get("accepted", 0)), bool(msg.get("duplicate")))
-                else:
-                    self.stats["bad_replies"] += 1
-            elif kind == protocol.HEARTBEAT:
-                if isinstance(msg.get("grant"), int):
-                    self.outbox.on_grant(msg["grant"])
-                if self._run_id and msg.get("run_id") not in (None, self._run_id):
+        replies, newest = conn.receive()  # parsed: a malformed reply was counted in bad_replies there
+        for reply in replies:
+            if isinstance(reply, protocol.Ack):
+                self.outbox.on_grant(reply.grant)
+                self.outbox.on_ack(reply.seq, reply.accepted, reply.duplicate)
+            elif isinstance(reply, protocol.Heartbeat):
+                self.outbox.on_grant(reply.grant)
+                if self._run_id and reply.run_id != self._run_id:
                     self._rejoin = "the learner restarted"
-            elif kind == protocol.ERROR:
-                self._refused(msg)
+            elif isinstance(reply, protocol.Error):
+                self._refused(reply)
         reload = world is not None and world.reload
         if newest is not None and (newest[0] > runner.version or (reload and newest[0] >= runner.version)):
             try:
@@ -390,15 +382,15 @@ class Actor:
                 self.stats["bad_snapshots"] += 1
                 self.log(f"actor: snapshot v{newest[0]} does not fit the model: {e}")
 
-    def _refused(self, msg: dict) -> None:
-        code, seq = msg.get("code"), msg.get("seq")
+    def _refused(self, error: protocol.Error) -> None:
+        code, seq = error.code, error.seq
         self.stats["errors"] += 1
         if code == "not_welcomed":
             self._rejoin = "the learner no longer knows this actor"
-        if isinstance(seq, int) and seq in self.outbox.unacked and code not in KEEP_ON_ERROR:
+        if seq is not None and seq in self.outbox.unacked and code not in KEEP_ON_ERROR:
             # The learner will never take this batch (it is malformed): drop it, counted, not re-sent forever.
             self.stats["episodes_refused"] += len(self.outbox.unacked.pop(seq).episodes)
-        self.log(f"actor: learner refused a message: {code}: {msg.get('reason')}")
+        self.log(f"actor: learner refused a message: {code}: {error.reason}")
 
 
 def status_line(actor_id: object, version: int, steps_per_s: float, stats: Counter, held: int) -> str:

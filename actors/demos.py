@@ -10,7 +10,7 @@ counted.
 
 File layout: records, each a u32 little-endian byte count followed by one wire message (msgpack,
 common/wire.py): first a header
-    {"v": 1, "kind": "DEMOS", "model": ModelConfig, "max_steps": int, "tasks": str, "split": str}
+    {"v": 2, "kind": "DEMOS", "model": ModelConfig, "max_steps": int, "tasks": str, "split": str}
 then TRAJ messages (`actor_id` 0, `seq` 1, 2, ...) of up to 64 episodes each (common/trajectory_file.py).
 `load_demos` reads and validates them exactly as the learner validates an actor's TRAJ.
 """
@@ -157,6 +157,7 @@ def record_episode(
 
 
 def write_demos(cfg: DemosConfig, log=print) -> Counter:
+    """Record `cfg.episodes` oracle episodes into `cfg.out` (the file layout of the module docstring)."""
     if not 0.0 <= cfg.noise <= 1.0:
         raise ValueError(f"--noise must be in [0, 1], got {cfg.noise}")
     env = SimPhoneEnv(SimPhoneConfig(tasks=cfg.tasks, split=cfg.split, max_steps=cfg.max_steps))
@@ -183,8 +184,8 @@ def write_demos(cfg: DemosConfig, log=print) -> Counter:
             stats["steps"] += len(traj.steps)
             if len(batch) == EPISODES_PER_MESSAGE or stats["written"] == cfg.episodes:
                 stats["messages"] += 1
-                msg = protocol.message(protocol.TRAJ, actor_id=0, seq=stats["messages"], episodes=batch)
-                trajectory_file.write_record(f, wire.encode(msg))
+                msg = protocol.Traj(actor_id=0, seq=stats["messages"], episodes=batch)
+                trajectory_file.write_record(f, wire.encode(msg.to_msg()))
                 batch = []
             if time.monotonic() - last > 2:
                 last = time.monotonic()

@@ -18,13 +18,26 @@ from typing import Any
 
 @dataclass
 class Batch:
+    """One TRAJ's worth of episodes under its seq, kept until the learner acknowledges that seq."""
+
     seq: int
     episodes: list[dict[str, Any]]
     """Wire fields of each episode (protocol.trajectory_fields)."""
     sent_at: float
+    """time.monotonic() of its last sending (an ACK overdue from then breaks the session)."""
 
 
 class Outbox:
+    """The actor's side of acknowledged delivery: every finished episode from the moment it is recorded
+    until the learner has stored it.
+
+    It holds the `pending` episodes (bounded by `max_pending`, waiting for credit), the sent batches in
+    `unacked` by seq, the next seq and the learner's `grant`. It numbers batches and decides what may go
+    (`take_batches`), what to send again after a reconnect (`to_resend`), when an ACK is `overdue`, and,
+    when the learner lags, whether the actor waits (`blocked`) or discards its oldest pending episodes
+    (`--when-blocked`). It never touches a socket: the actor sends what it hands out and feeds back the
+    WELCOME, ACK and grants it receives; its counts go into the actor's `stats`."""
+
     def __init__(self, max_pending: int, max_batch: int, when_blocked: str, stats: Counter):
         if when_blocked not in ("wait", "discard"):
             raise ValueError(f'when_blocked must be "wait" or "discard", got {when_blocked!r}')

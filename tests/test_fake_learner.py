@@ -195,7 +195,9 @@ def test_actor_survives_error_replies_and_bad_snapshots(fake_learner, actor_proc
     assert proc.poll() is None
     fake_learner.router.send_multipart([identity, *fake_learner.params_frames(0)])
     _, traj = fake_learner.recv_kind(protocol.TRAJ)
+    fake_learner.reply(identity, protocol.ACK, seq=traj["seq"], accepted=1, duplicate=False, grant=True)
     fake_learner.reply(identity, protocol.ERROR, code="bad_array", reason="test", seq=traj["seq"])
+    seen += _read_until(proc, "learner refused a message: bad_array", timeout=60)  # however loaded the box
     sent_error = time.monotonic()
     while True:  # keep streaming well after the ERROR reached the actor
         _, traj2 = fake_learner.recv_kind(protocol.TRAJ)
@@ -207,6 +209,8 @@ def test_actor_survives_error_replies_and_bad_snapshots(fake_learner, actor_proc
     assert rc == 0, out
     assert "does not fit the model" in out and "bad_snapshots" in out
     assert "learner refused a message: bad_array" in out
+    # The ACK with a bool grant was malformed: ignored (its batch was refused after all), counted, logged.
+    assert "'bad_replies': 1" in out and "ignoring a malformed ACK" in out, out
     refused = int(re.search(r"'episodes_refused': (\d+)", out)[1])
     assert refused == len(traj["episodes"]), out  # the refused batch is given up, counted, not re-sent
 

@@ -1,11 +1,17 @@
 """The message dataclasses of common/protocol.py: each parser refuses every bad field with the code the
-learner counts, and each `to_msg` is byte for byte what both sides sent before."""
+learner counts, each `to_msg` is byte for byte what both sides sent before, and the actor's connection
+turns malformed replies into `bad_replies` instead of acting on them."""
 
 from __future__ import annotations
 
+import threading
+import time
+
 import numpy as np
 import pytest
+import zmq
 
+from actors.connection import LearnerConnection
 from common import featurize, protocol, wire
 from common.config import ModelConfig
 from common.protocol import ProtocolError
@@ -271,3 +277,101 @@ def test_the_learner_refuses_welcome_fields_it_cannot_send():
             "127.0.0.1", 0, 0, welcome_fields={"model": MODEL.to_dict(), "max_steps": 4, "colour": "red"},
             feature_spec={}, vocab_size=MODEL.vocab_size, max_steps=4, on_episodes=lambda _: None,
         )  # fmt: skip
+
+
+# ---- the actor's connection: typed replies, malformed ones counted, one heartbeat cadence ---------------
+class Router:
+    """A bare ROUTER standing in for the learner, to send the actor's connection whatever we like."""
+
+    def __init__(self):
+        self.ctx = zmq.Context()
+        self.sock = self.ctx.socket(zmq.ROUTER)
+        self.sock.setsockopt(zmq.LINGER, 0)
+        self.port = self.sock.bind_to_random_port("tcp://127.0.0.1")
+        self.pub = self.ctx.socket(zmq.PUB)
+        self.pub.setsockopt(zmq.LINGER, 0)
+        self.params_port = self.pub.bind_to_random_port("tcp://127.0.0.1")
+
+    def recv(self) -> tuple[bytes, dict]:
+        assert self.sock.poll(10_000), "the connection sent nothing"
+        identity, data = self.sock.recv_multipart()
+        return identity, protocol.parse(data)
+
+    def send(self, identity: bytes, msg: dict) -> None:
+        self.sock.send_multipart([identity, wire.encode(msg)])
+
+    def close(self) -> None:
+        self.sock.close(0)
+        self.pub.close(0)
+        self.ctx.term()
+
+
+@pytest.fixture
+def router_and_conn():
+    router = Router()
+    logs: list[str] = []
+    conn = LearnerConnection("127.0.0.1", router.port, router.params_port, log=logs.append)
+    conn.logs = logs
+    yield router, conn
+    conn.close()
+    router.close()
+
+
+def test_the_handshake_waits_past_a_malformed_welcome(router_and_conn):
+    router, conn = router_and_conn
+
+    def learner():
+        identity, hello = router.recv()
+        assert protocol.Hello.from_msg(hello).instance == "inst"
+        router.send(identity, {**WELCOME.to_msg(), "grant": True})  # malformed: ignored, counted
+        router.send(identity, WELCOME.to_msg())
+
+    thread = threading.Thread(target=learner)
+    thread.start()
+    welcome = conn.handshake("t", 2, "inst", lambda: 1, timeout=5, max_backoff=5, should_stop=lambda: False)
+    thread.join()
+    assert welcome == WELCOME and conn.welcome == WELCOME and conn.actor_id == WELCOME.actor_id
+    assert conn.stats["bad_replies"] == 1
+    assert any("malformed WELCOME" in line for line in conn.logs)
+
+
+def test_receive_returns_typed_replies_and_counts_malformed_ones(router_and_conn):
+    router, conn = router_and_conn
+    conn._new_dealer()
+    conn.actor_id = 7
+    assert conn.heartbeat_if_due(60.0)
+    identity, beat = router.recv()
+    assert protocol.ActorHeartbeat.from_msg(beat) == protocol.ActorHeartbeat(7)
+    sent = [
+        ACK.to_msg(),
+        {**ACK.to_msg(), "grant": True},  # bool for an int
+        {k: v for k, v in BEAT.to_msg().items() if k != "run_id"},  # missing
+        BEAT.to_msg(),
+        {**ERROR.to_msg(), "seq": "3"},  # mistyped
+        ERROR.to_msg(),
+        WELCOME.to_msg(),  # a late WELCOME (an abandoned HELLO's): not a reply, dropped
+        protocol.message("HELLO"),  # not something a learner sends: dropped
+    ]
+    for msg in sent:
+        router.send(identity, msg)
+    replies: list = []
+    deadline = time.monotonic() + 10
+    while len(replies) < 3 and time.monotonic() < deadline:
+        conn.wait(100)
+        replies += conn.receive()[0]
+    assert replies == [ACK, BEAT, ERROR]
+    assert conn.stats["bad_replies"] == 3
+
+
+def test_heartbeat_if_due_keeps_one_cadence(router_and_conn):
+    router, conn = router_and_conn
+    conn._new_dealer()
+    conn.actor_id = 5
+    assert conn.heartbeat_if_due(0.3)  # never sent: due at once
+    assert not conn.heartbeat_if_due(0.3)
+    time.sleep(0.35)
+    assert conn.heartbeat_if_due(0.3)
+    assert not conn.heartbeat_if_due(0.3)
+    for _ in range(2):
+        assert router.recv()[1] == protocol.message("HEARTBEAT", actor_id=5)
+    assert not router.sock.poll(200)

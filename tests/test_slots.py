@@ -123,11 +123,14 @@ def test_actor_heartbeats_while_its_policy_compiles():
     heartbeating meanwhile, and compiles exactly the batch shape it will use."""
     from actors.actor import Actor
     from actors.config import ActorConfig
+    from actors.connection import LearnerConnection
     from common.config import ModelConfig
     from common.featurize import feature_spec
 
     class Connection:  # records what the actor sends; nothing arrives
         actor_id = 3
+        last_beat = 0.0
+        heartbeat_if_due = LearnerConnection.heartbeat_if_due  # the real cadence, over this send()
 
         def __init__(self):
             self.sent = []
