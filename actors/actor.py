@@ -57,31 +57,10 @@ class _World:
     """--mode sync: slots whose episode of this round is done, waiting for a newer version to start again."""
 
 
-def check_config(cfg: ActorConfig) -> None:
-    """Refuse flag values the actor cannot run with, naming the flag (before anything connects)."""
-    positive = {
-        "num-envs": cfg.num_envs,
-        "max-pending-episodes": cfg.max_pending_episodes,
-        "handshake-timeout": cfg.handshake_timeout,
-        "heartbeat-every": cfg.heartbeat_every,
-        "learner-timeout": cfg.learner_timeout,
-        "ack-timeout": cfg.ack_timeout,
-    }
-    for flag, value in positive.items():
-        if not value > 0:
-            raise SystemExit(f"--{flag} must be positive, got {value}")
-    if not 1 <= cfg.max_batch_episodes <= protocol.MAX_EPISODES_PER_BATCH:
-        raise SystemExit(
-            f"--max-batch-episodes must be in [1, {protocol.MAX_EPISODES_PER_BATCH}], got {cfg.max_batch_episodes}"
-        )
-    if cfg.flush_timeout < 0 or cfg.max_episodes < 0:
-        raise SystemExit("--flush-timeout and --max-episodes must be >= 0")
-
-
 class Actor:
     """One actor process: its environments, its policy, and its side of the protocol with one learner.
 
-    It holds the configuration (checked by `check_config`), the counters it reports (`stats`), its
+    It holds the configuration (checked by ActorConfig itself), the counters it reports (`stats`), its
     random `instance` (the id under which the learner numbers its batches, across reconnects) and the
     `outbox` of finished episodes not yet acknowledged. `run` owns the sockets (a LearnerConnection) and
     the `_World` (environments and policy runner, built on the first WELCOME): it joins, loops (take in
@@ -90,7 +69,6 @@ class Actor:
     runs on the caller's thread; only device steps (actors/slots.py) and the first compile use others."""
 
     def __init__(self, cfg: ActorConfig, log=print):
-        check_config(cfg)
         self.cfg = cfg
         self.log = log
         self.stats = Counter()

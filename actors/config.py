@@ -1,7 +1,12 @@
-"""Command-line configuration of `python -m actors` (tyro builds --help from these docstrings)."""
+"""Command-line configuration of `python -m actors` (tyro builds --help from these docstrings).
+
+Each config checks its own values in `__post_init__` and raises ValueError naming the flag; tyro shows
+that message in its error box and exits with status 2, before anything runs.
+"""
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import Annotated, Literal
 
@@ -9,6 +14,7 @@ import tyro
 
 from actors.envs.adb.config import AdbConfig
 from common.config import EmulatorModelConfig
+from common.protocol import MAX_EPISODES_PER_BATCH
 
 
 @dataclass
@@ -79,3 +85,28 @@ class ActorConfig:
     """Make every environment behave like a real emulator (latency, stalls, faults); off by default."""
     parent_pid: int = 0
     """Exit when this process is gone (set by `python -m learner --local-actors`)."""
+
+    def __post_init__(self) -> None:
+        for name in ("ingest_port", "params_port"):
+            port = getattr(self, name)
+            if not 1 <= port <= 65535:
+                raise ValueError(f"{_flag(name)} must be in [1, 65535], got {port}")
+        for name in (
+            "num_envs", "max_pending_episodes", "handshake_timeout", "max_backoff", "heartbeat_every",
+            "learner_timeout", "ack_timeout", "status_every",
+        ):  # fmt: skip
+            value = getattr(self, name)
+            if not (value > 0 and math.isfinite(value)):
+                raise ValueError(f"{_flag(name)} must be positive, got {value}")
+        if not 1 <= self.max_batch_episodes <= MAX_EPISODES_PER_BATCH:
+            raise ValueError(
+                f"--max-batch-episodes must be in [1, {MAX_EPISODES_PER_BATCH}], got {self.max_batch_episodes}"
+            )
+        for name in ("flush_timeout", "max_episodes", "seed", "parent_pid"):
+            value = getattr(self, name)
+            if not (value >= 0 and math.isfinite(value)):
+                raise ValueError(f"{_flag(name)} must be >= 0, got {value}")
+
+
+def _flag(name: str) -> str:
+    return "--" + name.replace("_", "-")

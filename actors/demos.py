@@ -65,6 +65,13 @@ class DemosConfig:
     model: ModelConfig = field(default_factory=ModelConfig)
     """Featurizer sizes (must match the learner's model)."""
 
+    def __post_init__(self) -> None:
+        if not 0.0 <= self.noise <= 1.0:
+            raise ValueError(f"--noise must be in [0, 1], got {self.noise}")
+        for name in ("episodes", "max_steps"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"--{name.replace('_', '-')} must be at least 1, got {getattr(self, name)}")
+
 
 class Inexpressible(Exception):
     """The oracle did something the policy's action space cannot represent."""
@@ -158,8 +165,6 @@ def record_episode(
 
 def write_demos(cfg: DemosConfig, log=print) -> Counter:
     """Record `cfg.episodes` oracle episodes into `cfg.out` (the file layout of the module docstring)."""
-    if not 0.0 <= cfg.noise <= 1.0:
-        raise ValueError(f"--noise must be in [0, 1], got {cfg.noise}")
     env = SimPhoneEnv(SimPhoneConfig(tasks=cfg.tasks, split=cfg.split, max_steps=cfg.max_steps))
     rng = np.random.default_rng(cfg.seed)
     stats: Counter = Counter()

@@ -42,6 +42,12 @@ class DoctorConfig:
     json: bool = False
     """Print one JSON object instead of the table."""
 
+    def __post_init__(self) -> None:
+        if not 1 <= self.adb_port <= 65535:
+            raise ValueError(f"--adb-port must be in [1, 65535], got {self.adb_port}")
+        if not 0 < self.timeout < float("inf"):
+            raise ValueError(f"--timeout must be positive, got {self.timeout}")
+
 
 @dataclass
 class DeviceReport:

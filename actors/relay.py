@@ -56,6 +56,14 @@ class RelayConfig:
     insecure: bool = False
     """Allow --bind beyond loopback: anyone who reaches the relay's port could read the parameters."""
 
+    def __post_init__(self) -> None:
+        if not 1 <= self.params_port <= 65535:
+            raise ValueError(f"--params-port must be in [1, 65535], got {self.params_port}")
+        if not 0 <= self.port <= 65535:
+            raise ValueError(f"--port must be in [0, 65535], got {self.port}")
+        if not self.status_every >= 0:
+            raise ValueError(f"--status-every must be >= 0, got {self.status_every}")
+
 
 @dataclass
 class RelayStats:

@@ -191,7 +191,7 @@ def test_configuration_errors(make_pool, server, base_port):
         make_pool().start()
     with pytest.raises(DevicePoolError, match="distinct"):
         make_pool(serials=("a", "a")).start()
-    with pytest.raises(DevicePoolError, match="must be >= 0"):
+    with pytest.raises(ValueError, match=r"--adb\.restart-backoff must be >= 0"):  # AdbConfig checks it
         make_pool(serials=("a",), restart_backoff=-1.0).start()
     with pytest.raises(DevicePoolError, match="must be even"):
         make_pool(avds=("a",), emulator_port=base_port + 1).start()

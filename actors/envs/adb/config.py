@@ -1,7 +1,12 @@
-"""Configuration of the ADB backend (`python -m actors --backend adb --adb.serials ...`)."""
+"""Configuration of the ADB backend (`python -m actors --backend adb --adb.serials ...`).
+
+Both configs check their own values (`__post_init__`, ValueError naming the `--adb.*` flag); which
+devices to use (serials or AVDs, distinct, a free emulator port range) is the device pool's to check.
+"""
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import Literal
 
@@ -18,6 +23,9 @@ class JudgeConfig:
     """Environment variable holding the bearer token (unset: no Authorization header)."""
     timeout: float = 60.0
     """Seconds to wait for the judge's answer; a timeout counts as failure, with the reason."""
+
+    def __post_init__(self) -> None:
+        _check("judge.timeout", self.timeout, positive=True)
 
 
 @dataclass(frozen=True)
@@ -64,3 +72,25 @@ class AdbConfig:
     """"checks": the task's programmatic success checks over adb; "judge": ask the VLM judge (--adb.judge.url)."""
     judge: JudgeConfig = field(default_factory=JudgeConfig)
     """The VLM judge, used only with --adb.evaluator judge."""
+
+    def __post_init__(self) -> None:
+        for name in ("port", "emulator_port"):
+            port = getattr(self, name)
+            if not 1 <= port <= 65535:
+                raise ValueError(f"{_flag(name)} must be in [1, 65535], got {port}")
+        for name in ("boot_timeout", "command_timeout", "reset_timeout"):
+            _check(name, getattr(self, name), positive=True)
+        for name in ("max_restarts", "restart_backoff", "settle_interval", "settle_max"):
+            _check(name, getattr(self, name), positive=False)
+        if self.screenshot is not None and not (len(self.screenshot) == 2 and min(self.screenshot) > 0):
+            raise ValueError(f"--adb.screenshot must be a positive WIDTH HEIGHT, got {self.screenshot}")
+
+
+def _flag(name: str) -> str:
+    return "--adb." + name.replace("_", "-")
+
+
+def _check(name: str, value: float, positive: bool) -> None:
+    """A finite number > 0 (`positive`) or >= 0, or a ValueError naming its flag."""
+    if not math.isfinite(value) or value < 0 or (positive and value == 0):
+        raise ValueError(f"{_flag(name)} must be {'positive' if positive else '>= 0'}, got {value}")
