@@ -13,7 +13,9 @@ from common.types import Action, ActionType, Observation, PolicyChoice, SwipeDir
 class PolicyRunner:
     def __init__(self, cfg: ModelConfig, seed: int, greedy: bool = False):
         self.cfg = cfg
-        self.graphdef, self._template = model.create(cfg, 0)
+        # Shapes only: the parameters always come from a snapshot (load), and building real ones first
+        # would block the actor for up to a minute on a busy CPU, before it can heartbeat.
+        self.graphdef, self._template = model.abstract(cfg)
         self.params = None
         self.version = -1
         self._key = jax.random.key(seed)

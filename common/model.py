@@ -97,6 +97,13 @@ def create(cfg: ModelConfig, seed: int) -> tuple[nnx.GraphDef, nnx.State]:
     return nnx.split(PhonePolicy(cfg, nnx.Rngs(seed)))
 
 
+def abstract(cfg: ModelConfig) -> tuple[nnx.GraphDef, nnx.State]:
+    """The policy's static graph and the names, shapes and dtypes of its parameters, computing none of
+    them: a template for flat_to_params. `create` runs every initializer op by op, each compiled on
+    first use (seconds on an idle CPU, most of a minute on a busy one); this only traces them."""
+    return nnx.split(nnx.eval_shape(lambda: PhonePolicy(cfg, nnx.Rngs(0))))
+
+
 def apply(graphdef: nnx.GraphDef, params: nnx.State, features: dict[str, jax.Array]):
     """Pure forward pass; features may have any number of leading batch axes."""
     lead = features["instr_mask"].shape[:-1]
@@ -126,8 +133,9 @@ def params_to_flat(params: nnx.State) -> dict[str, np.ndarray]:
 
 
 def flat_to_params(template: nnx.State, flat: dict[str, np.ndarray]) -> nnx.State:
-    """Inverse of params_to_flat, checked against the template's names, shapes and dtypes."""
-    expected = params_to_flat(template)
+    """Inverse of params_to_flat, checked against the template's names, shapes and dtypes (the template
+    may be `abstract`: only its structure is used)."""
+    expected = _shapes(template)
     if set(flat) != set(expected):
         missing, extra = sorted(set(expected) - set(flat)), sorted(set(flat) - set(expected))
         raise ValueError(f"parameter names differ: missing {missing[:5]}, unexpected {extra[:5]}")
@@ -144,3 +152,19 @@ def flat_to_params(template: nnx.State, flat: dict[str, np.ndarray]) -> nnx.Stat
     state = jax.tree.map(lambda x: x, template)
     nnx.replace_by_pure_dict(state, build(nnx.to_pure_dict(template), ""))
     return state
+
+
+def _shapes(params: nnx.State) -> dict[str, jax.ShapeDtypeStruct]:
+    """{"blocks/0/attn/query/kernel": its shape and dtype}, the names params_to_flat gives, for arrays and
+    abstract values alike."""
+    shapes: dict[str, jax.ShapeDtypeStruct] = {}
+
+    def walk(node, prefix: str) -> None:
+        if isinstance(node, dict):
+            for key in node:
+                walk(node[key], f"{prefix}/{key}" if prefix else str(key))
+        else:
+            shapes[prefix] = jax.ShapeDtypeStruct(tuple(node.shape), np.dtype(node.dtype))
+
+    walk(nnx.to_pure_dict(params), "")
+    return shapes

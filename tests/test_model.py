@@ -168,6 +168,24 @@ def test_flat_to_params_refuses(net, case):
         model.flat_to_params(template, _bad_flats()[case])
 
 
+def test_an_abstract_template_receives_snapshots_as_a_real_one_does(net):
+    graphdef, template, apply = net
+    abstract_graphdef, abstract = model.abstract(CFG)
+    assert abstract_graphdef == graphdef
+    assert all(
+        isinstance(leaf, jax.ShapeDtypeStruct) for leaf in jax.tree.leaves(abstract)
+    )  # nothing computed
+    _, other = model.create(CFG, 1)
+    flat = model.params_to_flat(other)
+    from_abstract, from_real = model.flat_to_params(abstract, flat), model.flat_to_params(template, flat)
+    assert jax.tree.structure(from_abstract) == jax.tree.structure(from_real)
+    f = random_features(4)
+    np.testing.assert_array_equal(to_np(apply(from_abstract, f))[1], to_np(apply(from_real, f))[1])
+    for bad in _bad_flats().values():
+        with pytest.raises(ValueError, match="parameter"):
+            model.flat_to_params(abstract, bad)
+
+
 def test_out_of_vocabulary_ids_are_refused_because_they_make_nan(net):
     """An id >= vocab_size turns into NaN in the embedding lookup, so validation must refuse it
     (at commit 48dd261 validate_episodes checked only ids >= 0)."""
