@@ -18,6 +18,10 @@ ACTOR_ENV = {
     "JAX_PLATFORMS": "cpu",
     "XLA_FLAGS": "--xla_cpu_multi_thread_eigen=false intra_op_parallelism_threads=1",
 }
+START_S = 300.0
+"""Deadline for a learner or actor process to get going (import JAX, build its model, compile its
+first step): seconds on an idle machine, minutes on 2 cores shared with other CPU-bound work. A
+passing test never waits this long; it is only how long a broken one takes to fail."""
 
 
 class LearnerProcess:
@@ -47,7 +51,7 @@ class LearnerProcess:
             [*cmd, *args], cwd=ROOT, stdout=self._log, stderr=subprocess.STDOUT, env=ACTOR_ENV
         )
         endpoints = run_dir / "endpoints.json"
-        deadline = time.monotonic() + 60
+        deadline = time.monotonic() + START_S
         while not endpoints.exists():
             if self.proc.poll() is not None or time.monotonic() > deadline:
                 raise RuntimeError(f"learner did not start:\n{self.log()}")
@@ -65,7 +69,9 @@ class LearnerProcess:
             return []
         return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
 
-    def stop(self, timeout: float = 30) -> int:
+    def stop(self, timeout: float = START_S) -> int:
+        """SIGTERM, then SIGKILL after `timeout`; the exit code. A learner still compiling its train step
+        stops once the compile is done (it is not interruptible), which takes minutes on a busy machine."""
         if self.proc.poll() is None:
             self.proc.send_signal(signal.SIGTERM)
         try:

@@ -21,6 +21,10 @@ from jax.sharding import AbstractMesh, PartitionSpec
 from learner import mesh as M
 from tests.conftest import ROOT
 
+CHECKS_S = 900
+"""The mesh checks compile a dozen sharded steps: a minute or two idle, several times that on a busy machine."""
+pytestmark = pytest.mark.timeout(CHECKS_S + 120)
+
 MESH_ENV = {
     **os.environ,
     "JAX_PLATFORMS": "cpu",
@@ -40,7 +44,7 @@ def checks() -> dict:
         env=MESH_ENV,
         capture_output=True,
         text=True,
-        timeout=240,
+        timeout=CHECKS_S,
     )
     assert proc.returncode == 0, f"mesh_check failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-5000:]}"
     return json.loads(proc.stdout.strip().splitlines()[-1])

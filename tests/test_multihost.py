@@ -13,7 +13,15 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from tests.conftest import ACTOR_ENV, ROOT
+
+PAIR_S = 900
+"""Deadline for one pair of learner processes (each with an actor) to reach its update limit: a couple
+of minutes on an idle machine, several times that on a busy one (the --time-limit is a minute shorter,
+so a stuck pair still writes its final records)."""
+pytestmark = pytest.mark.timeout(2 * PAIR_S + 60)
 
 
 def _free_port() -> int:
@@ -32,13 +40,13 @@ def _run_pair(run_dir: Path, max_updates: int) -> list[dict]:
             sys.executable, "-m", "learner", "--run-dir", str(run_dir), "--ingest-port", "0", "--params-port", "0",
             "--env", "standin", "--warmup-updates", "0", "--max-steps", "8", "--samples-per-insert", "1",
             "--local-actors", "1", "--envs-per-actor", "4", "--batch-size", "8", "--max-updates", str(max_updates),
-            "--checkpoint-every", "3", "--publish-every", "1", "--time-limit", "240",
+            "--checkpoint-every", "3", "--publish-every", "1", "--time-limit", str(PAIR_S - 60),
             "--coordinator", coordinator, "--num-processes", "2", "--process-id", str(rank),
         ]  # fmt: skip
         procs.append(subprocess.Popen(cmd, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT, env=ACTOR_ENV))
         logs.append(log)
     try:
-        codes = [p.wait(timeout=300) for p in procs]
+        codes = [p.wait(timeout=PAIR_S) for p in procs]
     finally:
         for p, log in zip(procs, logs, strict=True):
             if p.poll() is None:

@@ -11,11 +11,11 @@ import numpy as np
 import pytest
 
 from common import featurize, protocol
-from tests.conftest import ACTOR_ENV, ROOT
+from tests.conftest import ACTOR_ENV, ROOT, START_S
 from tests.test_fake_actor import fake_actor, read_metrics, wait_for_metrics  # noqa: F401 (a fixture)
 from tests.test_fake_learner import MAX_STEPS, TINY, FakeLearner, stop_and_read
 
-pytestmark = pytest.mark.timeout(300)
+pytestmark = pytest.mark.timeout(900)
 
 
 def test_learner_waits_for_every_environment_then_trains_and_publishes(learner_process, fake_actor):  # noqa: F811
@@ -116,5 +116,5 @@ def test_stop_at_success_counts_only_episodes_after_the_warmup(learner_process, 
     time.sleep(1.0)
     assert learner.proc.poll() is None, "stopped before 100 episodes"
     actor.traj(actor.episodes(1, rng, success=True))
-    assert learner.proc.wait(timeout=120) == 0
+    assert learner.proc.wait(timeout=START_S) == 0
     assert read_metrics(learner.run_dir)[-1]["stopped"] == "success target"

@@ -11,6 +11,7 @@ from tensorboardX.proto import event_pb2
 
 from learner.config import DashboardConfig, LearnerConfig
 from learner.tensorboard import Dashboards, flatten, require_wandb
+from tests.conftest import START_S
 
 
 def read_scalars(logdir: Path) -> dict[str, list[tuple[int, float]]]:
@@ -65,14 +66,14 @@ def test_no_tensorboard_writes_nothing(tmp_path):
     assert not (tmp_path / "tensorboard").exists()
 
 
-@pytest.mark.timeout(180)
+@pytest.mark.timeout(900)
 def test_a_real_run_writes_its_records_to_tensorboard(learner_process):
     learner = learner_process(
         *("--local-actors", "1", "--envs-per-actor", "4", "--batch-size", "4", "--max-updates", "3"),
         *("--log-every", "0.3", "--checkpoint-every", "0", "--console", "auto"),
         *("--model.num-layers", "1", "--model.d-model", "32", "--model.mlp-dim", "64"),  # a quick compile
     )
-    assert learner.proc.wait(timeout=170) == 0, learner.log()
+    assert learner.proc.wait(timeout=2 * START_S) == 0, learner.log()  # start-up, compiles, 3 updates
     final = learner.metrics()[-1]
     assert final["stopped"] == "update limit" and final["update"] == 3
     assert " upd     3 " in learner.log()  # not a terminal: "auto" printed progress lines
