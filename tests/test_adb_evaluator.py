@@ -109,7 +109,7 @@ class Judge:
                 body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
                 owner.requests.append((dict(self.headers), body))
                 mode = owner.mode
-                if mode == "slow" and owner.closing.wait(2.0):
+                if mode == "slow" and owner.closing.wait(30.0):
                     return  # the client gave up long ago
                 if mode == "http500":
                     self.send_error(500, "boom")
@@ -213,7 +213,8 @@ def test_judge_timeout(judge):
     judge.mode = "slow"
     started = time.monotonic()
     verdict = evaluator.evaluate(None, task(), OBS, PNG)
-    assert time.monotonic() - started < 0.9
+    # It gives up at its timeout, long before the slow judge would answer (30 s), even on a busy machine.
+    assert time.monotonic() - started < 10
     assert not verdict.success and evaluator.failures == {"timeout": 1}
 
 

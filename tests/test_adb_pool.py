@@ -120,7 +120,7 @@ def make_pool(server, base_port, emulator_binary, tmp_path):
         pool.close()
 
 
-def wait_until(condition, timeout: float = 5.0) -> None:
+def wait_until(condition, timeout: float = 30.0) -> None:
     deadline = time.monotonic() + timeout
     while not condition():
         assert time.monotonic() < deadline, "condition not met in time"

@@ -47,7 +47,7 @@ class CountingEnv(gym.Env):
         self.closed = True
 
 
-def drive(slots: EnvSlots, until, limit_s: float = 10.0) -> list:
+def drive(slots: EnvSlots, until, limit_s: float = 20.0) -> list:
     """Act on every ready slot and collect, until `until()` or the limit; every outcome seen."""
     seen = []
     deadline = time.monotonic() + limit_s
@@ -145,16 +145,22 @@ def test_actor_heartbeats_while_its_policy_compiles():
         def receive(self):
             return [], None
 
+    conn = Connection()
+
     class SlowRunner:
         cfg = ModelConfig()
         shapes = None
 
         def compile(self, features):
-            time.sleep(0.7)
+            # Done only once the actor has heartbeaten three times meanwhile (or after 20 s: a slow
+            # machine delays the beats, it does not stop them).
+            deadline = time.monotonic() + 20
+            while conn.sent.count("HEARTBEAT") < 3 and time.monotonic() < deadline:
+                time.sleep(0.01)
             self.shapes = {k: v.shape for k, v in features.items()}
 
     actor = Actor(ActorConfig(heartbeat_every=0.2), log=lambda *_: None)
-    conn, runner = Connection(), SlowRunner()
+    runner = SlowRunner()
     actor._compile_ahead(conn, runner, batch=5)
     assert conn.sent.count("HEARTBEAT") >= 3
     assert runner.shapes == {k: (5, *shape) for k, (shape, _) in feature_spec(ModelConfig()).items()}
