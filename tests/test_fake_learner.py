@@ -36,6 +36,8 @@ class FakeLearner:
             self.ingest_port = ingest_port
         self.params_port = self.pub.bind_to_random_port("tcp://127.0.0.1")
         _, self.params = model.create(TINY, 0)
+        self.run_id, self.grant = "fake", 1000
+        """What the last WELCOME said: heartbeat replies repeat it."""
 
     def recv(self, timeout: float = START_S) -> tuple[bytes, dict]:
         assert self.router.poll(int(timeout * 1000)), "the actor sent nothing"
@@ -53,13 +55,15 @@ class FakeLearner:
             if msg["kind"] == kind:
                 return identity, msg
             assert msg["kind"] == protocol.HEARTBEAT, f"unexpected {msg['kind']} while waiting for {kind}"
-            self.reply(identity, protocol.HEARTBEAT)
+            # As the last WELCOME said (another run_id would tell the actor the learner restarted).
+            self.reply(identity, protocol.HEARTBEAT, run_id=self.run_id, policy_version=0, grant=self.grant)
 
     def reply(self, identity: bytes, kind: str, **fields) -> None:
         self.router.send_multipart([identity, wire.encode(protocol.message(kind, **fields))])
 
     def welcome(self, identity: bytes, actor_id: int = 7, run_id: str = "fake", acked_upto: int = 0,
                 grant: int = 1000, policy_version: int = 0) -> None:  # fmt: skip
+        self.run_id, self.grant = run_id, grant
         self.reply(
             identity, protocol.WELCOME, run_id=run_id, actor_id=actor_id, policy_version=policy_version,
             model=TINY.to_dict(), max_steps=MAX_STEPS, acked_upto=acked_upto, grant=grant,
