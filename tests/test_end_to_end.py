@@ -1,79 +1,133 @@
-"""The whole system: `python -m learner --local-actors 2` trains the real model from two real actor processes."""
+"""The whole system: `python -m learner --local-actors 2` trains the real model from two real actor processes.
+
+The learning tests assert what the learner guarantees, not a snapshot of a noisy process: with
+`--stop-at-success TARGET --max-updates BUDGET` the learner stops on "success target" as soon as the
+last 100 episodes (all collected after any warm-up) reach TARGET, and on "update limit" at BUDGET if
+they never do. A learning run must stop on the target within the budget; the same run with a learning
+rate of 0 must not (the sabotage test), which shows the budget cannot be met without learning.
+Targets and budgets come from repeated runs (the spread is in each test's docstring): the budget is
+about twice the slowest run seen, the target well under what runs reach by then.
+"""
 
 from __future__ import annotations
 
+import json
 import re
+import subprocess
+import sys
 
 import pytest
 
+from tests.conftest import ACTOR_ENV, ROOT
 
-@pytest.mark.timeout(240)
-def test_learner_and_two_actors_train_and_success_rises(learner_process):
-    learner = learner_process(
-        *("--local-actors", "2", "--envs-per-actor", "8"),
-        *("--max-updates", "200", "--log-every", "1", "--seed", "3"),
-    )
-    rc = learner.proc.wait(timeout=220)
-    log = learner.log()
-    assert rc == 0, log
-    metrics = learner.metrics()
+# The plain RL run on the stand-in phone (no demonstrations).
+STANDIN = ("--local-actors", "2", "--envs-per-actor", "8", "--log-every", "1", "--seed", "3")
+STANDIN_TARGET = 0.3
+STANDIN_BUDGET = 160
+# The default SimPhone run: a behavior-cloning warm-up on oracle demonstrations, then RL.
+SIMPHONE = (
+    *("--env", "simphone", "--max-steps", "12", "--warmup-demos", "600", "--warmup-updates", "100"),
+    *("--demo-update-every", "4", "--local-actors", "2", "--envs-per-actor", "8", "--log-every", "1"),
+    *("--seed", "1"),
+)
+SIMPHONE_BUDGET = 140
+SIMPHONE_GREEDY = 0.2
+# An actor is silent while it first builds its policy (tens of seconds on a loaded CPU, before it
+# starts heartbeating); the learner's default 15 s would forget it, and its next messages would be
+# refused (not_welcomed) until it joins again. The tests assert that nothing is refused, so they give
+# slow start-ups room.
+PATIENT = ("--actor-timeout", "60")
+
+
+def _run(learner_process, *args: str, timeout: float):
+    learner = learner_process(*args, *PATIENT)
+    rc = learner.proc.wait(timeout=timeout)
+    assert rc == 0, learner.log()
+    return learner, learner.metrics()
+
+
+def _assert_two_actors_delivered_and_stopped(learner, metrics: list[dict]) -> None:
+    """Plumbing every run must show, however early it stops: trajectories from both actors, none
+    refused, actors acting with published parameters, and both actors stopped by the learner."""
     final = metrics[-1]
-    assert final["stopped"] == "update limit"
-    assert final["update"] == 200
-    # Trajectories flowed from both actors.
     assert final["episodes"] > 500 and final["env_steps"] > final["episodes"]
     assert max(m["actors"] for m in metrics) == 2
-    assert final["rejected"] == 0
-    # The actors swapped to newer parameters: the learner received steps taken with late versions.
-    assert final["policy_version"] == 100
-    assert final["behavior_version_max"] >= 30
+    assert final["rejected"] == 0, final["rejected_by_reason"]
+    # A version every 2 updates (--publish-every 2), and the actors swapped to newer ones: the learner
+    # received steps taken with late versions.
+    assert final["policy_version"] == final["update"] // 2
+    assert final["policy_version"] // 2 <= final["behavior_version_max"] <= final["policy_version"]
     for i in range(2):
         actor_log = (learner.run_dir / f"actor-{i}.log").read_text()
         swaps = [int(n) for n in re.findall(r"'param_swaps': (\d+)", actor_log)]
-        assert swaps and max(swaps) >= 10, actor_log
+        assert swaps and max(swaps) >= max(3, final["policy_version"] // 4), actor_log
         assert "stopped (SIGTERM)" in actor_log
-    # Success rose clearly above where it started.
-    started = next(m["success_rate"] for m in metrics if m["episodes"] >= 100)
-    assert started < 0.15, metrics[:5]
-    # Thresholds leave room for run-to-run spread (asynchrony makes runs differ). At 130 updates runs
-    # reached 0.22 to 0.6, but once 0.03 under a loaded clean-clone CI (with small word-vector init),
-    # so the run now has 200 updates.
-    assert final["success_rate"] >= max(0.15, started + 0.1), [m["success_rate"] for m in metrics]
-    # The easiest family (tap the named app's icon, after going home if needed) is all but solved.
-    assert final["success_by_task"]["open_app"] >= 0.6, final["success_by_task"]
     # Nothing left behind: the local actors were stopped and reaped by the learner.
     assert learner.proc.returncode == 0
 
 
-@pytest.mark.timeout(300)
-def test_default_simphone_run_warms_up_then_success_rises(learner_process):
-    learner = learner_process(
-        *("--env", "simphone", "--max-steps", "12", "--warmup-demos", "600", "--warmup-updates", "100"),
-        *("--demo-update-every", "4"),
-        *(
-            "--local-actors",
-            "2",
-            "--envs-per-actor",
-            "8",
-            "--max-updates",
-            "180",
-            "--log-every",
-            "1",
-            "--seed",
-            "1",
-        ),
+@pytest.mark.timeout(400)
+def test_learner_and_two_actors_reach_a_success_target(learner_process):
+    """Plain RL from scratch on the stand-in phone reaches a sampled success rate of 0.3 over 100
+    episodes (the initial policy: about 0.02) within 160 updates.
+
+    Calibration (seeds 3-7 twice, this configuration, on the 2-core machine loaded by two other test
+    runs): n=10, stopped on the target at update min 25 / median 52 / max 86 (wall 108 s to 170 s); two
+    more runs with the default --actor-timeout stopped at 55 and 65. The budget is 1.9x the slowest."""
+    learner, metrics = _run(
+        learner_process,
+        *STANDIN,
+        *("--max-updates", str(STANDIN_BUDGET), "--stop-at-success", str(STANDIN_TARGET)),
+        timeout=380,
     )
-    rc = learner.proc.wait(timeout=280)
-    log = learner.log()
-    assert rc == 0, log
-    assert "600 demonstrations (success" in log and "for warm-up for 100 updates and the replay" in log
-    assert "600 demonstrations added to the replay" in log
-    metrics = learner.metrics()
     final = metrics[-1]
-    assert final["update"] == 180 and final["phase"] == "rl"
+    assert final["stopped"] == "success target", [(m["update"], m["success_rate"]) for m in metrics]
+    assert final["update"] <= STANDIN_BUDGET
+    started = next(m["success_rate"] for m in metrics if m["episodes"] >= 100)
+    assert started < 0.15, metrics[:5]
+    _assert_two_actors_delivered_and_stopped(learner, metrics)
+
+
+@pytest.mark.timeout(400)
+def test_without_learning_the_success_target_is_not_reached(learner_process):
+    """The sabotaged twin of the test above (--learning-rate 0: the parameters never change) runs its
+    whole budget without reaching the target: the criterion fails when nothing learns."""
+    learner, metrics = _run(
+        learner_process,
+        *STANDIN,
+        *("--max-updates", str(STANDIN_BUDGET), "--stop-at-success", str(STANDIN_TARGET)),
+        *("--learning-rate", "0"),
+        timeout=380,
+    )
+    final = metrics[-1]
+    assert final["stopped"] == "update limit" and final["update"] == STANDIN_BUDGET
+    assert max(m["success_rate"] for m in metrics) < STANDIN_TARGET
+    _assert_two_actors_delivered_and_stopped(learner, metrics)
+
+
+@pytest.mark.timeout(500)
+def test_default_simphone_run_warms_up_then_trains_a_policy_that_succeeds_greedily(learner_process, tmp_path):
+    """The default SimPhone configuration (warm-up on 600 oracle demonstrations for 100 updates, then
+    RL with one imitation update in 4) trains, in 140 updates, a policy whose greedy success on 200
+    training-split episodes (`python -m learner eval`) is at least 0.2 (the initial policy: about 0).
+
+    Greedy success of the final checkpoint, not a sampled rate: the warm-up alone lifts the sampled
+    success to 0.47-0.59, so a sampled target says little about this short run; the greedy policy is
+    what the run produced.
+
+    Calibration (seeds 1-3 twice, on the loaded 2-core machine): n=6, greedy train success 0.33 / 0.35 /
+    0.45 / 0.45 / 0.46 / 0.565 (held-out test split: 0.215 to 0.40), wall 275 s to 434 s."""
+    learner, metrics = _run(learner_process, *SIMPHONE, "--max-updates", str(SIMPHONE_BUDGET), timeout=420)
+    log = learner.log()
+    assert "600 demonstrations (success" in log and "for warm-up for 100 updates and the replay" in log
     assert "and one in 4 updates after the warm-up" in log
-    assert final["imitation_updates"] == 100 + 80 // 4  # the warm-up, then every 4th update
+    assert "600 demonstrations added to the replay" in log
+    final = metrics[-1]
+    assert final["stopped"] == "update limit"
+    assert final["update"] == SIMPHONE_BUDGET and final["phase"] == "rl"
     assert any(m["phase"] == "warmup" and m["update"] > 0 for m in metrics)
+    # The warm-up, then every 4th update imitates.
+    assert final["imitation_updates"] == 100 + (SIMPHONE_BUDGET - 100) // 4
     assert all(
         name.split(".")[0]
         in {"app", "browser", "calendar", "clock", "contacts", "messages", "notes", "settings"}
@@ -81,7 +135,13 @@ def test_default_simphone_run_warms_up_then_success_rises(learner_process):
     )
     started = next(m["success_rate"] for m in metrics if m["episodes"] >= 100)
     assert started < 0.1, [m["success_rate"] for m in metrics]
-    # Observed in development: 0.3 to 0.5 at this point; the policy starts at about 0.01.
-    assert final["success_rate"] >= max(0.12, started + 0.1), [m["success_rate"] for m in metrics]
-    app = [v for k, v in final["success_by_task"].items() if k.startswith("app.")]
-    assert app and sum(app) / len(app) >= 0.3, final["success_by_task"]
+    _assert_two_actors_delivered_and_stopped(learner, metrics)
+    # The last checkpoint (saved at exit), run greedily on the tasks it trained on.
+    out = tmp_path / "eval.json"
+    cmd = [sys.executable, "-m", "learner", "eval", "--checkpoint", str(learner.run_dir), "--split", "train"]
+    cmd += ["--episodes", "200", "--json", str(out)]
+    done = subprocess.run(cmd, cwd=ROOT, env=ACTOR_ENV, capture_output=True, text=True, timeout=240)
+    assert done.returncode == 0, done.stdout + done.stderr
+    report = json.loads(out.read_text())
+    assert report["update"] == SIMPHONE_BUDGET and report["episodes"] == 200
+    assert report["success"] >= SIMPHONE_GREEDY, report["per_template"]
