@@ -62,12 +62,13 @@ class FakeLearner:
         self.router.send_multipart([identity, wire.encode(protocol.message(kind, **fields))])
 
     def welcome(self, identity: bytes, actor_id: int = 7, run_id: str = "fake", acked_upto: int = 0,
-                grant: int = 1000, policy_version: int = 0) -> None:  # fmt: skip
+                grant: int = 1000, policy_version: int = 0, **extra) -> None:  # fmt: skip
+        """A WELCOME (`extra`: more fields, e.g. mode="sync"); later heartbeat replies repeat its run_id."""
         self.run_id, self.grant = run_id, grant
         self.reply(
             identity, protocol.WELCOME, run_id=run_id, actor_id=actor_id, policy_version=policy_version,
             model=TINY.to_dict(), max_steps=MAX_STEPS, acked_upto=acked_upto, grant=grant,
-            heartbeat_every=1.0,
+            heartbeat_every=1.0, **extra,
         )  # fmt: skip
 
     def params_frames(self, version: int) -> list:

@@ -71,10 +71,7 @@ def test_actor_runs_one_episode_per_environment_per_version():
     spec = featurize.feature_spec(TINY)
     try:
         identity, _ = learner.recv_kind(protocol.HELLO)
-        learner.reply(
-            identity, protocol.WELCOME, run_id="sync", actor_id=1, policy_version=0, model=TINY.to_dict(),
-            max_steps=MAX_STEPS, acked_upto=0, grant=1000, heartbeat_every=1.0, mode="sync",
-        )  # fmt: skip
+        learner.welcome(identity, actor_id=1, run_id="sync", mode="sync")
         learner.recv_kind(protocol.PARAM_REQ)
         learner.router.send_multipart([identity, *learner.params_frames(0)])
 
