@@ -176,6 +176,7 @@ class Actor:
         conn.request_params(-1)  # first: building the policy takes seconds, and the learner hears from us now
         runner = PolicyRunner(model_cfg, cfg.seed)
         while runner.params is None and not self._should_stop() and not self._rejoin:
+            conn.heartbeat_if_due(cfg.heartbeat_every)  # building the policy took a while: say we are here
             conn.wait(200)
             self._take_in(conn, runner)
             self._check_session(conn)

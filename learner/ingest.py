@@ -115,9 +115,8 @@ class IngestServer:
         self.ingest_port = bind_tcp(self.router, bind, ingest_port, BIND_HINT)
         self.params_port = bind_tcp(self.pub, bind, params_port, BIND_HINT)
         self.run_id = uuid.uuid4().hex[:12]
-        self.welcome_fields = welcome_fields
-        """The run-wide WELCOME fields: `model` (a ModelConfig as a dict), `max_steps`, optionally `mode`."""
         self._run_fields = {**welcome_fields, "model": ModelConfig.from_dict(welcome_fields["model"])}
+        """The run-wide WELCOME fields (`welcome_fields`: `model` as a dict, `max_steps`, optionally `mode`)."""
         protocol.Welcome("", 1, 0, 0, 0, heartbeat_every, **self._run_fields)  # a wrong key fails here, once
         self.feature_spec = feature_spec
         self.vocab_size = vocab_size
