@@ -172,6 +172,8 @@ class IngestServer:
         while self._auth_events is not None and self._auth_events.poll(0):
             self._auth_events.recv_multipart()  # a client without an authorized key (or not speaking CURVE)
             self.rejected["auth_failed"] += 1
+        if handled < max_messages:  # everything that arrived is read: silence now is the actor's own
+            self._forget_silent()
         self._check_gate()
         if time.monotonic() - self._last_beat >= self.heartbeat_every:
             self.heartbeat()
@@ -186,7 +188,6 @@ class IngestServer:
     def heartbeat(self) -> None:
         """HEARTBEAT to every live actor: they learn the learner is alive, its newest version, their grant."""
         self._last_beat = time.monotonic()
-        self.connected_actors()  # expire the silent ones first
         for actor in self.actors.values():
             if actor.active:  # an abandoned handshake's socket is gone: nothing to tell it
                 self._send(actor.identity, self._beat(actor))
@@ -197,15 +198,20 @@ class IngestServer:
 
     def connected_envs(self) -> int:
         """Environments of the actors connected now (from their HELLO): a sync round waits for this many."""
-        self.connected_actors()  # forgets the silent ones first
         return sum(a.num_envs for a in self.actors.values() if a.active)
 
     def connected_actors(self) -> int:
-        """Actors heard from within actor_timeout; silent ones are forgotten (they must HELLO again)."""
+        """Actors not forgotten: heard from within actor_timeout as of the last poll that read every
+        waiting message."""
+        return sum(a.active for a in self.actors.values())
+
+    def _forget_silent(self) -> None:
+        """Forget the actors silent for actor_timeout (they must HELLO again). Only called by a poll that
+        has read every waiting message: while the learner is busy (compiling, a long step) an actor's
+        heartbeats wait in the socket, and that wait must not count as the actor's silence."""
         now = time.monotonic()
         for actor_id in [i for i, a in self.actors.items() if now - a.last_seen >= self.actor_timeout]:
             del self.actors[actor_id]
-        return sum(a.active for a in self.actors.values())
 
     def _handle(self, identity: bytes, msg: dict) -> None:
         """One parsed message, checked in the order of docs/PROTOCOL.md §7: HELLO on its own; for every
