@@ -2,15 +2,27 @@
 
 from __future__ import annotations
 
+import atexit
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
 import pytest
+
+# One JAX persistent compilation cache for the whole test session, this process and every learner, actor
+# and benchmark it starts (they inherit the environment): dozens of tests compile the same train and
+# policy steps, and a cache hit (the same executable) takes a fraction of a compile. Set before anything
+# imports JAX; removed at exit, so nothing outlives the session.
+_JAX_CACHE = tempfile.mkdtemp(prefix="distrl-test-jax-cache-")
+atexit.register(shutil.rmtree, _JAX_CACHE, ignore_errors=True)
+os.environ.setdefault("JAX_COMPILATION_CACHE_DIR", _JAX_CACHE)
+os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0.2")
 
 ROOT = Path(__file__).resolve().parents[1]
 ACTOR_ENV = {
