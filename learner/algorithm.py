@@ -59,16 +59,24 @@ def _masked_mean(length: jax.Array, num_steps: int):
 
 
 def actor_critic_loss(
-    logp: jax.Array, entropy: jax.Array, values: jax.Array, batch: Batch, cfg: LossConfig
+    logp: jax.Array,
+    entropy: jax.Array,
+    values: jax.Array,
+    batch: Batch,
+    cfg: LossConfig,
+    ratio_logp: jax.Array | None = None,
 ) -> tuple[jax.Array, dict[str, jax.Array]]:
     """Total loss and its parts. logp / entropy [B, T] (log pi of the actions taken, exact H(pi));
-    values [B, T + 1]; the batch's behavior_logp, reward, length and terminal (not its replay weights)."""
+    values [B, T + 1]; ratio_logp log pi on the observations mu saw (defaults to logp; see
+    learner.train_step.forward); the batch's behavior_logp, reward, length and terminal (not its replay
+    weights)."""
     rewards, length = batch.reward, batch.length
     mean = _masked_mean(length, rewards.shape[1])
     returns = discounted_returns(rewards, jax.lax.stop_gradient(values), length, batch.terminal, cfg.gamma)
     v = values[:, :-1]
     advantage = jax.lax.stop_gradient(returns - v)
-    rho = jax.lax.stop_gradient(jnp.minimum(cfg.rho_clip, jnp.exp(logp - batch.behavior_logp)))
+    acted_logp = logp if ratio_logp is None else ratio_logp
+    rho = jax.lax.stop_gradient(jnp.minimum(cfg.rho_clip, jnp.exp(acted_logp - batch.behavior_logp)))
     policy_loss = -mean(rho * advantage * logp)
     value_loss = 0.5 * mean((returns - v) ** 2)
     mean_entropy = mean(entropy)

@@ -239,11 +239,18 @@ def instruction_keep(instruction_value: jax.Array, low: float, high: float) -> j
 
 
 def aride_loss(
-    logp: jax.Array, entropy: jax.Array, values: jax.Array, batch: Batch, cfg: ARideConfig
+    logp: jax.Array,
+    entropy: jax.Array,
+    values: jax.Array,
+    batch: Batch,
+    cfg: ARideConfig,
+    ratio_logp: jax.Array | None = None,
 ) -> tuple[jax.Array, dict[str, jax.Array]]:
     """Total A-RIDE loss and metrics (see the module docstring for every formula).
 
-    logp / entropy [B, T] (log pi of the actions taken, exact H(pi)); values [B, T + 1]; from the batch:
+    logp / entropy [B, T] (log pi of the actions taken, exact H(pi)); values [B, T + 1]; ratio_logp [B, T]
+    log pi on the observations mu saw (learner.train_step.forward; defaults to logp), which every
+    importance ratio uses, so augmenting `obs` after acting cannot bias rho; from the batch:
     behavior_logp (log mu), reward, length, terminal, weights (replay importance weights) and keep (the
     instruction-level filter on the actor). Gradients flow into logp (actor), entropy (bonus) and
     values[:, :-1] on real steps (critic) only.
@@ -265,7 +272,8 @@ def aride_loss(
     logp_real = jnp.where(mask, logp, 0.0)  # padded garbage (even NaN) stays out of values and gradients
     sg_logp = jax.lax.stop_gradient(logp_real)
     sg_values = jax.lax.stop_gradient(values)
-    rho = importance_ratios(sg_logp, jax.lax.stop_gradient(batch.behavior_logp), length)
+    acted_logp = sg_logp if ratio_logp is None else jax.lax.stop_gradient(jnp.where(mask, ratio_logp, 0.0))
+    rho = importance_ratios(acted_logp, jax.lax.stop_gradient(batch.behavior_logp), length)
     targets, delta = retrace_targets(
         rho, sg_values, rewards, length, terminal, cfg.gamma, cfg.lambda_, cfg.rho_clip, cfg.c_clip
     )

@@ -255,6 +255,12 @@ class LossSettings:
         ):
             _check(0.0 <= rate <= 1.0, f"{flag} must be in [0, 1], got {rate}")
 
+    @property
+    def renames_words(self) -> bool:
+        """Training batches are renamed (either rate above 0); the ratios then take a second forward pass
+        on the observations the actors saw (learner/train_step.py:forward)."""
+        return self.word_rename_rate > 0 or self.typed_word_rename_rate > 0
+
 
 @dataclass(frozen=True)
 class OptimizerConfig:

@@ -97,7 +97,7 @@ class Trainer:
         sharding = batch_sharding(self.mesh)
         example = jax.tree.map(
             lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=sharding),
-            example_batch(spec, self.cfg.batch_size, self.cfg.max_steps),
+            example_batch(spec, self.cfg.batch_size, self.cfg.max_steps, self.cfg.loss.renames_words),
         )
 
         def compile_both():
