@@ -49,8 +49,10 @@ Comparison options from DigiRL (Bai et al. 2024) and DistRL, all off by default:
 
 Per-trajectory priorities for distributed prioritized replay (DPER), each [B], over real steps
 (0 for an empty trajectory): priority_delta = mean |delta_t| (the rho_bar-clipped TD error above),
-priority_rho = mean rho_t (unclipped), priority_rho_clipped = mean rho_bar_t, priority_nll =
-mean(-log pi(a_t|s_t)) (the current policy's surprise at the action taken).
+priority_rho = mean rho_t (unclipped), priority_rho_clipped = mean rho_bar_t, priority_entropy =
+mean H(pi(.|s_t)) (the exact entropy of the current policy on the states visited: the H of DistRL's
+priority, computed exactly rather than estimated by the taken action's -log pi, which adds the noise of
+one sampled action).
 """
 
 from __future__ import annotations
@@ -258,7 +260,7 @@ def aride_loss(
     Metrics: scalars loss, policy_loss, value_loss, entropy, advantage_mean (raw A), target_mean,
     rho_mean (unclipped), rho_clipped_fraction (share of real steps with rho > rho_clip),
     actor_step_fraction (share of real steps that train the actor); and [B] priority_delta, priority_rho,
-    priority_rho_clipped, priority_nll for the replay (0 for empty trajectories).
+    priority_rho_clipped, priority_entropy for the replay (0 for empty trajectories).
     """
     rewards, length, terminal = batch.reward, batch.length, batch.terminal
     num_steps = rewards.shape[1]
@@ -308,5 +310,5 @@ def aride_loss(
         "priority_delta": traj_mean(jnp.abs(delta)),
         "priority_rho": traj_mean(rho),
         "priority_rho_clipped": traj_mean(rho_bar),
-        "priority_nll": traj_mean(-sg_logp),
+        "priority_entropy": traj_mean(jax.lax.stop_gradient(entropy)),
     }

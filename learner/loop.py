@@ -106,7 +106,7 @@ def _update(s: Session, imitation: bool) -> None:
         batch = collate([s.demos[i] for i in picks], s.cfg.max_steps)
         s.stats.totals["imitation_updates"] += 1
     else:
-        sample = s.replay.sample(s.trainer.local_batch, policy_version=s.trainer.version)
+        sample = s.replay.sample(s.trainer.local_batch, s.trainer.version, progress=s.trainer.update)
         batch = _replay_batch(s, sample.items, sample.weights)
         s.schedule.rl_updates += 1
     result = s.trainer.step(_renamed(s, batch), imitation)
@@ -121,7 +121,7 @@ def _update(s: Session, imitation: bool) -> None:
             sample.generations,
             p["priority_delta"],
             p["priority_rho_clipped"],
-            p["priority_nll"],
+            p["priority_entropy"],
         )
     s.stats.timing["train_s"] += time.monotonic() - t0
 

@@ -5,8 +5,8 @@ item i is drawn with P(i) = p_i^alpha / sum_k p_k^alpha and its update is scaled
 weight w_i = (N P(i))^-beta / max_j w_j, beta annealed to 1. As in Ape-X (Horgan et al. 2018,
 "Distributed Prioritized Experience Replay") many actors feed one learner-side buffer, new items enter
 at the running max priority and the learner refreshes priorities after each update. The unit is a whole
-trajectory with the DistRL (2024) priority p = w1 mean|delta| + w2 mean(rho) + w3 mean(-log pi), where
-the learner passes the clipped ratio mean(min(rho_clip, rho)) as the rho term (learner/loop.py).
+trajectory with the DistRL (2024) priority p = w1 mean|delta| + w2 mean(min(rho_clip, rho)) + w3 mean(H),
+H the exact entropy of the current policy (learner/aride.py says why each term is taken as it is).
 """
 
 from __future__ import annotations
@@ -106,11 +106,12 @@ def _last_per_index(idx: np.ndarray, values: np.ndarray) -> tuple[np.ndarray, np
     return idx, values[::-1][last]
 
 
-def trajectory_priority(delta_mean, rho_mean, nll_mean, weights=(1.0, 1.0, 1.0), eps=1e-6) -> np.ndarray:
-    """DistRL priority w1 mean|delta| + w2 mean(rho) + w3 mean(-log pi) + eps, per trajectory."""
-    terms = [np.asarray(x, np.float64) for x in (delta_mean, rho_mean, nll_mean)]
+def trajectory_priority(delta_mean, rho_mean, entropy_mean, weights=(1.0, 1.0, 1.0), eps=1e-6) -> np.ndarray:
+    """DistRL priority w1 mean|delta| + w2 mean(rho) + w3 mean(H) + eps, per trajectory (the learner passes
+    the clipped ratios min(rho_clip, rho) as rho)."""
+    terms = [np.asarray(x, np.float64) for x in (delta_mean, rho_mean, entropy_mean)]
     if not all(np.all(np.isfinite(t) & (t >= 0)) for t in terms):
-        raise ValueError("priority terms (mean |delta|, mean rho, mean -log pi) must be finite and >= 0")
+        raise ValueError("priority terms (mean |delta|, mean rho, mean entropy) must be finite and >= 0")
     w1, w2, w3 = weights
     return w1 * terms[0] + w2 * terms[1] + w3 * terms[2] + eps
 
@@ -141,7 +142,9 @@ class PrioritizedReplay(Generic[T]):
     - Importance weights are normalized by the batch maximum (Schaul's Algorithm 1): no min-tree to keep,
       and each batch's largest weight is exactly 1, so updates are only ever scaled down. N then cancels:
       w_i = (P(i) / min_batch P)^-beta.
-    - beta = beta_start + (beta_end - beta_start) * min(1, calls / beta_steps), calls = earlier samples.
+    - beta = beta_start + (beta_end - beta_start) * min(1, progress / beta_steps), where progress is the
+      learner's update count passed to `sample` (imitation updates included, so beta reaches 1 on the
+      learner's clock), or this buffer's count of earlier samples when none is passed.
     - The running max priority only grows (as in Ape-X); new items enter at it (1.0 at first).
     - Staleness: an item whose oldest behavior version is below policy_version - max_policy_lag is dropped
       (`dropped_stale`), so every trained step is at most max_policy_lag versions behind. Checked for all
@@ -185,7 +188,7 @@ class PrioritizedReplay(Generic[T]):
         self._cutoff = -math.inf  # items with a version below this are stale
         self._rng = np.random.default_rng(seed)
         self.counts = dict.fromkeys(("added", "evicted_fifo", "dropped_stale", "sampled", "stale_updates"), 0)
-        self._sample_calls = 0
+        self._progress = 0  # what beta anneals over (see the class docstring)
 
     def __len__(self) -> int:
         return self.capacity - len(self._free)
@@ -208,7 +211,7 @@ class PrioritizedReplay(Generic[T]):
     @property
     def beta(self) -> float:
         """The beta the next `sample` call uses."""
-        frac = min(1.0, self._sample_calls / self.beta_steps) if self.beta_steps else 1.0
+        frac = min(1.0, self._progress / self.beta_steps) if self.beta_steps else 1.0
         return self.beta_start + (self.beta_end - self.beta_start) * frac
 
     def _leaf(self, p: np.ndarray | float) -> np.ndarray:
@@ -259,10 +262,15 @@ class PrioritizedReplay(Generic[T]):
         self.counts["dropped_stale"] += len(stale)
         return len(stale)
 
-    def sample(self, batch_size: int, policy_version: int | None = None) -> ReplaySample[T]:
-        """Draw batch_size items (stratified, with replacement) after dropping stale ones."""
+    def sample(
+        self, batch_size: int, policy_version: int | None = None, progress: int | None = None
+    ) -> ReplaySample[T]:
+        """Draw batch_size items (stratified, with replacement) after dropping stale ones; `progress` (the
+        learner's update count) sets where beta is in its annealing."""
         if policy_version is not None:
             self.drop_stale(policy_version)
+        if progress is not None:
+            self._progress = progress
         total = self.tree.total
         if not len(self):
             raise ValueError("cannot sample from an empty replay buffer")
@@ -277,17 +285,18 @@ class PrioritizedReplay(Generic[T]):
         else:
             weights = (len(self) * probs) ** -beta
             weights /= weights.max()
-        self._sample_calls += 1
+        self._progress += 1
         self.counts["sampled"] += batch_size
         items = [self._items[i] for i in idx.tolist()]
         return ReplaySample(items, idx, self._generation[idx].copy(), weights, probs, beta)  # type: ignore[arg-type]
 
-    def update_priorities(self, indices, generations, delta_mean, rho_mean, nll_mean) -> int:
-        """Set p = w1 mean|delta| + w2 mean(rho) + w3 mean(-log pi) + eps for sampled slots whose content
+    def update_priorities(self, indices, generations, delta_mean, rho_mean, entropy_mean) -> int:
+        """Set p = w1 mean|delta| + w2 mean(rho) + w3 mean(H) + eps for sampled slots whose content
         is unchanged since sampling (others are counted in `stale_updates`); returns how many applied."""
         idx = np.asarray(indices, np.int64)
         p = np.broadcast_to(
-            trajectory_priority(delta_mean, rho_mean, nll_mean, self.priority_weights, self.eps), idx.shape
+            trajectory_priority(delta_mean, rho_mean, entropy_mean, self.priority_weights, self.eps),
+            idx.shape,
         )
         ok = self._live[idx] & (self._generation[idx] == np.asarray(generations, np.int64))
         self.counts["stale_updates"] += int((~ok).sum())
@@ -312,7 +321,7 @@ class PrioritizedReplay(Generic[T]):
             "free": np.array(self._free, np.int64),  # the stack, bottom first
             "max_priority": self.max_priority,
             "cutoff": None if self._cutoff == -math.inf else int(self._cutoff),
-            "sample_calls": self._sample_calls,
+            "sample_calls": self._progress,
             "counts": dict(self.counts),
             "rng": json.dumps(self._rng.bit_generator.state),
             "alpha": self.alpha,
@@ -347,7 +356,7 @@ class PrioritizedReplay(Generic[T]):
         same_lag = state.get("max_policy_lag") == self.max_policy_lag
         self._cutoff = s["cutoff"] if same_lag else -math.inf
         self._rng, self.max_priority = rng, s["max_priority"]
-        self.counts, self._sample_calls = s["counts"], s["sample_calls"]
+        self.counts, self._progress = s["counts"], s["sample_calls"]
 
     def stats(self) -> dict[str, float | int]:
         live = self.priorities[self._live]

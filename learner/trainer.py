@@ -42,7 +42,7 @@ class StepResult:
     metrics: dict[str, float]
     """Loss parts, gradient and parameter norms (floats; learner.aride / learner.algorithm name them)."""
     priorities: dict[str, np.ndarray]
-    """priority_delta, priority_rho, priority_rho_clipped, priority_nll [local batch] (empty after an
+    """priority_delta, priority_rho, priority_rho_clipped, priority_entropy [local batch] (empty after an
     imitation update or with --algorithm a2c)."""
     skipped: bool
     """The loss or gradient was not finite: the parameters were left as they were."""
