@@ -91,10 +91,18 @@ def actor_critic_loss(
     }
 
 
+def behavior_cloning(logp: jax.Array, batch: Batch) -> jax.Array:
+    """-sum(w log pi(a_demo|s)) / sum(w) over real steps, w = exp(behavior_logp): see warmup_loss."""
+    w = step_mask(batch.length, logp.shape[1]) * jnp.exp(batch.behavior_logp)
+    return -jnp.sum(w * logp) / jnp.maximum(jnp.sum(w), 1e-6)
+
+
 def warmup_loss(
     logp: jax.Array, values: jax.Array, batch: Batch, cfg: LossConfig
 ) -> tuple[jax.Array, dict[str, jax.Array]]:
-    """Behavior cloning on demonstrations, plus the critic regressed on their returns.
+    """Behavior cloning on demonstrations, plus the critic regressed on their returns (the plain
+    actor-critic's warm-up; A-RIDE's, learner/aride.py:aride_warmup_loss, corrects the critic's targets
+    towards the learner's policy instead).
 
     `-mean(log pi(a_demo | s))` over real steps warms the policy up from an oracle; fitting V to the
     demonstrations' discounted returns warms the critic up, so the first actor-critic advantages after
@@ -108,8 +116,7 @@ def warmup_loss(
     rewards, length = batch.reward, batch.length
     mean = _masked_mean(length, rewards.shape[1])
     returns = discounted_returns(rewards, jax.lax.stop_gradient(values), length, batch.terminal, cfg.gamma)
-    w = step_mask(length, rewards.shape[1]) * jnp.exp(batch.behavior_logp)
-    bc = -jnp.sum(w * logp) / jnp.maximum(jnp.sum(w), 1e-6)
+    bc = behavior_cloning(logp, batch)
     value_loss = 0.5 * mean((returns - values[:, :-1]) ** 2)
     total = bc + cfg.value_coef * value_loss
     return total, {"loss": total, "bc_loss": bc, "value_loss": value_loss}

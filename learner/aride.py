@@ -64,7 +64,7 @@ from functools import partial
 import jax
 import jax.numpy as jnp
 
-from learner.algorithm import step_mask
+from learner.algorithm import behavior_cloning, step_mask
 from learner.batch import Batch
 
 _NUMBERS = ("gamma", "lambda_", "rho_clip", "c_clip", "pg_rho_clip", "entropy_coef", "value_coef")
@@ -312,3 +312,44 @@ def aride_loss(
         "priority_rho_clipped": traj_mean(rho_bar),
         "priority_entropy": traj_mean(jax.lax.stop_gradient(entropy)),
     }
+
+
+def aride_warmup_loss(
+    logp: jax.Array,
+    values: jax.Array,
+    batch: Batch,
+    cfg: ARideConfig,
+    ratio_logp: jax.Array | None = None,
+) -> tuple[jax.Array, dict[str, jax.Array]]:
+    """An imitation update of A-RIDE: weighted behavior cloning for the actor
+    (learner.algorithm.behavior_cloning), and for the critic the same Retrace targets as `aride_loss`.
+
+    Demonstrations carry the demonstrator's exact log-probabilities (mu), so they are off-policy data
+    that Retrace corrects like any other: the critic keeps estimating V of the learner's policy pi rather
+    than of the demonstrator (regressing on the demonstrations' Monte-Carlo returns would bias every
+    advantage towards the oracle's success rate). Importance weights are not applied (demonstrations
+    are drawn uniformly). Metrics: loss, bc_loss, value_loss, rho_mean.
+    """
+    length = batch.length
+    mask = step_mask(length, logp.shape[1])
+    count = jnp.maximum(mask.sum(), 1)
+    acted = logp if ratio_logp is None else ratio_logp
+    acted = jax.lax.stop_gradient(jnp.where(mask, acted, 0.0))
+    rho = importance_ratios(acted, jax.lax.stop_gradient(batch.behavior_logp), length)
+    targets, _ = retrace_targets(
+        rho,
+        jax.lax.stop_gradient(values),
+        batch.reward,
+        length,
+        batch.terminal,
+        cfg.gamma,
+        cfg.lambda_,
+        cfg.rho_clip,
+        cfg.c_clip,
+    )
+    v_now = jnp.where(mask, values[:, :-1], 0.0)
+    value_loss = 0.5 * jnp.sum(jnp.where(mask, (targets - v_now) ** 2, 0.0)) / count
+    bc = behavior_cloning(logp, batch)
+    total = bc + cfg.value_coef * value_loss
+    rho_mean = jnp.sum(rho) / count
+    return total, {"loss": total, "bc_loss": bc, "value_loss": value_loss, "rho_mean": rho_mean}

@@ -13,7 +13,7 @@ from flax import nnx
 
 from common import distribution, model
 from learner.algorithm import LossConfig, actor_critic_loss, warmup_loss
-from learner.aride import ARideConfig, aride_loss
+from learner.aride import ARideConfig, aride_loss, aride_warmup_loss
 from learner.batch import Batch
 
 
@@ -70,12 +70,14 @@ def make_train_step(
     """Returns jitted step(params, opt_state, batch) -> (params, opt_state, metrics); params are donated.
 
     `loss_cfg` picks the loss: an `ARideConfig` (Retrace targets, replay weights, priorities out) or a
-    `LossConfig` (the plain actor-critic). `warmup=True` trains on demonstrations instead (behavior
-    cloning + critic on returns; needs `gamma` and `value_coef`, which both configs have).
+    `LossConfig` (the plain actor-critic). `warmup=True` trains on demonstrations instead: behavior
+    cloning, and the critic on Retrace targets for pi (A-RIDE) or on the demonstrations' returns (a2c).
     """
 
     def loss_fn(params, batch: Batch):
         logp, entropy, values, ratio_logp = forward(graphdef, params, batch)
+        if warmup and isinstance(loss_cfg, ARideConfig):
+            return aride_warmup_loss(logp, values, batch, loss_cfg, ratio_logp=ratio_logp)
         if warmup:
             return warmup_loss(logp, values, batch, loss_cfg)
         if isinstance(loss_cfg, ARideConfig):
