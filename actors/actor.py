@@ -245,11 +245,12 @@ class Actor:
             features = [featurize.featurize(slots[i].obs, model_cfg) for i in ready]
             # Threaded slots act on any subset: pad to one batch shape so the policy compiles once.
             batch = features + features[:1] * (len(slots) - len(ready)) if slots.threaded else features
-            choices, logps = runner.act(featurize.stack(batch))
+            acted = runner.act(featurize.stack(batch))
             for k, i in enumerate(ready):
-                obs = slots[i].obs
-                tag = (features[k], choices[k], float(logps[k]), runner.version, obs)
-                slots.step(i, to_action(obs, choices[k], model_cfg), tag)
+                obs, choice = slots[i].obs, acted.choices[k]
+                estimates = (float(acted.logp[k]), float(acted.value[k]), float(acted.entropy[k]))
+                tag = (features[k], choice, estimates, runner.version, obs)
+                slots.step(i, to_action(obs, choice, model_cfg), tag)
         finished = []
         for out in slots.collect(timeout=0.0 if ready else 0.05):
             if out.kind == "reset":
@@ -257,7 +258,7 @@ class Actor:
                     world.episodes[out.slot] = Trajectory(task_name(slots[out.slot].env))
                     world.started[out.slot] = runner.version
                 continue
-            features_i, choice, logp, version, last_obs = out.tag
+            features_i, choice, (logp, value, entropy), version, last_obs = out.tag
             if out.fault is not None:
                 # The device failed mid-step: the episode ends here, truncated (it would have gone
                 # on), with the last observation we have; reset() restarts or reconnects the device.
@@ -270,7 +271,7 @@ class Actor:
             episode = world.episodes[out.slot]
             # min(): a step in flight while the actor joined a restarted learner gets its version capped too.
             version = min(version, runner.version)
-            episode.steps.append(Step(features_i, choice, logp, float(reward), done, version))
+            episode.steps.append(Step(features_i, choice, logp, float(reward), done, version, value, entropy))
             self.stats["env_steps"] += 1
             if done:
                 episode.final_features = featurize.featurize(obs, model_cfg)

@@ -2,12 +2,26 @@
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import jax
 import numpy as np
 
 from common import distribution, featurize, model
 from common.config import ModelConfig
 from common.types import Action, ActionType, Observation, PolicyChoice, SwipeDirection
+
+
+class Acted(NamedTuple):
+    """One batched policy call: per row, the choice and what the learner's replay can use of it."""
+
+    choices: list[PolicyChoice]
+    logp: np.ndarray
+    """[N] float32: log mu of each choice (the behaviour log-probability the learner corrects with)."""
+    value: np.ndarray
+    """[N] float32: the critic's V(s) on the same forward pass."""
+    entropy: np.ndarray
+    """[N] float32: the exact entropy of the policy at s."""
 
 
 class PolicyRunner:
@@ -21,8 +35,9 @@ class PolicyRunner:
         self._key = jax.random.key(seed)
 
         def act(params, features, key):
-            logits, _ = model.apply(self.graphdef, params, features)
-            return distribution.mode(logits) if greedy else distribution.sample(key, logits)
+            logits, value = model.apply(self.graphdef, params, features)
+            choice, logp = distribution.mode(logits) if greedy else distribution.sample(key, logits)
+            return choice, logp, value, distribution.entropy(logits)
 
         self._act = jax.jit(act)
 
@@ -36,17 +51,18 @@ class PolicyRunner:
         stream (its seeded sampling) is untouched."""
         jax.block_until_ready(self._act(self.params, features, jax.random.key(0)))
 
-    def act(self, features: dict[str, np.ndarray]) -> tuple[list[PolicyChoice], np.ndarray]:
-        """Sample one action per row of the batched features; returns choices and behavior log-probs."""
+    def act(self, features: dict[str, np.ndarray]) -> Acted:
+        """Sample one action per row of the batched features (the mode when greedy)."""
         self._key, key = jax.random.split(self._key)
-        choice, logp = jax.device_get(self._act(self.params, features, key))
+        choice, logp, value, entropy = jax.device_get(self._act(self.params, features, key))
         choices = [
             PolicyChoice(int(a), int(e), int(w), int(d))
             for a, e, w, d in zip(
                 choice["action_type"], choice["element"], choice["word"], choice["direction"], strict=True
             )
         ]
-        return choices, np.asarray(logp, np.float32)
+        f32 = np.float32
+        return Acted(choices, np.asarray(logp, f32), np.asarray(value, f32), np.asarray(entropy, f32))
 
 
 def to_action(obs: Observation, choice: PolicyChoice, cfg: ModelConfig) -> Action:

@@ -29,8 +29,9 @@ def main() -> None:
     names = list(BENCHMARKS) if args.name == "all" else [args.name]
     for name in names:
         rows = importlib.import_module(BENCHMARKS[name]).run(args.quick)
+        rows, summary = rows if isinstance(rows, tuple) else (rows, None)  # (rows, summary over them)
         path = args.json if len(names) == 1 else (f"{args.json}{name}.json" if args.json else None)
-        emit(name, rows, path)
+        emit(name, rows, path, summary)
 
 
 if __name__ == "__main__":

@@ -30,6 +30,8 @@ from pathlib import Path
 
 import numpy as np
 
+from benchmarks.pinning import run_pinned
+
 ROOT = Path(__file__).resolve().parents[1]
 NUM_ENVS, ACTORS = 16, 2
 LATENCY = {
@@ -66,10 +68,12 @@ def learner_command(
     ]  # fmt: skip
 
 
-def run_learner(cmd: list[str], run_dir: Path, timeout: float) -> list[dict]:
-    """Run one learner to its time limit; its metrics lines."""
+def run_learner(cmd: list[str], run_dir: Path, timeout: float, pinned: bool = False) -> list[dict]:
+    """Run one learner to its time limit; its metrics lines. `pinned`: the learner on one core, its
+    actors on the others (benchmarks/pinning.py)."""
     env = {**os.environ, "JAX_PLATFORMS": "cpu"}
-    done = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout)
+    kw = dict(cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout)
+    done = run_pinned(cmd, **kw) if pinned else subprocess.run(cmd, **kw)
     if done.returncode != 0:
         raise RuntimeError(
             f"learner failed ({done.returncode}):\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}"

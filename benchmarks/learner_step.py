@@ -17,9 +17,21 @@ from benchmarks.report import best_seconds, matmul_gflops
 from common import featurize, model
 from common.config import ModelConfig
 from learner.algorithm import LossConfig
-from learner.augment import rename_words
+from learner.aride import ARideConfig
+from learner.augment import rename_batch, rename_words
 from learner.batch import collate
 from learner.train_step import make_optimizer, make_train_step
+
+
+def _step_seconds(step, state: list, batch, repeats: int) -> float:
+    """Best seconds per call of a jitted update on `batch` (compiled first; `state` is threaded through)."""
+
+    def one_update():
+        state[0], state[1], m = step(state[0], state[1], batch)
+        jax.block_until_ready(m)
+
+    one_update()
+    return best_seconds(one_update, repeats, inner=3)
 
 
 def run(quick: bool) -> list[dict]:
@@ -58,6 +70,21 @@ def run(quick: bool) -> list[dict]:
             "vs_matmul": step_gflop / step_s / ref_gflops,
         }
     ]
+    # A-RIDE with word renaming: the importance ratios need a second forward pass (no gradient) over the
+    # observations the actors saw (Batch.acted_obs); its cost against the same step without it.
+    aride_step = make_train_step(graphdef, optimizer, ARideConfig())
+    renamed = rename_batch(batch_data, 0.0, 0.5, cfg.vocab_size, seed=0)
+    plain_s, acted_s = (_step_seconds(aride_step, state, b, repeats) for b in (batch_data, renamed))
+    for label, seconds in (("A-RIDE train step", plain_s), ("A-RIDE train step, renamed words", acted_s)):
+        rows.append(
+            {
+                "path": label,
+                "batch": f"{batch} eps x {steps + 1} obs",
+                "ms_per_call": seconds * 1e3,
+                "samples_per_s": batch * steps / seconds,
+                "vs_a_ride_without_renaming": seconds / plain_s,
+            }
+        )
     # Host-side batch preparation on the learner's critical path: padding, then word renaming.
     episodes = data.episodes(cfg, batch, steps)
 

@@ -37,8 +37,9 @@ def machine() -> dict:
     }
 
 
-def emit(name: str, rows: list[dict], json_path: str | None) -> dict:
-    """Print rows as a table and write {"benchmark", "machine", "rows"} as JSON."""
+def emit(name: str, rows: list[dict], json_path: str | None, summary: dict | None = None) -> dict:
+    """Print rows as a table and write {"benchmark", "machine", "rows", **summary} as JSON (a summary
+    over the rows, e.g. the mean over seeds, goes to the top level and is printed under the table)."""
     table = Table(title=name)
     columns = list(dict.fromkeys(k for row in rows for k in row))
     for key in columns:
@@ -46,7 +47,9 @@ def emit(name: str, rows: list[dict], json_path: str | None) -> dict:
     for row in rows:
         table.add_row(*(_cell(row.get(k, "")) for k in columns))
     Console(width=200).print(table)
-    result = {"benchmark": name, "machine": machine(), "rows": rows}
+    if summary:
+        Console(width=200).print("  ".join(f"{k} {_cell(v)}" for k, v in summary.items()))
+    result = {"benchmark": name, "machine": machine(), "rows": rows, **(summary or {})}
     if json_path:
         Path(json_path).write_text(json.dumps(result, indent=2))
     return result

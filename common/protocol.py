@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import math
 import zlib
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -31,6 +31,9 @@ PARAM_REQ, PARAMS, HEARTBEAT, ERROR = "PARAM_REQ", "PARAMS", "HEARTBEAT", "ERROR
 KINDS = frozenset({HELLO, WELCOME, TRAJ, ACK, PARAM_REQ, PARAMS, HEARTBEAT, ERROR})
 
 # Per-step arrays of an episode: name -> dtype. Observations carry one more row (the final one).
+ESTIMATE_ARRAYS = {"value": "<f4", "entropy": "<f4"}
+"""Optional per-step arrays of an episode: the behaviour policy's critic V(s_t) and its exact entropy at
+s_t, computed on the forward pass that chose the action. Sent together or not at all."""
 STEP_ARRAYS = {
     "action_type": "<i4",
     "element": "<i4",
@@ -364,6 +367,10 @@ class Episode:
     """Featurized observations, [T + 1, ...]: one per step plus the final one."""
     steps: dict[str, np.ndarray]
     """STEP_ARRAYS, [T] each."""
+    estimates: dict[str, np.ndarray] = field(default_factory=dict)
+    """ESTIMATE_ARRAYS the actor sent, [T] each: its own V(s_t) and policy entropy, from which the learner
+    computes the episode's priority when it enters the replay (learner/replay.py:initial_priority).
+    Empty when the sender had none (demonstrations, an older actor)."""
 
     @property
     def length(self) -> int:
@@ -376,14 +383,21 @@ def episode_fields(
     truncated: bool,
     obs: dict[str, np.ndarray],
     steps: dict[str, np.ndarray],
+    estimates: dict[str, np.ndarray] | None = None,
 ) -> dict[str, Any]:
-    """The wire form of one episode inside TRAJ."""
+    """The wire form of one episode inside TRAJ (with ESTIMATE_ARRAYS when `estimates` are given)."""
+    estimates = estimates or {}
     return {
         "task": task,
         "success": success,
         "truncated": truncated,
         "obs": {k: np.ascontiguousarray(v) for k, v in obs.items()},
         **{k: np.ascontiguousarray(steps[k], dtype=np.dtype(dt)) for k, dt in STEP_ARRAYS.items()},
+        **{
+            k: np.ascontiguousarray(estimates[k], dtype=np.dtype(dt))
+            for k, dt in ESTIMATE_ARRAYS.items()
+            if estimates
+        },
     }
 
 
@@ -405,7 +419,13 @@ def trajectory_fields(traj: Trajectory) -> dict[str, Any]:
         "policy_version": [s.policy_version for s in traj.steps],
     }
     arrays = {k: np.asarray(v, np.dtype(STEP_ARRAYS[k])) for k, v in steps.items()}
-    return episode_fields(traj.task, traj.success, traj.truncated, obs, arrays)
+    known = all(s.value is not None and s.entropy is not None for s in traj.steps)
+    estimates = (
+        {"value": [s.value for s in traj.steps], "entropy": [s.entropy for s in traj.steps]}
+        if known
+        else None
+    )
+    return episode_fields(traj.task, traj.success, traj.truncated, obs, arrays, estimates)
 
 
 def validate_episodes(
@@ -453,8 +473,28 @@ def validate_episodes(
                 )
             obs[name] = arr
         _check_ranges(i, steps, obs, feature_spec, newest_version, vocab_size)
-        episodes.append(Episode(task, success, truncated, obs, steps))
+        episodes.append(Episode(task, success, truncated, obs, steps, _estimates(ep, i, length)))
     return episodes
+
+
+def _estimates(ep: dict[str, Any], i: int, length: int) -> dict[str, np.ndarray]:
+    """The episode's ESTIMATE_ARRAYS, checked: both or neither, [length] each, finite, entropy >= 0."""
+    present = [name for name in ESTIMATE_ARRAYS if name in ep]
+    if not present:
+        return {}
+    if len(present) != len(ESTIMATE_ARRAYS):
+        raise ProtocolError("bad_field", f"episode {i} sends {present} without {sorted(ESTIMATE_ARRAYS)}")
+    out = {name: _array(ep, name, dtype, i) for name, dtype in ESTIMATE_ARRAYS.items()}
+    for name, arr in out.items():
+        if arr.shape != (length,):
+            raise ProtocolError(
+                "bad_array", f"episode {i} {name} has shape {arr.shape}, expected ({length},)"
+            )
+        if not np.isfinite(arr).all():
+            raise ProtocolError("non_finite", f"episode {i} {name} has NaN or infinity")
+    if out["entropy"].min() < -1e-3:  # float rounding of a near-deterministic policy's entropy is tolerated
+        raise ProtocolError("bad_array", f"episode {i} entropy must be >= 0")
+    return out
 
 
 def _array(container: dict[str, Any], name: str, dtype: str, episode: int) -> np.ndarray:

@@ -138,6 +138,10 @@ class Step:
     done: bool
     """True when the episode ended on this step (terminal or truncated)."""
     policy_version: int
+    value: float | None = None
+    """The behaviour policy's critic V(s) on this step's observation (None: not known, e.g. an oracle)."""
+    entropy: float | None = None
+    """The exact entropy of the behaviour policy at s (None: not known)."""
 
 
 @dataclass

@@ -59,16 +59,24 @@ def _masked_mean(length: jax.Array, num_steps: int):
 
 
 def actor_critic_loss(
-    logp: jax.Array, entropy: jax.Array, values: jax.Array, batch: Batch, cfg: LossConfig
+    logp: jax.Array,
+    entropy: jax.Array,
+    values: jax.Array,
+    batch: Batch,
+    cfg: LossConfig,
+    ratio_logp: jax.Array | None = None,
 ) -> tuple[jax.Array, dict[str, jax.Array]]:
     """Total loss and its parts. logp / entropy [B, T] (log pi of the actions taken, exact H(pi));
-    values [B, T + 1]; the batch's behavior_logp, reward, length and terminal (not its replay weights)."""
+    values [B, T + 1]; ratio_logp log pi on the observations mu saw (defaults to logp; see
+    learner.train_step.forward); the batch's behavior_logp, reward, length and terminal (not its replay
+    weights)."""
     rewards, length = batch.reward, batch.length
     mean = _masked_mean(length, rewards.shape[1])
     returns = discounted_returns(rewards, jax.lax.stop_gradient(values), length, batch.terminal, cfg.gamma)
     v = values[:, :-1]
     advantage = jax.lax.stop_gradient(returns - v)
-    rho = jax.lax.stop_gradient(jnp.minimum(cfg.rho_clip, jnp.exp(logp - batch.behavior_logp)))
+    acted_logp = logp if ratio_logp is None else ratio_logp
+    rho = jax.lax.stop_gradient(jnp.minimum(cfg.rho_clip, jnp.exp(acted_logp - batch.behavior_logp)))
     policy_loss = -mean(rho * advantage * logp)
     value_loss = 0.5 * mean((returns - v) ** 2)
     mean_entropy = mean(entropy)
@@ -83,10 +91,18 @@ def actor_critic_loss(
     }
 
 
+def behavior_cloning(logp: jax.Array, batch: Batch) -> jax.Array:
+    """-sum(w log pi(a_demo|s)) / sum(w) over real steps, w = exp(behavior_logp): see warmup_loss."""
+    w = step_mask(batch.length, logp.shape[1]) * jnp.exp(batch.behavior_logp)
+    return -jnp.sum(w * logp) / jnp.maximum(jnp.sum(w), 1e-6)
+
+
 def warmup_loss(
     logp: jax.Array, values: jax.Array, batch: Batch, cfg: LossConfig
 ) -> tuple[jax.Array, dict[str, jax.Array]]:
-    """Behavior cloning on demonstrations, plus the critic regressed on their returns.
+    """Behavior cloning on demonstrations, plus the critic regressed on their returns (the plain
+    actor-critic's warm-up; A-RIDE's, learner/aride.py:aride_warmup_loss, corrects the critic's targets
+    towards the learner's policy instead).
 
     `-mean(log pi(a_demo | s))` over real steps warms the policy up from an oracle; fitting V to the
     demonstrations' discounted returns warms the critic up, so the first actor-critic advantages after
@@ -100,8 +116,7 @@ def warmup_loss(
     rewards, length = batch.reward, batch.length
     mean = _masked_mean(length, rewards.shape[1])
     returns = discounted_returns(rewards, jax.lax.stop_gradient(values), length, batch.terminal, cfg.gamma)
-    w = step_mask(length, rewards.shape[1]) * jnp.exp(batch.behavior_logp)
-    bc = -jnp.sum(w * logp) / jnp.maximum(jnp.sum(w), 1e-6)
+    bc = behavior_cloning(logp, batch)
     value_loss = 0.5 * mean((returns - values[:, :-1]) ** 2)
     total = bc + cfg.value_coef * value_loss
     return total, {"loss": total, "bc_loss": bc, "value_loss": value_loss}

@@ -49,8 +49,10 @@ Comparison options from DigiRL (Bai et al. 2024) and DistRL, all off by default:
 
 Per-trajectory priorities for distributed prioritized replay (DPER), each [B], over real steps
 (0 for an empty trajectory): priority_delta = mean |delta_t| (the rho_bar-clipped TD error above),
-priority_rho = mean rho_t (unclipped), priority_rho_clipped = mean rho_bar_t, priority_nll =
-mean(-log pi(a_t|s_t)) (the current policy's surprise at the action taken).
+priority_rho = mean rho_t (unclipped), priority_rho_clipped = mean rho_bar_t, priority_entropy =
+mean H(pi(.|s_t)) (the exact entropy of the current policy on the states visited: the H of DistRL's
+priority, computed exactly rather than estimated by the taken action's -log pi, which adds the noise of
+one sampled action).
 """
 
 from __future__ import annotations
@@ -62,7 +64,7 @@ from functools import partial
 import jax
 import jax.numpy as jnp
 
-from learner.algorithm import step_mask
+from learner.algorithm import behavior_cloning, step_mask
 from learner.batch import Batch
 
 _NUMBERS = ("gamma", "lambda_", "rho_clip", "c_clip", "pg_rho_clip", "entropy_coef", "value_coef")
@@ -239,11 +241,18 @@ def instruction_keep(instruction_value: jax.Array, low: float, high: float) -> j
 
 
 def aride_loss(
-    logp: jax.Array, entropy: jax.Array, values: jax.Array, batch: Batch, cfg: ARideConfig
+    logp: jax.Array,
+    entropy: jax.Array,
+    values: jax.Array,
+    batch: Batch,
+    cfg: ARideConfig,
+    ratio_logp: jax.Array | None = None,
 ) -> tuple[jax.Array, dict[str, jax.Array]]:
     """Total A-RIDE loss and metrics (see the module docstring for every formula).
 
-    logp / entropy [B, T] (log pi of the actions taken, exact H(pi)); values [B, T + 1]; from the batch:
+    logp / entropy [B, T] (log pi of the actions taken, exact H(pi)); values [B, T + 1]; ratio_logp [B, T]
+    log pi on the observations mu saw (learner.train_step.forward; defaults to logp), which every
+    importance ratio uses, so augmenting `obs` after acting cannot bias rho; from the batch:
     behavior_logp (log mu), reward, length, terminal, weights (replay importance weights) and keep (the
     instruction-level filter on the actor). Gradients flow into logp (actor), entropy (bonus) and
     values[:, :-1] on real steps (critic) only.
@@ -251,7 +260,7 @@ def aride_loss(
     Metrics: scalars loss, policy_loss, value_loss, entropy, advantage_mean (raw A), target_mean,
     rho_mean (unclipped), rho_clipped_fraction (share of real steps with rho > rho_clip),
     actor_step_fraction (share of real steps that train the actor); and [B] priority_delta, priority_rho,
-    priority_rho_clipped, priority_nll for the replay (0 for empty trajectories).
+    priority_rho_clipped, priority_entropy for the replay (0 for empty trajectories).
     """
     rewards, length, terminal = batch.reward, batch.length, batch.terminal
     num_steps = rewards.shape[1]
@@ -265,7 +274,8 @@ def aride_loss(
     logp_real = jnp.where(mask, logp, 0.0)  # padded garbage (even NaN) stays out of values and gradients
     sg_logp = jax.lax.stop_gradient(logp_real)
     sg_values = jax.lax.stop_gradient(values)
-    rho = importance_ratios(sg_logp, jax.lax.stop_gradient(batch.behavior_logp), length)
+    acted_logp = sg_logp if ratio_logp is None else jax.lax.stop_gradient(jnp.where(mask, ratio_logp, 0.0))
+    rho = importance_ratios(acted_logp, jax.lax.stop_gradient(batch.behavior_logp), length)
     targets, delta = retrace_targets(
         rho, sg_values, rewards, length, terminal, cfg.gamma, cfg.lambda_, cfg.rho_clip, cfg.c_clip
     )
@@ -300,5 +310,46 @@ def aride_loss(
         "priority_delta": traj_mean(jnp.abs(delta)),
         "priority_rho": traj_mean(rho),
         "priority_rho_clipped": traj_mean(rho_bar),
-        "priority_nll": traj_mean(-sg_logp),
+        "priority_entropy": traj_mean(jax.lax.stop_gradient(entropy)),
     }
+
+
+def aride_warmup_loss(
+    logp: jax.Array,
+    values: jax.Array,
+    batch: Batch,
+    cfg: ARideConfig,
+    ratio_logp: jax.Array | None = None,
+) -> tuple[jax.Array, dict[str, jax.Array]]:
+    """An imitation update of A-RIDE: weighted behavior cloning for the actor
+    (learner.algorithm.behavior_cloning), and for the critic the same Retrace targets as `aride_loss`.
+
+    Demonstrations carry the demonstrator's exact log-probabilities (mu), so they are off-policy data
+    that Retrace corrects like any other: the critic keeps estimating V of the learner's policy pi rather
+    than of the demonstrator (regressing on the demonstrations' Monte-Carlo returns would bias every
+    advantage towards the oracle's success rate). Importance weights are not applied (demonstrations
+    are drawn uniformly). Metrics: loss, bc_loss, value_loss, rho_mean.
+    """
+    length = batch.length
+    mask = step_mask(length, logp.shape[1])
+    count = jnp.maximum(mask.sum(), 1)
+    acted = logp if ratio_logp is None else ratio_logp
+    acted = jax.lax.stop_gradient(jnp.where(mask, acted, 0.0))
+    rho = importance_ratios(acted, jax.lax.stop_gradient(batch.behavior_logp), length)
+    targets, _ = retrace_targets(
+        rho,
+        jax.lax.stop_gradient(values),
+        batch.reward,
+        length,
+        batch.terminal,
+        cfg.gamma,
+        cfg.lambda_,
+        cfg.rho_clip,
+        cfg.c_clip,
+    )
+    v_now = jnp.where(mask, values[:, :-1], 0.0)
+    value_loss = 0.5 * jnp.sum(jnp.where(mask, (targets - v_now) ** 2, 0.0)) / count
+    bc = behavior_cloning(logp, batch)
+    total = bc + cfg.value_coef * value_loss
+    rho_mean = jnp.sum(rho) / count
+    return total, {"loss": total, "bc_loss": bc, "value_loss": value_loss, "rho_mean": rho_mean}

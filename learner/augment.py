@@ -22,6 +22,8 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from learner.batch import Batch
+
 TOKEN_KEYS = ("instr_tokens", "elem_tokens")
 """Featurized arrays that hold hashed word ids (0 is padding)."""
 
@@ -83,3 +85,14 @@ def _typed_ids(obs: dict[str, np.ndarray]) -> list[np.ndarray]:
     """Per episode, the ids of instruction words that are in a text field at some step."""
     tokens, in_field = np.asarray(obs["instr_tokens"]), np.asarray(obs["instr_feats"])[..., 1] > 0
     return [np.unique(tokens[b][in_field[b] & (tokens[b] != 0)]) for b in range(tokens.shape[0])]
+
+
+def rename_batch(
+    batch: Batch, rate: float, typed_rate: float, vocab_size: int, seed: int | Sequence[int]
+) -> Batch:
+    """`batch` with its observations renamed (`rename_words`), the originals kept as `acted_obs`: the
+    behaviour policy saw those, so the importance ratios are computed on them (learner/train_step.py)."""
+    if rate == 0.0 and typed_rate == 0.0:
+        return batch
+    obs = rename_words(batch.obs, rate, vocab_size, seed=seed, typed_rate=typed_rate)
+    return batch._replace(obs=obs, acted_obs=batch.obs)

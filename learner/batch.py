@@ -47,6 +47,10 @@ class Batch(NamedTuple):
     """[B] float32: prioritized-replay importance weights (1 for uniform sampling and demonstrations)."""
     keep: Any
     """[B] bool: the instruction-level filter on the actor loss (all True when it is off)."""
+    acted_obs: dict[str, Any] | None = None
+    """The observations as the behaviour policy saw them, when `obs` was augmented after acting (word
+    renaming, learner/augment.py): the importance ratios are computed on these, so that rho = pi / mu is
+    exactly 1 on-policy. None when `obs` is what the actor saw."""
 
     def choice(self) -> dict[str, Any]:
         """The factorized action taken, as common.distribution.log_prob takes it."""
@@ -54,6 +58,7 @@ class Batch(NamedTuple):
 
 
 assert Batch._fields[1 : 1 + len(STEP_ARRAYS)] == tuple(STEP_ARRAYS), "Batch's step fields are STEP_ARRAYS"
+assert Batch._fields[-1] == "acted_obs", "the optional field comes last (NamedTuple defaults)"
 
 
 def collate(episodes: list[Episode], max_steps: int, weights: np.ndarray | None = None) -> Batch:
@@ -79,14 +84,19 @@ def collate(episodes: list[Episode], max_steps: int, weights: np.ndarray | None 
 
 
 def example_batch(
-    feature_spec: dict[str, tuple[tuple[int, ...], str]], batch_size: int, max_steps: int
+    feature_spec: dict[str, tuple[tuple[int, ...], str]],
+    batch_size: int,
+    max_steps: int,
+    acted_obs: bool = False,
 ) -> Batch:
-    """A Batch of the exact shapes and dtypes `collate` produces (all zeros), to compile ahead of data."""
+    """A Batch of the exact shapes and dtypes `collate` produces (all zeros), to compile ahead of data;
+    `acted_obs` adds the un-augmented observations that a renaming learner passes (Batch.acted_obs)."""
     obs = {
         k: np.zeros((batch_size, max_steps + 1, *shape), np.dtype(dt))
         for k, (shape, dt) in feature_spec.items()
     }
     return Batch(
+        acted_obs={k: v.copy() for k, v in obs.items()} if acted_obs else None,
         obs=obs,
         **{k: np.zeros((batch_size, max_steps), np.dtype(dt)) for k, dt in STEP_ARRAYS.items()},
         length=np.ones(batch_size, np.int32),

@@ -161,10 +161,12 @@ class ReplayConfig:
     """Priority exponent of prioritized sampling."""
     beta_start: float = 0.4
     """Initial importance-weight exponent, annealed linearly to 1."""
-    beta_steps: int = 2000
-    """Updates over which beta reaches 1."""
+    beta_steps: int = 1200
+    """Updates (imitation ones included) over which beta reaches 1: about two thirds of a 15-minute
+    SimPhone run's 1,700 updates."""
     priority_weights: tuple[float, float, float] = (1.0, 0.5, 0.1)
-    """(w1, w2, w3) of the trajectory priority w1*mean|delta| + w2*mean(min(rho_clip, rho)) + w3*mean(-log pi)."""
+    """(w1, w2, w3) of the trajectory priority w1*mean|delta| + w2*mean(min(rho_clip, rho)) + w3*mean(H),
+    H the exact entropy of the current policy."""
     max_policy_lag: int = 50
     """Trajectories whose oldest step is more than this many policy versions old are dropped (0: keep all)."""
     samples_per_insert: float = 4.0
@@ -254,6 +256,12 @@ class LossSettings:
             ("--typed-word-rename-rate", self.typed_word_rename_rate),
         ):
             _check(0.0 <= rate <= 1.0, f"{flag} must be in [0, 1], got {rate}")
+
+    @property
+    def renames_words(self) -> bool:
+        """Training batches are renamed (either rate above 0); the ratios then take a second forward pass
+        on the observations the actors saw (learner/train_step.py:forward)."""
+        return self.word_rename_rate > 0 or self.typed_word_rename_rate > 0
 
 
 @dataclass(frozen=True)

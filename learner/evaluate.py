@@ -78,7 +78,7 @@ def evaluate(cfg: EvalConfig, console: Console | None = None) -> dict:
     active = [*range(len(envs))]
     while active:
         feats = featurize.stack([featurize.featurize(obs[i], model_cfg) for i in active])
-        choices, _ = runner.act(feats)
+        choices = runner.act(feats).choices
         still = []
         for i, choice in zip(active, choices, strict=True):
             name = task_name(envs[i])

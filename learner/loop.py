@@ -22,7 +22,7 @@ from rich.console import Console
 
 from learner import multihost
 from learner.algorithm import step_mask
-from learner.augment import rename_words
+from learner.augment import rename_batch
 from learner.batch import Batch, collate
 from learner.config import LearnerConfig
 from learner.setup import Session, open_session
@@ -106,7 +106,7 @@ def _update(s: Session, imitation: bool) -> None:
         batch = collate([s.demos[i] for i in picks], s.cfg.max_steps)
         s.stats.totals["imitation_updates"] += 1
     else:
-        sample = s.replay.sample(s.trainer.local_batch, policy_version=s.trainer.version)
+        sample = s.replay.sample(s.trainer.local_batch, s.trainer.version, progress=s.trainer.update)
         batch = _replay_batch(s, sample.items, sample.weights)
         s.schedule.rl_updates += 1
     result = s.trainer.step(_renamed(s, batch), imitation)
@@ -121,7 +121,7 @@ def _update(s: Session, imitation: bool) -> None:
             sample.generations,
             p["priority_delta"],
             p["priority_rho_clipped"],
-            p["priority_nll"],
+            p["priority_entropy"],
         )
     s.stats.timing["train_s"] += time.monotonic() - t0
 
@@ -142,14 +142,11 @@ def _replay_batch(s: Session, episodes: list, weights: np.ndarray) -> Batch:
 def _renamed(s: Session, batch: Batch) -> Batch:
     """Word renaming (learner/augment.py), seeded per (update, process): a resumed run renames exactly as
     an uninterrupted one."""
-    obs = rename_words(
-        batch.obs,
-        s.cfg.loss.word_rename_rate,
-        s.cfg.model.vocab_size,
-        seed=[s.cfg.seed, s.trainer.update, s.rank],
-        typed_rate=s.cfg.loss.typed_word_rename_rate,
+    loss = s.cfg.loss
+    seed = [s.cfg.seed, s.trainer.update, s.rank]
+    return rename_batch(
+        batch, loss.word_rename_rate, loss.typed_word_rename_rate, s.cfg.model.vocab_size, seed
     )
-    return batch._replace(obs=obs)
 
 
 def _serve_while_busy(s: Session) -> None:

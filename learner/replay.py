@@ -5,8 +5,8 @@ item i is drawn with P(i) = p_i^alpha / sum_k p_k^alpha and its update is scaled
 weight w_i = (N P(i))^-beta / max_j w_j, beta annealed to 1. As in Ape-X (Horgan et al. 2018,
 "Distributed Prioritized Experience Replay") many actors feed one learner-side buffer, new items enter
 at the running max priority and the learner refreshes priorities after each update. The unit is a whole
-trajectory with the DistRL (2024) priority p = w1 mean|delta| + w2 mean(rho) + w3 mean(-log pi), where
-the learner passes the clipped ratio mean(min(rho_clip, rho)) as the rho term (learner/loop.py).
+trajectory with the DistRL (2024) priority p = w1 mean|delta| + w2 mean(min(rho_clip, rho)) + w3 mean(H),
+H the exact entropy of the current policy (learner/aride.py says why each term is taken as it is).
 """
 
 from __future__ import annotations
@@ -106,13 +106,41 @@ def _last_per_index(idx: np.ndarray, values: np.ndarray) -> tuple[np.ndarray, np
     return idx, values[::-1][last]
 
 
-def trajectory_priority(delta_mean, rho_mean, nll_mean, weights=(1.0, 1.0, 1.0), eps=1e-6) -> np.ndarray:
-    """DistRL priority w1 mean|delta| + w2 mean(rho) + w3 mean(-log pi) + eps, per trajectory."""
-    terms = [np.asarray(x, np.float64) for x in (delta_mean, rho_mean, nll_mean)]
+def trajectory_priority(delta_mean, rho_mean, entropy_mean, weights=(1.0, 1.0, 1.0), eps=1e-6) -> np.ndarray:
+    """DistRL priority w1 mean|delta| + w2 mean(rho) + w3 mean(H) + eps, per trajectory (the learner passes
+    the clipped ratios min(rho_clip, rho) as rho)."""
+    terms = [np.asarray(x, np.float64) for x in (delta_mean, rho_mean, entropy_mean)]
     if not all(np.all(np.isfinite(t) & (t >= 0)) for t in terms):
-        raise ValueError("priority terms (mean |delta|, mean rho, mean -log pi) must be finite and >= 0")
+        raise ValueError("priority terms (mean |delta|, mean rho, mean entropy) must be finite and >= 0")
     w1, w2, w3 = weights
     return w1 * terms[0] + w2 * terms[1] + w3 * terms[2] + eps
+
+
+_COUNTS = ("added", "evicted_fifo", "dropped_stale", "sampled", "stale_updates")
+_NEWER_COUNTS = ("added_at_max", "dropped_stale_at_add", "draws_resampled")
+"""Counts a replay state saved by an older version may lack (restored as 0)."""
+RECENT = 1000
+"""Draws (and priority refreshes) over which `stats` reports resampled_share and priority_delta_corr."""
+
+
+def initial_priority_terms(episode: Episode, gamma: float) -> tuple[float, float, float] | None:
+    """The priority terms of an episode as it enters the replay, from the actor's own estimates
+    (Episode.estimates, computed on the forward pass that chose each action), as Ape-X does (Horgan et
+    al. 2018, section 3.1: actors compute initial priorities): (mean |delta_t|, 1, mean H).
+
+    delta_t = r_t + gamma V(s_{t+1}) - V(s_t), with V of a terminal state 0; the last step of a truncated
+    episode has no V(s_L) at the actor and is left out of the mean. The ratio term is 1: to the actor the
+    data is on-policy. None when the episode carries no estimates (the caller uses the running max)."""
+    if not episode.estimates:
+        return None
+    value = episode.estimates["value"].astype(np.float64)
+    reward = episode.steps["reward"].astype(np.float64)
+    delta = reward[:-1] + gamma * value[1:] - value[:-1]
+    if not episode.truncated:
+        delta = np.append(delta, reward[-1] - value[-1])
+    td = float(np.abs(delta).mean()) if delta.size else 0.0
+    entropy = float(np.maximum(episode.estimates["entropy"], 0.0).mean())
+    return td, 1.0, entropy
 
 
 def oldest_version(episode: Episode) -> int:
@@ -141,8 +169,14 @@ class PrioritizedReplay(Generic[T]):
     - Importance weights are normalized by the batch maximum (Schaul's Algorithm 1): no min-tree to keep,
       and each batch's largest weight is exactly 1, so updates are only ever scaled down. N then cancels:
       w_i = (P(i) / min_batch P)^-beta.
-    - beta = beta_start + (beta_end - beta_start) * min(1, calls / beta_steps), calls = earlier samples.
-    - The running max priority only grows (as in Ape-X); new items enter at it (1.0 at first).
+    - beta = beta_start + (beta_end - beta_start) * min(1, progress / beta_steps), where progress is the
+      learner's update count passed to `sample` (imitation updates included, so beta reaches 1 on the
+      learner's clock), or this buffer's count of earlier samples when none is passed.
+    - New items enter at the priority of the terms `add` is given (the actor's own estimates, see
+      `initial_priority_terms`), else at the running max priority, which only grows (1.0 at first).
+    - For the dashboards, over the last RECENT draws: the share that hit an item drawn before
+      (`resampled_share`), and the correlation between an item's priority when drawn and the mean |delta|
+      its update then measured (`priority_delta_corr`: does the priority predict the TD error?).
     - Staleness: an item whose oldest behavior version is below policy_version - max_policy_lag is dropped
       (`dropped_stale`), so every trained step is at most max_policy_lag versions behind. Checked for all
       items when `sample`/`drop_stale` see a newer version, and at `add` against the last one seen
@@ -184,8 +218,11 @@ class PrioritizedReplay(Generic[T]):
         self._order: deque[tuple[int, int]] = deque()  # (slot, generation) by insertion, lazily pruned
         self._cutoff = -math.inf  # items with a version below this are stale
         self._rng = np.random.default_rng(seed)
-        self.counts = dict.fromkeys(("added", "evicted_fifo", "dropped_stale", "sampled", "stale_updates"), 0)
-        self._sample_calls = 0
+        self.counts = dict.fromkeys((*_COUNTS, *_NEWER_COUNTS), 0)
+        self._draws = np.zeros(capacity, np.int64)  # draws of each slot's current item
+        self._recent_resampled: deque[bool] = deque(maxlen=RECENT)
+        self._recent_pairs: deque[tuple[float, float]] = deque(maxlen=RECENT)
+        self._progress = 0  # what beta anneals over (see the class docstring)
 
     def __len__(self) -> int:
         return self.capacity - len(self._free)
@@ -208,17 +245,27 @@ class PrioritizedReplay(Generic[T]):
     @property
     def beta(self) -> float:
         """The beta the next `sample` call uses."""
-        frac = min(1.0, self._sample_calls / self.beta_steps) if self.beta_steps else 1.0
+        frac = min(1.0, self._progress / self.beta_steps) if self.beta_steps else 1.0
         return self.beta_start + (self.beta_end - self.beta_start) * frac
 
     def _leaf(self, p: np.ndarray | float) -> np.ndarray:
         return np.ones_like(p, np.float64) if self.uniform else np.power(p, self.alpha, dtype=np.float64)
 
-    def add(self, item: T, behavior_version: int) -> int | None:
-        """Store one trajectory at the running max priority; returns its slot, None if dropped as stale."""
+    def add(
+        self, item: T, behavior_version: int, priority_terms: tuple[float, float, float] | None = None
+    ) -> int | None:
+        """Store one trajectory at the priority of `priority_terms` (mean |delta|, mean rho, mean H), or at
+        the running max priority without them; returns its slot, None if dropped as stale."""
         if behavior_version < self._cutoff:
             self.counts["dropped_stale"] += 1
+            self.counts["dropped_stale_at_add"] += 1
             return None
+        if priority_terms is None:
+            priority = self.max_priority
+            self.counts["added_at_max"] += 1
+        else:
+            priority = float(trajectory_priority(*priority_terms, self.priority_weights, self.eps))
+            self.max_priority = max(self.max_priority, priority)
         if not self._free:  # full: evict the oldest live item
             self._prune()
             self._clear(np.array([self._order.popleft()[0]]))
@@ -226,8 +273,9 @@ class PrioritizedReplay(Generic[T]):
         slot = self._free.pop()
         self._generation[slot] += 1
         self._items[slot], self._live[slot], self._version[slot] = item, True, behavior_version
-        self.priorities[slot] = self.max_priority
-        self.tree.set(slot, self._leaf(self.max_priority))
+        self.priorities[slot] = priority
+        self._draws[slot] = 0
+        self.tree.set(slot, self._leaf(priority))
         self._order.append((slot, int(self._generation[slot])))
         self._prune()
         self.counts["added"] += 1
@@ -259,10 +307,15 @@ class PrioritizedReplay(Generic[T]):
         self.counts["dropped_stale"] += len(stale)
         return len(stale)
 
-    def sample(self, batch_size: int, policy_version: int | None = None) -> ReplaySample[T]:
-        """Draw batch_size items (stratified, with replacement) after dropping stale ones."""
+    def sample(
+        self, batch_size: int, policy_version: int | None = None, progress: int | None = None
+    ) -> ReplaySample[T]:
+        """Draw batch_size items (stratified, with replacement) after dropping stale ones; `progress` (the
+        learner's update count) sets where beta is in its annealing."""
         if policy_version is not None:
             self.drop_stale(policy_version)
+        if progress is not None:
+            self._progress = progress
         total = self.tree.total
         if not len(self):
             raise ValueError("cannot sample from an empty replay buffer")
@@ -277,20 +330,27 @@ class PrioritizedReplay(Generic[T]):
         else:
             weights = (len(self) * probs) ** -beta
             weights /= weights.max()
-        self._sample_calls += 1
+        self._progress += 1
         self.counts["sampled"] += batch_size
+        before = self._draws[idx] > 0
+        self._recent_resampled.extend(before.tolist())
+        self.counts["draws_resampled"] += int(before.sum())
+        np.add.at(self._draws, idx, 1)
         items = [self._items[i] for i in idx.tolist()]
         return ReplaySample(items, idx, self._generation[idx].copy(), weights, probs, beta)  # type: ignore[arg-type]
 
-    def update_priorities(self, indices, generations, delta_mean, rho_mean, nll_mean) -> int:
-        """Set p = w1 mean|delta| + w2 mean(rho) + w3 mean(-log pi) + eps for sampled slots whose content
+    def update_priorities(self, indices, generations, delta_mean, rho_mean, entropy_mean) -> int:
+        """Set p = w1 mean|delta| + w2 mean(rho) + w3 mean(H) + eps for sampled slots whose content
         is unchanged since sampling (others are counted in `stale_updates`); returns how many applied."""
         idx = np.asarray(indices, np.int64)
         p = np.broadcast_to(
-            trajectory_priority(delta_mean, rho_mean, nll_mean, self.priority_weights, self.eps), idx.shape
+            trajectory_priority(delta_mean, rho_mean, entropy_mean, self.priority_weights, self.eps),
+            idx.shape,
         )
         ok = self._live[idx] & (self._generation[idx] == np.asarray(generations, np.int64))
         self.counts["stale_updates"] += int((~ok).sum())
+        delta = np.broadcast_to(np.asarray(delta_mean, np.float64), ok.shape)[ok]
+        self._recent_pairs.extend(zip(self.priorities[idx[ok]].tolist(), delta.tolist(), strict=True))
         idx, p = _last_per_index(idx[ok], p[ok])
         if idx.size:
             self.priorities[idx] = p
@@ -312,8 +372,11 @@ class PrioritizedReplay(Generic[T]):
             "free": np.array(self._free, np.int64),  # the stack, bottom first
             "max_priority": self.max_priority,
             "cutoff": None if self._cutoff == -math.inf else int(self._cutoff),
-            "sample_calls": self._sample_calls,
+            "sample_calls": self._progress,
             "counts": dict(self.counts),
+            "draws": self._draws[slots],  # of each item
+            "recent_resampled": np.array(self._recent_resampled, np.int64),
+            "recent_pairs": np.array(self._recent_pairs, np.float64).reshape(-1, 2),
             "rng": json.dumps(self._rng.bit_generator.state),
             "alpha": self.alpha,
             "uniform": self.uniform,
@@ -347,7 +410,11 @@ class PrioritizedReplay(Generic[T]):
         same_lag = state.get("max_policy_lag") == self.max_policy_lag
         self._cutoff = s["cutoff"] if same_lag else -math.inf
         self._rng, self.max_priority = rng, s["max_priority"]
-        self.counts, self._sample_calls = s["counts"], s["sample_calls"]
+        self.counts, self._progress = s["counts"], s["sample_calls"]
+        self._draws[:] = 0
+        self._draws[slots] = s["draws"]
+        self._recent_resampled = deque(s["recent_resampled"].astype(bool).tolist(), maxlen=RECENT)
+        self._recent_pairs = deque(map(tuple, s["recent_pairs"].tolist()), maxlen=RECENT)
 
     def stats(self) -> dict[str, float | int]:
         live = self.priorities[self._live]
@@ -359,7 +426,21 @@ class PrioritizedReplay(Generic[T]):
             "priority_min": float(live.min()) if live.size else 0.0,
             "priority_max": float(live.max()) if live.size else 0.0,
             "priority_mean": float(live.mean()) if live.size else 0.0,
+            "resampled_share": float(np.mean(self._recent_resampled)) if self._recent_resampled else 0.0,
+            "priority_delta_corr": _correlation(self._recent_pairs),
+            "stale_dropped_share": self.counts["dropped_stale"]
+            / max(1, self.counts["added"] + self.counts["dropped_stale_at_add"]),
         }
+
+
+def _correlation(pairs) -> float:
+    """Pearson correlation of (x, y) pairs; 0 when undefined (under 10 pairs, or one side constant)."""
+    if len(pairs) < 10:
+        return 0.0
+    x, y = np.array(pairs, np.float64).T
+    if x.std() == 0 or y.std() == 0:
+        return 0.0
+    return float(np.corrcoef(x, y)[0, 1])
 
 
 def _checked_state(replay: PrioritizedReplay, items: list, state: dict[str, Any]) -> dict[str, Any]:
@@ -385,10 +466,19 @@ def _checked_state(replay: PrioritizedReplay, items: list, state: dict[str, Any]
     s["cutoff"] = -math.inf if state.get("cutoff") is None else _int(state, "cutoff")
     s["sample_calls"] = _int(state, "sample_calls")
     counts = state.get("counts")
-    if not isinstance(counts, dict) or set(counts) != set(replay.counts):
-        raise ValueError(f"the replay state needs counts {sorted(replay.counts)}")
-    s["counts"] = {k: _int(counts, k) for k in replay.counts}
+    if not isinstance(counts, dict) or not set(_COUNTS) <= set(counts) <= set(replay.counts):
+        raise ValueError(
+            f"the replay state needs counts {sorted(_COUNTS)} (and may have {list(_NEWER_COUNTS)})"
+        )
+    s["counts"] = {k: _int(counts, k) if k in counts else 0 for k in replay.counts}
     s["rng"] = _rng(state.get("rng"))
+    # Newer fields; a state saved before them counts every item as drawn before, with no recent history.
+    s["draws"] = _array(state, "draws", np.int64, (n,)) if "draws" in state else np.ones(n, np.int64)
+    recent = {"recent_resampled": np.zeros(0, np.int64), "recent_pairs": np.zeros((0, 2))}
+    recent |= {k: state[k] for k in recent if k in state}
+    for name, width in (("recent_resampled", ()), ("recent_pairs", (2,))):
+        rows = min(len(recent[name]), RECENT) if isinstance(recent[name], np.ndarray) else -1
+        s[name] = _array(recent, name, np.int64 if not width else np.float64, (rows, *width))
     return s
 
 

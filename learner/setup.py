@@ -35,7 +35,7 @@ from learner.ingest import IngestServer
 from learner.local_actors import LocalActors
 from learner.mesh import large_model_config, make_mesh
 from learner.metrics import MetricsWriter
-from learner.replay import PrioritizedReplay, oldest_version
+from learner.replay import PrioritizedReplay, initial_priority_terms, oldest_version
 from learner.run_stats import RunStats
 from learner.schedule import Schedule
 from learner.tensorboard import Dashboards, require_wandb
@@ -223,8 +223,8 @@ def open_session(cfg: LearnerConfig, console: Console) -> Session:
 
     def on_episodes(episodes: list[Episode]) -> None:
         schedule.on_episodes(len(episodes))
-        for ep in episodes:
-            replay.add(ep, oldest_version(ep))
+        for ep in episodes:  # at the priority of the actor's own TD errors and entropy, when it sent them
+            replay.add(ep, oldest_version(ep), initial_priority_terms(ep, cfg.loss.gamma))
         stats.on_episodes(episodes)
 
     net = cfg.transport

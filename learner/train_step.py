@@ -13,7 +13,7 @@ from flax import nnx
 
 from common import distribution, model
 from learner.algorithm import LossConfig, actor_critic_loss, warmup_loss
-from learner.aride import ARideConfig, aride_loss
+from learner.aride import ARideConfig, aride_loss, aride_warmup_loss
 from learner.batch import Batch
 
 
@@ -42,6 +42,25 @@ def make_optimizer(
     )
 
 
+def forward(graphdef: nnx.GraphDef, params: Any, batch: Batch) -> tuple[Any, Any, Any, Any]:
+    """The model over a batch -> (logp, entropy, values, ratio_logp).
+
+    logp / entropy [B, T]: log pi of the actions taken and the exact entropy, on `batch.obs` (what the
+    gradient trains on); values [B, T + 1]. ratio_logp [B, T] is log pi on the observations the behaviour
+    policy saw (`batch.acted_obs`, a second forward pass without gradient when the learner renamed words),
+    so that importance ratios compare pi and mu on the same input: rho = 1 exactly at zero policy lag.
+    """
+    logits, values = model.apply(graphdef, params, batch.obs)
+    step_logits = {k: v[:, :-1] for k, v in logits.items()}
+    logp = distribution.log_prob(step_logits, batch.choice())
+    entropy = distribution.entropy(step_logits)
+    if batch.acted_obs is None:
+        return logp, entropy, values, logp
+    acted_logits, _ = model.apply(graphdef, jax.lax.stop_gradient(params), batch.acted_obs)
+    ratio_logp = distribution.log_prob({k: v[:, :-1] for k, v in acted_logits.items()}, batch.choice())
+    return logp, entropy, values, jax.lax.stop_gradient(ratio_logp)
+
+
 def make_train_step(
     graphdef: nnx.GraphDef,
     optimizer: optax.GradientTransformation,
@@ -51,20 +70,19 @@ def make_train_step(
     """Returns jitted step(params, opt_state, batch) -> (params, opt_state, metrics); params are donated.
 
     `loss_cfg` picks the loss: an `ARideConfig` (Retrace targets, replay weights, priorities out) or a
-    `LossConfig` (the plain actor-critic). `warmup=True` trains on demonstrations instead (behavior
-    cloning + critic on returns; needs `gamma` and `value_coef`, which both configs have).
+    `LossConfig` (the plain actor-critic). `warmup=True` trains on demonstrations instead: behavior
+    cloning, and the critic on Retrace targets for pi (A-RIDE) or on the demonstrations' returns (a2c).
     """
 
     def loss_fn(params, batch: Batch):
-        logits, values = model.apply(graphdef, params, batch.obs)
-        step_logits = {k: v[:, :-1] for k, v in logits.items()}
-        logp = distribution.log_prob(step_logits, batch.choice())
+        logp, entropy, values, ratio_logp = forward(graphdef, params, batch)
+        if warmup and isinstance(loss_cfg, ARideConfig):
+            return aride_warmup_loss(logp, values, batch, loss_cfg, ratio_logp=ratio_logp)
         if warmup:
             return warmup_loss(logp, values, batch, loss_cfg)
-        entropy = distribution.entropy(step_logits)
         if isinstance(loss_cfg, ARideConfig):
-            return aride_loss(logp, entropy, values, batch, loss_cfg)
-        return actor_critic_loss(logp, entropy, values, batch, loss_cfg)
+            return aride_loss(logp, entropy, values, batch, loss_cfg, ratio_logp=ratio_logp)
+        return actor_critic_loss(logp, entropy, values, batch, loss_cfg, ratio_logp=ratio_logp)
 
     def step(params, opt_state, batch):
         grads, metrics = jax.grad(loss_fn, has_aux=True)(params, batch)

@@ -42,7 +42,7 @@ class StepResult:
     metrics: dict[str, float]
     """Loss parts, gradient and parameter norms (floats; learner.aride / learner.algorithm name them)."""
     priorities: dict[str, np.ndarray]
-    """priority_delta, priority_rho, priority_rho_clipped, priority_nll [local batch] (empty after an
+    """priority_delta, priority_rho, priority_rho_clipped, priority_entropy [local batch] (empty after an
     imitation update or with --algorithm a2c)."""
     skipped: bool
     """The loss or gradient was not finite: the parameters were left as they were."""
@@ -97,7 +97,7 @@ class Trainer:
         sharding = batch_sharding(self.mesh)
         example = jax.tree.map(
             lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=sharding),
-            example_batch(spec, self.cfg.batch_size, self.cfg.max_steps),
+            example_batch(spec, self.cfg.batch_size, self.cfg.max_steps, self.cfg.loss.renames_words),
         )
 
         def compile_both():

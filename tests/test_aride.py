@@ -124,7 +124,7 @@ def loss_ref(batch, cfg: ARideConfig, weights=None, keep=None):
     policy = value = ent = adv_sum = target_sum = rho_sum = clipped = trained = 0.0
     grads = {"logp": np.zeros((B, T)), "entropy": np.zeros((B, T)), "values": np.zeros((B, T + 1))}
     prio = {
-        k: np.zeros(B) for k in ("priority_delta", "priority_rho", "priority_rho_clipped", "priority_nll")
+        k: np.zeros(B) for k in ("priority_delta", "priority_rho", "priority_rho_clipped", "priority_entropy")
     }
     for b in range(B):
         n = int(length[b])
@@ -147,7 +147,7 @@ def loss_ref(batch, cfg: ARideConfig, weights=None, keep=None):
             prio["priority_delta"][b] += abs(delta[b, t]) / n
             prio["priority_rho"][b] += rho[b, t] / n
             prio["priority_rho_clipped"][b] += min(cfg.rho_clip, rho[b, t]) / n
-            prio["priority_nll"][b] += -logp[b, t] / n
+            prio["priority_entropy"][b] += entropy[b, t] / n
     policy, value, ent = policy / count, value / count, ent / count
     metrics = {
         "loss": policy - cfg.entropy_coef * ent + cfg.value_coef * value,
@@ -398,7 +398,7 @@ def test_importance_weights_scale_each_trajectory_linearly():
         mixed = sum(float(weights[b]) * float(parts[b][key]) for b in range(B))
         assert float(m[key]) == pytest.approx(mixed, rel=1e-5, abs=1e-6), key
     assert float(m["entropy"]) == pytest.approx(float(m1["entropy"]), rel=1e-6)  # the bonus is unweighted
-    for key in ("priority_delta", "priority_rho", "priority_nll"):  # priorities do not depend on weights
+    for key in ("priority_delta", "priority_rho", "priority_entropy"):  # priorities do not depend on weights
         np.testing.assert_array_equal(np.asarray(m[key]), np.asarray(m1[key]))
     g = loss_grads(batch, cfg, weights=weights)
     g1 = loss_grads(batch, cfg)

@@ -3,9 +3,13 @@ runs themselves take minutes: they are benchmarks, not tests)."""
 
 from __future__ import annotations
 
+import os
+import sys
+
 import pytest
 import tyro
 
+from benchmarks import pinning
 from benchmarks.collection import LATENCY, learner_command, mean_step_latency, steps_per_second
 from benchmarks.time_to_success import _time_to_target
 from learner.config import LearnerConfig
@@ -29,11 +33,11 @@ def test_time_to_target_counts_from_the_end_of_the_warmup():
         {"wall": 5.0, "phase": "warmup", "update": 10, "success_rate": 0.0, "env_steps": 100},
         {"wall": 20.0, "phase": "rl", "update": 60, "success_rate": 0.1, "env_steps": 900},
         {"wall": 50.0, "phase": "rl", "update": 90, "success_rate": 0.45, "env_steps": 2000,
-         "stopped": "success target"},
+         "replay/stale_dropped_share": 0.25, "stopped": "success target"},
     ]  # fmt: skip
     got = _time_to_target(lines)
     assert got == {"reached": True, "after_warmup_s": 30.0, "total_s": 50.0, "updates": 90,
-                   "success": 0.45, "env_steps": 2000}  # fmt: skip
+                   "success": 0.45, "env_steps": 2000, "stale_dropped_share": 0.25}  # fmt: skip
     lines[-1]["stopped"] = "time limit"
     assert not _time_to_target(lines)["reached"]
 
@@ -57,3 +61,17 @@ def test_emulator_flags_reach_the_local_actors_unchanged():
     actor = tyro.cli(ActorConfig, args=list(cli_args(cfg, "--emulator")))
     assert actor.emulator == cfg
     assert cli_args(EmulatorModelConfig(), "--emulator") == ()  # defaults add no flags
+
+
+@pytest.mark.skipif(not pinning.available(), reason="needs Linux sched_setaffinity and 2+ cores")
+def test_pinning_puts_the_learner_on_one_core_and_its_children_on_the_others():
+    """What benchmarks/time_to_success.py relies on to mimic a separate learner machine."""
+    child = "import os, time; time.sleep(2.5); print(sorted(os.sched_getaffinity(0)))"
+    parent = (
+        "import os, subprocess, sys; print(sorted(os.sched_getaffinity(0)), flush=True); "
+        f"subprocess.run([sys.executable, '-c', {child!r}])"
+    )
+    done = pinning.run_pinned([sys.executable, "-c", parent], timeout=60, capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    cores = sorted(os.sched_getaffinity(0))
+    assert done.stdout.split("\n")[:2] == [str(cores[:1]), str(cores[1:])]

@@ -86,6 +86,8 @@ def test_learner_and_two_actors_reach_a_success_target(learner_process):
     started = next(m["success_rate"] for m in metrics if m["episodes"] >= 100)
     assert started < 0.15, metrics[:5]
     _assert_two_actors_delivered_and_stopped(learner, metrics)
+    # Every episode came with the actor's own estimates and entered the replay at their priority.
+    assert final["replay/added"] > 0 and final["replay/added_at_max"] == 0
 
 
 @pytest.mark.timeout(400)

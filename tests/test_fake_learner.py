@@ -155,6 +155,8 @@ def test_actor_handshakes_requests_params_and_streams_valid_episodes(fake_learne
         assert (ep.steps["policy_version"] == 0).all()
         assert np.all(ep.steps["behavior_logp"] <= 0)
         assert ep.steps["reward"].sum() == float(ep.success)
+        # The actor's own V(s) and policy entropy, for the episode's priority at the learner.
+        assert set(ep.estimates) == {"value", "entropy"} and np.all(ep.estimates["entropy"] > 0)
     fake_learner.reply(identity, protocol.ACK, seq=traj["seq"], accepted=len(episodes))
 
     # Publish a newer snapshot on the PUB: the actor swaps and later steps carry the new version.

@@ -274,7 +274,7 @@ def test_policy_runner_samples_valid_actions_with_their_log_probs(net):
     runner.load(4, flat)
     assert runner.version == 4
     f = random_features(6)
-    choices, logp = runner.act(f)
+    choices, logp, _, _ = runner.act(f)
     assert len(choices) == N and logp.shape == (N,) and logp.dtype == np.float32
     assert (logp <= 0).all()
     for i, c in enumerate(choices):

@@ -158,6 +158,18 @@ def test_beta_anneals_linearly_and_stops():
     assert exact_buffer([1.0], beta_start=0.4, beta_steps=0).sample(1).beta == 1.0
 
 
+def test_beta_follows_the_learners_update_count():
+    """The learner passes its update count (imitation updates included): beta is on that clock, not on the
+    number of batches this buffer happened to hand out, and a restored buffer continues from it."""
+    buf = exact_buffer([1.0, 1.0], beta_start=0.4, beta_end=1.0, beta_steps=10)
+    assert buf.sample(2, progress=5).beta == pytest.approx(0.7)
+    assert buf.sample(2, progress=8).beta == pytest.approx(0.88)  # updates 6, 7 were imitation
+    assert buf.sample(2, progress=40).beta == 1.0
+    other = exact_buffer([1.0, 1.0], beta_start=0.4, beta_end=1.0, beta_steps=10)
+    other.load_state_dict(*buf.state_dict())
+    assert other.sample(2, progress=9).beta == pytest.approx(0.94)
+
+
 # ---- priorities ------------------------------------------------------------------------------------------
 def test_new_items_enter_at_running_max():
     buf = PrioritizedReplay[str](8, alpha=0.5, priority_weights=(1, 0, 0), eps=0.0)
