@@ -19,9 +19,9 @@ import pytest
 # and benchmark it starts (they inherit the environment): dozens of tests compile the same train and
 # policy steps, and a cache hit (the same executable) takes a fraction of a compile. Set before anything
 # imports JAX; removed at exit, so nothing outlives the session.
-_JAX_CACHE = tempfile.mkdtemp(prefix="distrl-test-jax-cache-")
-atexit.register(shutil.rmtree, _JAX_CACHE, ignore_errors=True)
-os.environ.setdefault("JAX_COMPILATION_CACHE_DIR", _JAX_CACHE)
+if "JAX_COMPILATION_CACHE_DIR" not in os.environ:  # pytest-xdist workers inherit the controller's
+    os.environ["JAX_COMPILATION_CACHE_DIR"] = tempfile.mkdtemp(prefix="distrl-test-jax-cache-")
+    atexit.register(shutil.rmtree, os.environ["JAX_COMPILATION_CACHE_DIR"], ignore_errors=True)
 os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0.2")
 
 ROOT = Path(__file__).resolve().parents[1]
