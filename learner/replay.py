@@ -175,8 +175,9 @@ class PrioritizedReplay(Generic[T]):
     - New items enter at the priority of the terms `add` is given (the actor's own estimates, see
       `initial_priority_terms`), else at the running max priority, which only grows (1.0 at first).
     - For the dashboards, over the last RECENT draws: the share that hit an item drawn before
-      (`resampled_share`), and the correlation between an item's priority when drawn and the mean |delta|
-      its update then measured (`priority_delta_corr`: does the priority predict the TD error?).
+      (`resampled_share`), the correlation between an item's priority when drawn and the mean |delta|
+      its update then measured (`priority_delta_corr`: does the priority predict the TD error?), and
+      each weighted term's spread (`priority_spread_*`: does it move priorities at all?).
     - Staleness: an item whose oldest behavior version is below policy_version - max_policy_lag is dropped
       (`dropped_stale`), so every trained step is at most max_policy_lag versions behind. Checked for all
       items when `sample`/`drop_stale` see a newer version, and at `add` against the last one seen
@@ -222,6 +223,7 @@ class PrioritizedReplay(Generic[T]):
         self._draws = np.zeros(capacity, np.int64)  # draws of each slot's current item
         self._recent_resampled: deque[bool] = deque(maxlen=RECENT)
         self._recent_pairs: deque[tuple[float, float]] = deque(maxlen=RECENT)
+        self._recent_terms: deque[tuple[float, float, float]] = deque(maxlen=RECENT)
         self._progress = 0  # what beta anneals over (see the class docstring)
 
     def __len__(self) -> int:
@@ -349,8 +351,12 @@ class PrioritizedReplay(Generic[T]):
         )
         ok = self._live[idx] & (self._generation[idx] == np.asarray(generations, np.int64))
         self.counts["stale_updates"] += int((~ok).sum())
-        delta = np.broadcast_to(np.asarray(delta_mean, np.float64), ok.shape)[ok]
-        self._recent_pairs.extend(zip(self.priorities[idx[ok]].tolist(), delta.tolist(), strict=True))
+        terms = [
+            np.broadcast_to(np.asarray(t, np.float64), ok.shape)[ok]
+            for t in (delta_mean, rho_mean, entropy_mean)
+        ]
+        self._recent_pairs.extend(zip(self.priorities[idx[ok]].tolist(), terms[0].tolist(), strict=True))
+        self._recent_terms.extend(zip(*(t.tolist() for t in terms), strict=True))
         idx, p = _last_per_index(idx[ok], p[ok])
         if idx.size:
             self.priorities[idx] = p
@@ -377,6 +383,7 @@ class PrioritizedReplay(Generic[T]):
             "draws": self._draws[slots],  # of each item
             "recent_resampled": np.array(self._recent_resampled, np.int64),
             "recent_pairs": np.array(self._recent_pairs, np.float64).reshape(-1, 2),
+            "recent_terms": np.array(self._recent_terms, np.float64).reshape(-1, 3),
             "rng": json.dumps(self._rng.bit_generator.state),
             "alpha": self.alpha,
             "uniform": self.uniform,
@@ -415,6 +422,7 @@ class PrioritizedReplay(Generic[T]):
         self._draws[slots] = s["draws"]
         self._recent_resampled = deque(s["recent_resampled"].astype(bool).tolist(), maxlen=RECENT)
         self._recent_pairs = deque(map(tuple, s["recent_pairs"].tolist()), maxlen=RECENT)
+        self._recent_terms = deque(map(tuple, s["recent_terms"].tolist()), maxlen=RECENT)
 
     def stats(self) -> dict[str, float | int]:
         live = self.priorities[self._live]
@@ -428,9 +436,18 @@ class PrioritizedReplay(Generic[T]):
             "priority_mean": float(live.mean()) if live.size else 0.0,
             "resampled_share": float(np.mean(self._recent_resampled)) if self._recent_resampled else 0.0,
             "priority_delta_corr": _correlation(self._recent_pairs),
+            **_spreads(self._recent_terms, self.priority_weights),
             "stale_dropped_share": self.counts["dropped_stale"]
             / max(1, self.counts["added"] + self.counts["dropped_stale_at_add"]),
         }
+
+
+def _spreads(terms, weights) -> dict[str, float]:
+    """Each weighted priority term's standard deviation over recent refreshes: how much it moves
+    priorities (a term whose spread is tiny next to the others' barely steers sampling)."""
+    std = np.array(terms, np.float64).std(axis=0) if terms else np.zeros(3)
+    names = ("delta", "rho", "entropy")
+    return {f"priority_spread_{n}": float(w * s) for n, w, s in zip(names, weights, std, strict=True)}
 
 
 def _correlation(pairs) -> float:
@@ -474,9 +491,10 @@ def _checked_state(replay: PrioritizedReplay, items: list, state: dict[str, Any]
     s["rng"] = _rng(state.get("rng"))
     # Newer fields; a state saved before them counts every item as drawn before, with no recent history.
     s["draws"] = _array(state, "draws", np.int64, (n,)) if "draws" in state else np.ones(n, np.int64)
-    recent = {"recent_resampled": np.zeros(0, np.int64), "recent_pairs": np.zeros((0, 2))}
+    widths = {"recent_resampled": (), "recent_pairs": (2,), "recent_terms": (3,)}
+    recent = {k: np.zeros((0, *w), np.int64 if not w else np.float64) for k, w in widths.items()}
     recent |= {k: state[k] for k in recent if k in state}
-    for name, width in (("recent_resampled", ()), ("recent_pairs", (2,))):
+    for name, width in widths.items():
         rows = min(len(recent[name]), RECENT) if isinstance(recent[name], np.ndarray) else -1
         s[name] = _array(recent, name, np.int64 if not width else np.float64, (rows, *width))
     return s

@@ -143,3 +143,15 @@ def test_estimates_travel_checked():
         with pytest.raises(ProtocolError) as e:
             _validate(**estimates)
         assert e.value.code == code, estimates
+
+
+def test_each_terms_spread_is_its_weight_times_its_standard_deviation():
+    weights = (1.0, 0.5, 0.1)
+    buf = PrioritizedReplay[int](8, priority_weights=weights)
+    slots = np.array([buf.add(i, 0) for i in range(4)])
+    delta, rho, entropy = np.array([0.1, 0.3, 0.2, 0.6]), np.array([1.0, 0.8, 0.9, 1.0]), np.full(4, 2.0)
+    buf.update_priorities(slots, buf.generations[slots], delta, rho, entropy)
+    stats = buf.stats()
+    assert stats["priority_spread_delta"] == pytest.approx(delta.std())
+    assert stats["priority_spread_rho"] == pytest.approx(0.5 * rho.std())
+    assert stats["priority_spread_entropy"] == 0.0  # a constant term does not steer sampling
