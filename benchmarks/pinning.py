@@ -30,11 +30,11 @@ def _children(pid: int) -> list[int]:
     return out
 
 
-def _pin_tree(pid: int, cpus: set[int]) -> None:
-    for child in _children(pid):
-        for task in Path(f"/proc/{child}/task").glob("*"):
-            with contextlib.suppress(OSError):  # the thread (or the process) ended meanwhile
-                os.sched_setaffinity(int(task.name), cpus)
+def _pin_process(pid: int, cpus: set[int]) -> None:
+    """Every thread of process `pid` onto `cpus`."""
+    for task in Path(f"/proc/{pid}/task").glob("*"):
+        with contextlib.suppress(OSError):  # the thread (or the process) ended meanwhile
+            os.sched_setaffinity(int(task.name), cpus)
 
 
 def available() -> bool:
@@ -50,12 +50,17 @@ def run_pinned(
         popen |= {"stdout": subprocess.PIPE, "stderr": subprocess.PIPE}
     cores = sorted(os.sched_getaffinity(0))
     learner_cpus, actor_cpus = {cores[0]}, set(cores[1:])
-    proc = subprocess.Popen(cmd, preexec_fn=lambda: os.sched_setaffinity(0, learner_cpus), **popen)
+    # No preexec_fn (it forks a multithreaded parent): the new process is pinned right after it starts,
+    # before its imports start threads, and every second again with its children.
+    proc = subprocess.Popen(cmd, **popen)
+    _pin_process(proc.pid, learner_cpus)
     done = threading.Event()
 
     def keep_pinning() -> None:
         while not done.wait(1.0):
-            _pin_tree(proc.pid, actor_cpus)
+            _pin_process(proc.pid, learner_cpus)
+            for child in _children(proc.pid):
+                _pin_process(child, actor_cpus)
 
     pinner = threading.Thread(target=keep_pinning, daemon=True)
     pinner.start()
