@@ -240,6 +240,21 @@ def instruction_keep(instruction_value: jax.Array, low: float, high: float) -> j
     return (instruction_value >= low) & (instruction_value <= high)
 
 
+def _ratios_and_targets(
+    acted_logp: jax.Array, values: jax.Array, batch: Batch, cfg: ARideConfig
+) -> tuple[jax.Array, jax.Array, jax.Array]:
+    """(rho, Retrace targets v_t, clipped TD errors delta_t), all [B, T] and constants (stop-gradient):
+    the off-policy correction both A-RIDE losses share. acted_logp is log pi on the observations mu saw."""
+    mask = step_mask(batch.length, acted_logp.shape[1])
+    acted = jax.lax.stop_gradient(jnp.where(mask, acted_logp, 0.0))
+    rho = importance_ratios(acted, jax.lax.stop_gradient(batch.behavior_logp), batch.length)
+    targets, delta = retrace_targets(
+        rho, jax.lax.stop_gradient(values), batch.reward, batch.length, batch.terminal,
+        cfg.gamma, cfg.lambda_, cfg.rho_clip, cfg.c_clip,
+    )  # fmt: skip
+    return rho, targets, delta
+
+
 def aride_loss(
     logp: jax.Array,
     entropy: jax.Array,
@@ -272,13 +287,8 @@ def aride_loss(
     kept = jnp.asarray(batch.keep, bool)
 
     logp_real = jnp.where(mask, logp, 0.0)  # padded garbage (even NaN) stays out of values and gradients
-    sg_logp = jax.lax.stop_gradient(logp_real)
     sg_values = jax.lax.stop_gradient(values)
-    acted_logp = sg_logp if ratio_logp is None else jax.lax.stop_gradient(jnp.where(mask, ratio_logp, 0.0))
-    rho = importance_ratios(acted_logp, jax.lax.stop_gradient(batch.behavior_logp), length)
-    targets, delta = retrace_targets(
-        rho, sg_values, rewards, length, terminal, cfg.gamma, cfg.lambda_, cfg.rho_clip, cfg.c_clip
-    )
+    rho, targets, delta = _ratios_and_targets(logp if ratio_logp is None else ratio_logp, values, batch, cfg)
     advantage = pg_advantages(rho, targets, sg_values, rewards, length, terminal, cfg.gamma, cfg.pg_rho_clip)
     used, trains = shape_advantages(advantage, mask, cfg.advantage_threshold, cfg.binarize_advantage)
     trains = trains & kept[:, None]
@@ -333,20 +343,7 @@ def aride_warmup_loss(
     length = batch.length
     mask = step_mask(length, logp.shape[1])
     count = jnp.maximum(mask.sum(), 1)
-    acted = logp if ratio_logp is None else ratio_logp
-    acted = jax.lax.stop_gradient(jnp.where(mask, acted, 0.0))
-    rho = importance_ratios(acted, jax.lax.stop_gradient(batch.behavior_logp), length)
-    targets, _ = retrace_targets(
-        rho,
-        jax.lax.stop_gradient(values),
-        batch.reward,
-        length,
-        batch.terminal,
-        cfg.gamma,
-        cfg.lambda_,
-        cfg.rho_clip,
-        cfg.c_clip,
-    )
+    rho, targets, _ = _ratios_and_targets(logp if ratio_logp is None else ratio_logp, values, batch, cfg)
     v_now = jnp.where(mask, values[:, :-1], 0.0)
     value_loss = 0.5 * jnp.sum(jnp.where(mask, (targets - v_now) ** 2, 0.0)) / count
     bc = behavior_cloning(logp, batch)
