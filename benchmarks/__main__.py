@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import inspect
+import shlex
 
 from benchmarks.report import emit
 
@@ -17,6 +19,8 @@ BENCHMARKS = {
     "adb_step": "benchmarks.adb_step",
     "collection": "benchmarks.collection",
     "time_to_success": "benchmarks.time_to_success",
+    "final_success": "benchmarks.final_success",
+    "ablation": "benchmarks.ablation",
 }
 
 
@@ -25,10 +29,21 @@ def main() -> None:
     parser.add_argument("name", choices=[*BENCHMARKS, "all"], help="which benchmark to run")
     parser.add_argument("--quick", action="store_true", help="fewer repeats and smaller sizes")
     parser.add_argument("--json", help="write the results here (with 'all': a prefix, NAME.json appended)")
+    parser.add_argument(
+        "--learner-args",
+        default="",
+        help="extra learner flags for the benchmarks that run the learner and take them (time_to_success), "
+        "e.g. --learner-args='--max-policy-lag 50'",
+    )
     args = parser.parse_args()
     names = list(BENCHMARKS) if args.name == "all" else [args.name]
+    extra = tuple(shlex.split(args.learner_args))
     for name in names:
-        rows = importlib.import_module(BENCHMARKS[name]).run(args.quick)
+        run = importlib.import_module(BENCHMARKS[name]).run
+        takes_extra = "extra" in inspect.signature(run).parameters
+        if extra and not takes_extra:
+            parser.error(f"{name} takes no --learner-args")
+        rows = run(args.quick, extra) if takes_extra else run(args.quick)
         rows, summary = rows if isinstance(rows, tuple) else (rows, None)  # (rows, summary over them)
         path = args.json if len(names) == 1 else (f"{args.json}{name}.json" if args.json else None)
         emit(name, rows, path, summary)

@@ -45,10 +45,11 @@ def _time_to_target(lines: list[dict]) -> dict:
     }
 
 
-def run(quick: bool) -> tuple[list[dict], dict]:
+def run(quick: bool, extra: tuple[str, ...] = ()) -> tuple[list[dict], dict]:
+    """`extra`: learner flags added to both modes' runs (`--learner-args`)."""
     target, limit, time_scale = (0.4, 200.0, 0.2) if quick else (0.5, 600.0, 0.2)
     pinned = pinning.available()
-    rows = [_pair(seed, target, limit, time_scale, pinned) for seed in SEEDS]
+    rows = [_pair(seed, target, limit, time_scale, pinned, extra) for seed in SEEDS]
     ratios = [r["ratio"] for r in rows]
     summary = {
         "seeds": len(rows),
@@ -57,20 +58,21 @@ def run(quick: bool) -> tuple[list[dict], dict]:
         "ratio_max": max(ratios),
         "stale_dropped_share": round(sum(r["stale_dropped_share"] for r in rows) / len(rows), 3),
         "pinned": pinned,
+        "learner_args": " ".join(extra),
     }
     return rows, summary
 
 
-def _pair(seed: int, target: float, limit: float, time_scale: float, pinned: bool) -> dict:
-    extra = (
+def _pair(seed: int, target: float, limit: float, time_scale: float, pinned: bool, extra: tuple) -> dict:
+    flags = (
         "--warmup-demos", "400", "--warmup-updates", "60", "--batch-size", "32",
-        "--stop-at-success", str(target), "--seed", str(seed),
+        "--stop-at-success", str(target), "--seed", str(seed), *extra,
     )  # fmt: skip
     results = {}
     with tempfile.TemporaryDirectory() as tmp:
         for mode in ("async", "sync"):
             run_dir = Path(tmp) / mode
-            cmd = learner_command(mode, run_dir, limit, time_scale, extra)
+            cmd = learner_command(mode, run_dir, limit, time_scale, flags)
             results[mode] = _time_to_target(run_learner(cmd, run_dir, limit + 300, pinned))
     a, s = results["async"], results["sync"]
     return {

@@ -45,7 +45,9 @@ Comparison options from DigiRL (Bai et al. 2024) and DistRL, all off by default:
 - instruction-level critic filter: `Batch.keep` [B] bool, a per-trajectory flag (for example
   `instruction_keep(V_instr(c), low, high)`: the instruction-level value estimate says the task is
   neither solved nor hopeless, so its trajectories are informative); it multiplies the actor loss only,
-  so the critic still learns from every trajectory.
+  so the critic still learns from every trajectory;
+- no correction, `off_policy_correction=False`: rho_t = 1 on every real step (so rho_bar = c / lambda =
+  the policy-gradient weight = 1), the ablation that treats replayed data as on-policy.
 
 Per-trajectory priorities for distributed prioritized replay (DPER), each [B], over real steps
 (0 for an empty trajectory): priority_delta = mean |delta_t| (the rho_bar-clipped TD error above),
@@ -73,7 +75,7 @@ _NUMBERS = ("gamma", "lambda_", "rho_clip", "c_clip", "pg_rho_clip", "entropy_co
 @partial(
     jax.tree_util.register_dataclass,
     data_fields=[*_NUMBERS, "advantage_threshold"],
-    meta_fields=["binarize_advantage"],
+    meta_fields=["binarize_advantage", "off_policy_correction"],
 )
 @dataclass(frozen=True)
 class ARideConfig:
@@ -102,6 +104,9 @@ class ARideConfig:
     """If set, only steps with advantage > this train the actor (DigiRL-style filtering uses 0)."""
     binarize_advantage: bool = False
     """Replace the actor's advantage A by 1[A > 0] (DigiRL-style binarization)."""
+    off_policy_correction: bool = True
+    """False sets every ratio rho (so rho_bar, c and the policy-gradient weight) to 1: the data is
+    treated as on-policy however stale it is (the ablation of the correction)."""
 
     def __post_init__(self):
         # Only plain Python numbers are checked: JAX rebuilds the config with tracers inside jit.
@@ -248,6 +253,8 @@ def _ratios_and_targets(
     mask = step_mask(batch.length, acted_logp.shape[1])
     acted = jax.lax.stop_gradient(jnp.where(mask, acted_logp, 0.0))
     rho = importance_ratios(acted, jax.lax.stop_gradient(batch.behavior_logp), batch.length)
+    if not cfg.off_policy_correction:
+        rho = jnp.where(mask, 1.0, rho)
     targets, delta = retrace_targets(
         rho, jax.lax.stop_gradient(values), batch.reward, batch.length, batch.terminal,
         cfg.gamma, cfg.lambda_, cfg.rho_clip, cfg.c_clip,

@@ -168,7 +168,10 @@ class ReplayConfig:
     """(w1, w2, w3) of the trajectory priority w1*mean|delta| + w2*mean(min(rho_clip, rho)) + w3*mean(H),
     H the exact entropy of the current policy."""
     max_policy_lag: int = 50
-    """Trajectories whose oldest step is more than this many policy versions old are dropped (0: keep all)."""
+    """Trajectories whose oldest step is more than this many policy versions old are dropped (0: keep
+    all). Most of what 50 drops in a short run is what the actors collected with the initial policy
+    during the warm-up; keeping it (0) lowered the greedy success of the 140-update SimPhone test run
+    from 0.54 / 0.405 to 0.17 / 0.385 (seeds 1, 2; BENCHMARKS.md)."""
     samples_per_insert: float = 4.0
     """Rate limit (as Reverb's): reinforcement-learning updates stop once they have sampled, on average,
     this many times per episode inserted; they resume as new episodes arrive."""
@@ -212,6 +215,9 @@ class LossSettings:
     """A-RIDE: only steps with advantage above this train the actor (DigiRL's filtering uses 0; None: all)."""
     binarize_advantage: bool = False
     """A-RIDE: the actor uses 1[A > 0] instead of the advantage A (DigiRL's binarization)."""
+    off_policy_correction: bool = True
+    """A-RIDE: --no-off-policy-correction sets every importance ratio to 1 (rho = c = 1), treating
+    stale data as on-policy: the ablation of the correction (benchmarks/ablation.py)."""
     instruction_filter: tuple[float, float] | None = None
     """A-RIDE: LOW HIGH of DigiRL's instruction-level critic filter: a trajectory trains the actor only if
     its task's recent success rate (learner/instruction_critic.py) is in [LOW, HIGH], skipping tasks

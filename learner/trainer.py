@@ -173,6 +173,7 @@ def loss_config(cfg: LearnerConfig) -> ARideConfig | LossConfig:
             value_coef=loss.value_coef,
             advantage_threshold=loss.advantage_threshold,
             binarize_advantage=loss.binarize_advantage,
+            off_policy_correction=loss.off_policy_correction,
         )
     return LossConfig(loss.gamma, loss.value_coef, cfg.entropy(), loss.rho_clip)  # "a2c"
 

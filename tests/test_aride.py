@@ -442,3 +442,19 @@ def test_instruction_keep_is_a_closed_interval():
 def test_config_rejects_nonsense(bad):
     with pytest.raises(ValueError, match=next(iter(bad))):
         ARideConfig(**bad)
+
+
+def test_without_the_correction_every_ratio_is_one_as_if_on_policy():
+    """off_policy_correction=False (the ablation) gives exactly the loss of the same batch with mu := pi,
+    where every rho is 1; with the correction on, the stale batch's loss differs."""
+    batch = random_batch(8, garbage="nan")
+    on_policy = {**batch, "behavior_logp": np.where(real(batch["length"]), batch["logp"], np.nan)}
+    _, ablated = call_loss(batch, ARideConfig(off_policy_correction=False))
+    _, reference = call_loss(on_policy, ARideConfig())
+    _, corrected = call_loss(batch, ARideConfig())
+    for key in reference:
+        np.testing.assert_allclose(
+            np.asarray(ablated[key]), np.asarray(reference[key]), rtol=1e-6, err_msg=key
+        )
+    assert float(reference["rho_mean"]) == pytest.approx(1.0)
+    assert abs(float(corrected["value_loss"]) - float(reference["value_loss"])) > 1e-3
