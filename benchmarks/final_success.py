@@ -53,9 +53,13 @@ def run(quick: bool) -> tuple[list[dict], dict]:
     return compare(("aride", "digirl_sync"), quick)
 
 
-def compare(variants: tuple[str, ...], quick: bool) -> tuple[list[dict], dict]:
-    """Every variant on every seed at equal wall time; rows and the summary described above."""
-    seconds, episodes = (120.0, 100) if quick else (300.0, 200)
+def compare(
+    variants: tuple[str, ...], quick: bool, seconds: float | None = None, episodes: int | None = None
+) -> tuple[list[dict], dict]:
+    """Every variant on every seed at equal wall time (`seconds`, warm-up included; default 120 quick,
+    300 otherwise), evaluated on `episodes` (100 / 200); rows and the summary described above."""
+    seconds = seconds or (120.0 if quick else 300.0)
+    episodes = episodes or (100 if quick else 200)
     pinned = pinning.available()
     rows = []
     for seed in SEEDS:
