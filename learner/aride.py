@@ -46,8 +46,8 @@ Comparison options from DigiRL (Bai et al. 2024) and DistRL, all off by default:
   `instruction_keep(V_instr(c), low, high)`: the instruction-level value estimate says the task is
   neither solved nor hopeless, so its trajectories are informative); it multiplies the actor loss only,
   so the critic still learns from every trajectory;
-- no correction, `off_policy_correction=False`: rho_t = 1 on every real step (so rho_bar = c / lambda =
-  the policy-gradient weight = 1), the ablation that treats replayed data as on-policy.
+- no correction, `off_policy_correction=False`: rho_t = 1 on every real step (so rho_bar = 1, c = lambda
+  and the policy-gradient weight is 1), the ablation that treats replayed data as on-policy.
 
 Per-trajectory priorities for distributed prioritized replay (DPER), each [B], over real steps
 (0 for an empty trajectory): priority_delta = mean |delta_t| (the rho_bar-clipped TD error above),
