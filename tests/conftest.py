@@ -115,3 +115,12 @@ def one_line(text: str) -> str:
     """`text` with box-drawing borders and line breaks folded into single spaces: tyro prints a config's
     ValueError in a box wrapped to the terminal width, and tests look for the message in it."""
     return " ".join(text.translate({ord(c): " " for c in "│╭╮╰╯─"}).split())
+
+
+def pytest_collection_modifyitems(config, items):
+    """Tests marked `long` (learners with actors, minutes of training) run first, the rest in their usual
+    order after them. With two xdist workers handing out one test at a time, the short ones then fill in
+    around the long ones and both workers finish at about the same time, instead of one worker starting a
+    two-minute test near the end while the other idles. The sort is stable, so every worker collects the
+    same order (xdist requires it)."""
+    items.sort(key=lambda item: item.get_closest_marker("long") is None)

@@ -31,6 +31,7 @@ def test_wire_benchmark_writes_json(tmp_path):
             assert row[key] > 0, (key, row)
 
 
+@pytest.mark.long
 def test_train_scaling_quick_has_1_and_8_devices(tmp_path):
     out = tmp_path / "train_scaling.json"
     cmd = [sys.executable, "-m", "benchmarks", "train_scaling", "--quick", "--json", str(out)]

@@ -40,6 +40,7 @@ def _fresh():
     return make_train_step(graphdef, optimizer, LossConfig()), params, optimizer.init(params)
 
 
+@pytest.mark.long
 @pytest.mark.timeout(900)  # three compiles of the train step: seconds idle, minutes on a busy machine
 def test_resume_matches_an_uninterrupted_run(tmp_path):
     step, params, opt_state = _fresh()

@@ -66,7 +66,8 @@ def _assert_two_actors_delivered_and_stopped(learner, metrics: list[dict]) -> No
     assert learner.proc.returncode == 0
 
 
-@pytest.mark.timeout(400)
+@pytest.mark.long
+@pytest.mark.timeout(800)
 def test_learner_and_two_actors_reach_a_success_target(learner_process):
     """Plain RL from scratch on the stand-in phone reaches a sampled success rate of 0.3 over 100
     episodes (the initial policy: about 0.02) within 120 updates.
@@ -80,7 +81,7 @@ def test_learner_and_two_actors_reach_a_success_target(learner_process):
         learner_process,
         *STANDIN,
         *("--max-updates", str(STANDIN_BUDGET), "--stop-at-success", str(STANDIN_TARGET)),
-        timeout=380,
+        timeout=760,
     )
     final = metrics[-1]
     assert final["stopped"] == "success target", [(m["update"], m["success_rate"]) for m in metrics]
@@ -92,7 +93,8 @@ def test_learner_and_two_actors_reach_a_success_target(learner_process):
     assert final["replay/added"] > 0 and final["replay/added_at_max"] == 0
 
 
-@pytest.mark.timeout(400)
+@pytest.mark.long
+@pytest.mark.timeout(800)
 def test_without_learning_the_success_target_is_not_reached(learner_process):
     """The sabotaged twin of the test above (--learning-rate 0: the parameters never change) runs its
     whole budget without reaching the target: the criterion fails when nothing learns."""
@@ -101,7 +103,7 @@ def test_without_learning_the_success_target_is_not_reached(learner_process):
         *STANDIN,
         *("--max-updates", str(STANDIN_BUDGET), "--stop-at-success", str(STANDIN_TARGET)),
         *("--learning-rate", "0"),
-        timeout=380,
+        timeout=760,
     )
     final = metrics[-1]
     assert final["stopped"] == "update limit" and final["update"] == STANDIN_BUDGET
@@ -109,7 +111,8 @@ def test_without_learning_the_success_target_is_not_reached(learner_process):
     _assert_two_actors_delivered_and_stopped(learner, metrics)
 
 
-@pytest.mark.timeout(500)
+@pytest.mark.long
+@pytest.mark.timeout(1000)
 def test_default_simphone_run_warms_up_then_trains_a_policy_that_succeeds_greedily(learner_process, tmp_path):
     """The default SimPhone configuration (warm-up on 600 oracle demonstrations for 100 updates, then
     RL with one imitation update in 4) trains, in 140 updates, a policy whose greedy success on 200
@@ -121,7 +124,7 @@ def test_default_simphone_run_warms_up_then_trains_a_policy_that_succeeds_greedi
 
     Calibration (seeds 1-3 twice, on the loaded 2-core machine): n=6, greedy train success 0.33 / 0.35 /
     0.45 / 0.45 / 0.46 / 0.565 (held-out test split: 0.215 to 0.40), wall 275 s to 434 s."""
-    learner, metrics = _run(learner_process, *SIMPHONE, "--max-updates", str(SIMPHONE_BUDGET), timeout=420)
+    learner, metrics = _run(learner_process, *SIMPHONE, "--max-updates", str(SIMPHONE_BUDGET), timeout=840)
     log = learner.log()
     assert "600 demonstrations (success" in log and "for warm-up for 100 updates and the replay" in log
     assert "and one in 4 updates after the warm-up" in log
@@ -144,7 +147,7 @@ def test_default_simphone_run_warms_up_then_trains_a_policy_that_succeeds_greedi
     out = tmp_path / "eval.json"
     cmd = [sys.executable, "-m", "learner", "eval", "--checkpoint", str(learner.run_dir), "--split", "train"]
     cmd += ["--episodes", "200", "--json", str(out)]
-    done = subprocess.run(cmd, cwd=ROOT, env=ACTOR_ENV, capture_output=True, text=True, timeout=240)
+    done = subprocess.run(cmd, cwd=ROOT, env=ACTOR_ENV, capture_output=True, text=True, timeout=480)
     assert done.returncode == 0, done.stdout + done.stderr
     report = json.loads(out.read_text())
     assert report["update"] == SIMPHONE_BUDGET and report["episodes"] == 200

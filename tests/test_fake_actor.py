@@ -372,6 +372,7 @@ def test_welcome_is_bound_to_the_connection(learner_process, fake_actor):
 QUIET_ACTOR = ("--actor-timeout", "600")
 
 
+@pytest.mark.long
 def test_param_req_reply_and_published_snapshots(learner_process, fake_actor):
     learner = learner_process("--batch-size", "2", "--publish-every", "1", "--log-every", "0.5", *QUIET_ACTOR)
     actor = fake_actor(learner)
@@ -622,6 +623,7 @@ def test_token_id_beyond_vocab_is_refused(learner_process, fake_actor):
     assert reply["kind"] == "ERROR" and reply["code"] == "bad_array"
 
 
+@pytest.mark.long
 def test_batches_are_stored_once_across_resends_reconnects_and_a_learner_restart(learner_process, fake_actor):
     learner = learner_process("--batch-size", "2", "--log-every", "0.2")
     a = fake_actor(learner, "a")

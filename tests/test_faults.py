@@ -159,6 +159,7 @@ def refusals_explained(final: dict, *actors: ActorProcess) -> None:
 
 
 # ---- 1. a clean run ----------------------------------------------------------------------------------
+@pytest.mark.long
 @pytest.mark.timeout(900)
 def test_clean_run_accounts_for_every_episode(learner_process, start_actor):
     learner = learner_process(*FAST_LEARNER)
@@ -185,6 +186,7 @@ def sequence(lines: list[dict], key: str) -> list:
 
 
 # ---- 2. an actor frozen past the learner's actor timeout -------------------------------------------
+@pytest.mark.long
 @pytest.mark.timeout(900)
 def test_actor_frozen_past_the_timeout_rejoins_and_loses_nothing(learner_process, start_actor):
     learner = learner_process(*FAST_LEARNER, "--actor-timeout", "1.5")
@@ -215,6 +217,7 @@ def test_actor_frozen_past_the_timeout_rejoins_and_loses_nothing(learner_process
 
 
 # ---- 3. an actor killed mid-stream ------------------------------------------------------------------
+@pytest.mark.long
 @pytest.mark.timeout(900)
 def test_killed_actor_is_forgotten_and_a_new_one_streams(learner_process, start_actor):
     learner = learner_process(*FAST_LEARNER, "--actor-timeout", "3")
@@ -251,6 +254,7 @@ RESUMED = re.compile(
 )
 
 
+@pytest.mark.long
 @pytest.mark.timeout(900)
 def test_killed_learner_restarts_from_its_checkpoint_and_the_actor_rejoins(
     learner_process, start_actor, tmp_path
@@ -263,6 +267,9 @@ def test_killed_learner_restarts_from_its_checkpoint_and_the_actor_rejoins(
     # the dead learner acknowledged after that checkpoint are exactly so many episodes.
     args += ("--max-policy-lag", "0", "--ingest-port", str(ingest), "--params-port", str(params))
     first = learner_process(*args, run_dir=run_dir)
+    # The actor's 600 episodes must outlast two checkpoints: on a busy machine they take less time than
+    # the learner's first compile, so the actor starts once the learner can train.
+    wait_for(lambda: "train step compiled" in first.log(), START_S, "the learner's compiled step")
     actor = start_actor(
         ingest, params, "--max-episodes", "600", "--seed", "6", "--flush-timeout", "120",
         "--max-batch-episodes", "1", "--max-pending-episodes", "16",
@@ -298,6 +305,7 @@ def test_killed_learner_restarts_from_its_checkpoint_and_the_actor_rejoins(
 SLACK, CREDIT, MAX_BATCH, BATCH, SPI = 20, 1, 8, 16, 16.0
 
 
+@pytest.mark.long
 @pytest.mark.timeout(900)
 @pytest.mark.parametrize("when_blocked", ["discard", "wait"])
 def test_insert_slack_bounds_what_the_learner_stores_ahead_of_training(
@@ -385,6 +393,7 @@ def test_insert_slack_below_the_batch_size_does_not_wedge_the_learner(learner_pr
     assert all(m["episodes"] >= 32 for m in closed), closed[:1]
 
 
+@pytest.mark.long
 @pytest.mark.timeout(900)
 def test_flush_survives_a_learner_restart(learner_process, start_actor, tmp_path):
     ingest, params = free_ports(2)

@@ -52,6 +52,7 @@ def test_pre_encoded_traj_is_what_wire_encode_writes_and_validates():
     assert [ep.length for ep in stored] == [ingest.STEPS] * ingest.EPISODES_PER_BATCH
 
 
+@pytest.mark.long
 def test_ingest_benchmark_smoke(tmp_path):
     assert BENCHMARKS["ingest"] == "benchmarks.ingest"
     rows = ingest.run(True, connections=4, duration_s=1.0, warmup_s=0.2)

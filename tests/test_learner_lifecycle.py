@@ -37,6 +37,7 @@ def wait_for(predicate, timeout: float, what: str) -> None:
         time.sleep(0.2)
 
 
+@pytest.mark.long
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
 def test_signal_stops_learner_and_its_actors(learner_process, sig):
     learner = learner_process("--local-actors", "1", "--envs-per-actor", "2", "--log-every", "0.5")
@@ -72,6 +73,7 @@ def test_actors_exit_when_the_learner_is_killed(learner_process):
     wait_for(lambda: actor_children(pid) == [], START_S, "the orphaned actor to exit")
 
 
+@pytest.mark.long
 def test_restart_resumes_from_the_checkpoint(learner_process, tmp_path):
     run_dir = tmp_path / "resumable"
     args = ("--local-actors", "1", "--envs-per-actor", "4", "--batch-size", "4", "--checkpoint-every", "5")

@@ -21,7 +21,7 @@ PAIR_S = 900
 """Deadline for one pair of learner processes (each with an actor) to reach its update limit: a couple
 of minutes on an idle machine, several times that on a busy one (the --time-limit is a minute shorter,
 so a stuck pair still writes its final records)."""
-pytestmark = pytest.mark.timeout(2 * PAIR_S + 60)
+pytestmark = [pytest.mark.timeout(2 * PAIR_S + 60), pytest.mark.long]
 
 
 def _free_port() -> int:

@@ -139,6 +139,7 @@ def test_the_warmup_critic_regresses_onto_the_retrace_targets_for_pi():
     assert np.abs(np.asarray(mc_targets) - np.asarray(targets))[real].max() > 0.1
 
 
+@pytest.mark.long
 def test_the_learners_imitation_update_uses_that_critic():
     """The jitted imitation step of an A-RIDE learner is aride_warmup_loss (its ratios are reported),
     not the plain actor-critic's warm-up on Monte-Carlo returns."""

@@ -66,6 +66,7 @@ def test_no_tensorboard_writes_nothing(tmp_path):
     assert not (tmp_path / "tensorboard").exists()
 
 
+@pytest.mark.long
 @pytest.mark.timeout(900)
 def test_a_real_run_writes_its_records_to_tensorboard(learner_process):
     learner = learner_process(
