@@ -124,3 +124,22 @@ def pytest_collection_modifyitems(config, items):
     two-minute test near the end while the other idles. The sort is stable, so every worker collects the
     same order (xdist requires it)."""
     items.sort(key=lambda item: item.get_closest_marker("long") is None)
+
+
+ONE_WORKER_MODULES = ("tests/test_mesh.py", "tests/test_fuzz_ingest.py")
+"""Modules whose tests share a module-scoped fixture (the mesh checks compile for half a minute; the
+fuzz world's second test reads what the first did), so all their tests run on one xdist worker."""
+
+
+def pytest_xdist_make_scheduler(config, log):
+    """Hand out one test at a time, except ONE_WORKER_MODULES, one module at a time. xdist's own
+    `--dist loadgroup` would do it with `xdist_group` marks, but with pytest 9.2 it silently stops
+    grouping (pytest-dev/pytest-xdist#1386), so the grouping lives here, on the test ids alone."""
+    from xdist.scheduler import LoadScopeScheduling
+
+    class OneTestOrOneModule(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            module = nodeid.split("::", 1)[0]
+            return module if module in ONE_WORKER_MODULES else nodeid
+
+    return OneTestOrOneModule(config, log)

@@ -18,7 +18,7 @@ from common.config import ModelConfig
 from learner.ingest import IngestServer
 from tests.test_fake_actor import make_episode
 
-pytestmark = [pytest.mark.timeout(600), pytest.mark.long, pytest.mark.xdist_group("fuzz")]
+pytestmark = [pytest.mark.timeout(600), pytest.mark.long]
 
 MODEL = ModelConfig(vocab_size=64, max_instruction_tokens=4, max_elements=5, max_element_tokens=2,
                     d_model=8, num_heads=2, num_layers=1, mlp_dim=8)  # fmt: skip

@@ -23,7 +23,7 @@ from tests.conftest import ROOT
 
 CHECKS_S = 900
 """The mesh checks compile a dozen sharded steps: a minute or two idle, several times that on a busy machine."""
-pytestmark = [pytest.mark.timeout(CHECKS_S + 120), pytest.mark.long, pytest.mark.xdist_group("mesh")]
+pytestmark = [pytest.mark.timeout(CHECKS_S + 120), pytest.mark.long]
 
 MESH_ENV = {
     **os.environ,
