@@ -169,9 +169,9 @@ class ReplayConfig:
     H the exact entropy of the current policy."""
     max_policy_lag: int = 50
     """Trajectories whose oldest step is more than this many policy versions old are dropped (0: keep
-    all). Most of what 50 drops in a short run is what the actors collected with the initial policy
-    during the warm-up; keeping it (0) lowered the greedy success of the 140-update SimPhone test run
-    from 0.54 / 0.405 to 0.17 / 0.385 (seeds 1, 2; BENCHMARKS.md)."""
+    all). Without the emulator latency model the replay's first-in first-out eviction ages data out
+    first and 50 drops nothing; behind it (time_to_success) 50 dropped 0-24% of the async episodes
+    (BENCHMARKS.md, "Stale data")."""
     samples_per_insert: float = 4.0
     """Rate limit (as Reverb's): reinforcement-learning updates stop once they have sampled, on average,
     this many times per episode inserted; they resume as new episodes arrive."""
