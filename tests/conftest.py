@@ -131,6 +131,7 @@ ONE_WORKER_MODULES = ("tests/test_mesh.py", "tests/test_fuzz_ingest.py")
 fuzz world's second test reads what the first did), so all their tests run on one xdist worker."""
 
 
+@pytest.hookimpl(optionalhook=True)  # an xdist hook: no error where xdist is not installed
 def pytest_xdist_make_scheduler(config, log):
     """Hand out one test at a time, except ONE_WORKER_MODULES, one module at a time. xdist's own
     `--dist loadgroup` would do it with `xdist_group` marks, but with pytest 9.2 it silently stops
