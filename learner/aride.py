@@ -281,7 +281,9 @@ def aride_loss(
 
     Metrics: scalars loss, policy_loss, value_loss, entropy, advantage_mean (raw A), target_mean,
     rho_mean (unclipped), rho_clipped_fraction (share of real steps with rho > rho_clip),
-    actor_step_fraction (share of real steps that train the actor); and [B] priority_delta, priority_rho,
+    actor_step_fraction (share of real steps that train the actor), behavior_kl (how far pi has moved
+    from mu: the mean of rho - 1 - log rho over real steps, an unbiased estimate of KL(mu || pi) from
+    mu's actions, Schulman's "k3"; it ignores `off_policy_correction`); and [B] priority_delta, priority_rho,
     priority_rho_clipped, priority_entropy for the replay (0 for empty trajectories).
     """
     rewards, length, terminal = batch.reward, batch.length, batch.terminal
@@ -314,6 +316,8 @@ def aride_loss(
         return jnp.sum(jnp.where(mask, x, 0.0), axis=1) / per_traj
 
     rho_bar = jnp.minimum(cfg.rho_clip, rho)
+    acted = logp if ratio_logp is None else ratio_logp
+    log_rho = jnp.where(mask, jax.lax.stop_gradient(acted) - batch.behavior_logp, 0.0)
     return total, {
         "loss": total,
         "policy_loss": policy_loss,
@@ -324,6 +328,7 @@ def aride_loss(
         "rho_mean": mean(rho),
         "rho_clipped_fraction": mean((rho > cfg.rho_clip).astype(jnp.float32)),
         "actor_step_fraction": mean(trains.astype(jnp.float32)),
+        "behavior_kl": mean(jnp.expm1(log_rho) - log_rho),
         "priority_delta": traj_mean(jnp.abs(delta)),
         "priority_rho": traj_mean(rho),
         "priority_rho_clipped": traj_mean(rho_bar),

@@ -167,11 +167,12 @@ class ReplayConfig:
     priority_weights: tuple[float, float, float] = (1.0, 0.5, 0.1)
     """(w1, w2, w3) of the trajectory priority w1*mean|delta| + w2*mean(min(rho_clip, rho)) + w3*mean(H),
     H the exact entropy of the current policy."""
-    max_policy_lag: int = 50
-    """Trajectories whose oldest step is more than this many policy versions old are dropped (0: keep
-    all). Without the emulator latency model the replay's first-in first-out eviction ages data out
-    first and 50 drops nothing; behind it (time_to_success) 50 dropped 0-24% of the async episodes
-    (BENCHMARKS.md, "Stale data")."""
+    max_policy_lag: int = 0
+    """If > 0, trajectories whose oldest step is more than this many policy versions old are dropped.
+    0 (the default) keeps everything: the clipped importance ratios correct stale steps, and the
+    replay's first-in first-out eviction ages data out. Behind the emulator latency model a limit of 50
+    dropped 0-24% of the async episodes and reached the success target no sooner (BENCHMARKS.md,
+    "Stale data")."""
     samples_per_insert: float = 4.0
     """Rate limit (as Reverb's): reinforcement-learning updates stop once they have sampled, on average,
     this many times per episode inserted; they resume as new episodes arrive."""
@@ -285,6 +286,9 @@ class OptimizerConfig:
     """Where the cosine decay ends, as a fraction of --learning-rate."""
     max_grad_norm: float = 1.0
     """Global-norm gradient clipping."""
+    rl_lr_scale: float = 1.0
+    """Reinforcement-learning updates step at this fraction of the scheduled learning rate; imitation
+    updates (warm-up, --demo-update-every) at the full rate. Both share one Adam state."""
 
     def __post_init__(self) -> None:
         _check(self.learning_rate >= 0, f"--learning-rate must be >= 0, got {self.learning_rate}")
@@ -294,6 +298,7 @@ class OptimizerConfig:
             f"--lr-final-fraction must be in [0, 1], got {self.lr_final_fraction}",
         )
         _check(self.max_grad_norm > 0, f"--max-grad-norm must be positive, got {self.max_grad_norm}")
+        _check(self.rl_lr_scale > 0, f"--rl-lr-scale must be positive, got {self.rl_lr_scale}")
 
 
 @dataclass(frozen=True)

@@ -66,8 +66,12 @@ def make_train_step(
     optimizer: optax.GradientTransformation,
     loss_cfg: LossConfig | ARideConfig,
     warmup: bool = False,
+    update_scale: float = 1.0,
 ) -> Callable[[Any, Any, Batch], tuple[Any, Any, dict]]:
     """Returns jitted step(params, opt_state, batch) -> (params, opt_state, metrics); params are donated.
+
+    `update_scale` multiplies the optimizer's update before it is applied (the learning rate of this
+    step only: reinforcement-learning and imitation updates share one Adam state but may step apart).
 
     `loss_cfg` picks the loss: an `ARideConfig` (Retrace targets, replay weights, priorities out) or a
     `LossConfig` (the plain actor-critic). `warmup=True` trains on demonstrations instead: behavior
@@ -92,6 +96,8 @@ def make_train_step(
     def step(params, opt_state, batch):
         grads, metrics = jax.grad(loss_fn, has_aux=True)(params, batch)
         updates, new_opt_state = optimizer.update(grads, opt_state, params)
+        if update_scale != 1.0:
+            updates = jax.tree.map(lambda u: u * update_scale, updates)
         new_params = optax.apply_updates(params, updates)
         metrics["grad_norm"] = optax.tree.norm(grads)
         # A non-finite loss or gradient must not poison the parameters: keep the old ones, report it.

@@ -77,7 +77,9 @@ class Trainer:
         )
         self.opt_state = init_opt_state(optimizer, self.params, mesh, specs)
         loss_cfg = loss_config(cfg)
-        self._rl_step = make_sharded_train_step(graphdef, optimizer, loss_cfg, mesh, specs)
+        self._rl_step = make_sharded_train_step(
+            graphdef, optimizer, loss_cfg, mesh, specs, update_scale=opt.rl_lr_scale
+        )
         self._imitation_step = make_sharded_train_step(
             graphdef, optimizer, loss_cfg, mesh, specs, warmup=True
         )

@@ -121,7 +121,7 @@ def loss_ref(batch, cfg: ARideConfig, weights=None, keep=None):
         cfg.pg_rho_clip,
     )
     count = max(int(sum(length)), 1)
-    policy = value = ent = adv_sum = target_sum = rho_sum = clipped = trained = 0.0
+    policy = value = ent = adv_sum = target_sum = rho_sum = clipped = trained = kl = 0.0
     grads = {"logp": np.zeros((B, T)), "entropy": np.zeros((B, T)), "values": np.zeros((B, T + 1))}
     prio = {
         k: np.zeros(B) for k in ("priority_delta", "priority_rho", "priority_rho_clipped", "priority_entropy")
@@ -141,6 +141,8 @@ def loss_ref(batch, cfg: ARideConfig, weights=None, keep=None):
             rho_sum += rho[b, t]
             clipped += rho[b, t] > cfg.rho_clip
             trained += trains
+            log_r = float(logp[b, t]) - float(batch["behavior_logp"][b, t])
+            kl += math.exp(log_r) - 1.0 - log_r
             grads["logp"][b, t] = -coef / count
             grads["entropy"][b, t] = -cfg.entropy_coef / count
             grads["values"][b, t] = cfg.value_coef * w[b] * (values[b, t] - v[b, t]) / count
@@ -159,6 +161,7 @@ def loss_ref(batch, cfg: ARideConfig, weights=None, keep=None):
         "rho_mean": rho_sum / count,
         "rho_clipped_fraction": clipped / count,
         "actor_step_fraction": trained / count,
+        "behavior_kl": kl / count,
     }
     return metrics, prio, grads, adv
 
@@ -452,9 +455,12 @@ def test_without_the_correction_every_ratio_is_one_as_if_on_policy():
     _, ablated = call_loss(batch, ARideConfig(off_policy_correction=False))
     _, reference = call_loss(on_policy, ARideConfig())
     _, corrected = call_loss(batch, ARideConfig())
-    for key in reference:
+    for key in set(reference) - {"behavior_kl"}:  # behavior_kl describes the data, not the loss
         np.testing.assert_allclose(
             np.asarray(ablated[key]), np.asarray(reference[key]), rtol=1e-6, err_msg=key
         )
     assert float(reference["rho_mean"]) == pytest.approx(1.0)
+    assert float(reference["behavior_kl"]) == pytest.approx(0.0, abs=1e-7)
+    assert float(ablated["behavior_kl"]) == pytest.approx(float(corrected["behavior_kl"]))
+    assert float(corrected["behavior_kl"]) > 1e-3
     assert abs(float(corrected["value_loss"]) - float(reference["value_loss"])) > 1e-3

@@ -93,3 +93,24 @@ def test_the_instruction_filter_reaches_the_a_ride_actor_loss():
     none = step(jax.tree.map(jnp.copy, params), optimizer.init(params), batch)[2]
     assert float(none["actor_step_fraction"]) == 0.0 and float(none["policy_loss"]) == 0.0
     assert float(none["value_loss"]) == float(kept["value_loss"])  # the critic still learns from all
+
+
+def test_update_scale_shrinks_the_step_and_keeps_the_optimizer_state():
+    """update_scale (--rl-lr-scale) multiplies the applied step, not the gradient: the parameter change
+    is exactly that fraction of the unscaled one, and Adam's moments come out the same."""
+    graphdef, params = model.create(CFG, 0)
+    optimizer = make_optimizer(1e-2, 1.0)
+    _, _, _, batch, before = _setup(1.0)
+    out = {}
+    for scale in (1.0, 0.25):
+        step = make_train_step(graphdef, optimizer, LossConfig(), update_scale=scale)
+        start = jax.tree.map(jnp.array, params)  # the step donates its inputs
+        new, state, _ = step(start, optimizer.init(start), batch)
+        flat = model.params_to_flat(new)
+        out[scale] = ({k: np.asarray(flat[k]) - before[k] for k in before}, jax.tree.leaves(state))
+    moved = [k for k in before if np.abs(out[1.0][0][k]).max() > 0]
+    assert moved
+    for k in moved:
+        np.testing.assert_allclose(out[0.25][0][k], 0.25 * out[1.0][0][k], rtol=1e-4, atol=1e-9)
+    for a, b in zip(out[1.0][1], out[0.25][1], strict=True):
+        np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-6)
