@@ -171,7 +171,7 @@ class ReplayConfig:
     """If > 0, trajectories whose oldest step is more than this many policy versions old are dropped.
     0 (the default) keeps everything: the clipped importance ratios correct stale steps, and the
     replay's first-in first-out eviction ages data out. Behind the emulator latency model a limit of 50
-    dropped 0-24% of the async episodes and reached the success target no sooner (BENCHMARKS.md,
+    dropped 0-29% of the async episodes and reached the success target no sooner (BENCHMARKS.md,
     "Stale data")."""
     samples_per_insert: float = 4.0
     """Rate limit (as Reverb's): reinforcement-learning updates stop once they have sampled, on average,
