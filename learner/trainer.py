@@ -78,7 +78,7 @@ class Trainer:
         self.opt_state = init_opt_state(optimizer, self.params, mesh, specs)
         loss_cfg = loss_config(cfg)
         self._rl_step = make_sharded_train_step(
-            graphdef, optimizer, loss_cfg, mesh, specs, update_scale=opt.rl_lr_scale
+            graphdef, optimizer, loss_cfg, mesh, specs, update_scale=cfg.rl_lr_scale()
         )
         self._imitation_step = make_sharded_train_step(
             graphdef, optimizer, loss_cfg, mesh, specs, warmup=True

@@ -16,6 +16,7 @@ from learner.config import (
     LearnerConfig,
     LocalActorsConfig,
     LossSettings,
+    OptimizerConfig,
     ReplayConfig,
     flat_dict,
 )
@@ -50,6 +51,15 @@ def test_entropy_default_explores_from_scratch_and_keeps_imitation():
         LearnerConfig(local=LocalActorsConfig(env="standin"), loss=LossSettings(entropy_coef=0.2)).entropy()
         == 0.2
     )
+
+
+def test_rl_learning_rate_scale_defaults_to_fine_tuning_after_demonstrations():
+    assert LearnerConfig().rl_lr_scale() == 0.3
+    assert LearnerConfig(local=LocalActorsConfig(env="standin")).rl_lr_scale() == 1.0
+    explicit = LearnerConfig(
+        local=LocalActorsConfig(env="standin"), optimizer=OptimizerConfig(rl_lr_scale=0.5)
+    )
+    assert explicit.rl_lr_scale() == 0.5  # an explicit value always wins
 
 
 # ---- every config checks itself, naming the flag ---------------------------------------------------
