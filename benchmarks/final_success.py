@@ -13,7 +13,7 @@ core and its actors to the others where the machine allows.
 Variants (VARIANTS): `aride` is the default configuration in `--mode async`; `digirl_sync` is
 `--mode sync` (every environment runs one episode per round on one policy version, then the learner
 trains) with DigiRL's actor loss: only positive advantages train (`--advantage-threshold 0`), as
-1[A > 0] (`--binarize-advantage`), on instructions whose recent success is in [0.1, 0.9]
+1[A > 0] (`--binarize-advantage True`), on instructions whose recent success is in [0.1, 0.9]
 (`--instruction-filter`). The ablations (benchmarks/ablation.py) remove one A-RIDE component each.
 
 Reported per run: greedy test success, updates, episodes. Over the seeds (the JSON's top level), for
@@ -41,7 +41,7 @@ VARIANTS: dict[str, tuple[str, tuple[str, ...]]] = {
     "aride": ("async", ()),
     "digirl_sync": (
         "sync",
-        ("--advantage-threshold", "0", "--binarize-advantage", "--instruction-filter", "0.1", "0.9"),
+        ("--advantage-threshold", "0", "--binarize-advantage", "True", "--instruction-filter", "0.1", "0.9"),
     ),
     "uniform": ("async", ("--replay", "uniform")),
     "no_correction": ("async", ("--no-off-policy-correction",)),

@@ -78,7 +78,7 @@ class Trainer:
         self.opt_state = init_opt_state(optimizer, self.params, mesh, specs)
         loss_cfg = loss_config(cfg)
         self._rl_step = make_sharded_train_step(
-            graphdef, optimizer, loss_cfg, mesh, specs, update_scale=cfg.rl_lr_scale()
+            graphdef, optimizer, loss_cfg, mesh, specs, update_scale=opt.rl_lr_scale
         )
         self._imitation_step = make_sharded_train_step(
             graphdef, optimizer, loss_cfg, mesh, specs, warmup=True
@@ -174,7 +174,7 @@ def loss_config(cfg: LearnerConfig) -> ARideConfig | LossConfig:
             entropy_coef=cfg.entropy(),
             value_coef=loss.value_coef,
             advantage_threshold=loss.advantage_threshold,
-            binarize_advantage=loss.binarize_advantage,
+            binarize_advantage=cfg.binarize_advantage(),
             off_policy_correction=loss.off_policy_correction,
         )
     return LossConfig(loss.gamma, loss.value_coef, cfg.entropy(), loss.rho_clip)  # "a2c"

@@ -16,7 +16,6 @@ from learner.config import (
     LearnerConfig,
     LocalActorsConfig,
     LossSettings,
-    OptimizerConfig,
     ReplayConfig,
     flat_dict,
 )
@@ -53,13 +52,10 @@ def test_entropy_default_explores_from_scratch_and_keeps_imitation():
     )
 
 
-def test_rl_learning_rate_scale_defaults_to_fine_tuning_after_demonstrations():
-    assert LearnerConfig().rl_lr_scale() == 0.3
-    assert LearnerConfig(local=LocalActorsConfig(env="standin")).rl_lr_scale() == 1.0
-    explicit = LearnerConfig(
-        local=LocalActorsConfig(env="standin"), optimizer=OptimizerConfig(rl_lr_scale=0.5)
-    )
-    assert explicit.rl_lr_scale() == 0.5  # an explicit value always wins
+def test_fine_tuning_defaults_after_demonstrations():
+    assert LearnerConfig().binarize_advantage() is True
+    assert LearnerConfig(local=LocalActorsConfig(env="standin")).binarize_advantage() is False
+    assert LearnerConfig(loss=LossSettings(binarize_advantage=False)).binarize_advantage() is False
 
 
 # ---- every config checks itself, naming the flag ---------------------------------------------------
