@@ -125,6 +125,7 @@ def test_grouped_settings_keep_their_flags_and_their_stored_layout():
         f"--{name}" if name == "lambda_" else "--" + name.replace("_", "-") for name in set(flat) - nested
     ]
     values = {"--bind": "localhost", "--lambda_": "0.5", "--demos": "d.msgpack", "--coordinator": "h:1"}
+    values["--binarize-advantage"] = "False"
     for flag in flags:
         field = flag.lstrip("-").replace("-", "_")
         default = flat[field]
