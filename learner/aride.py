@@ -37,7 +37,8 @@ the critic gradient w_b * (V - v) / count, as in learner/algorithm.py, so value_
 both losses. The entropy bonus is neither weighted nor filtered: it is a regularizer of the current
 policy on every visited state, not an estimate that prioritized sampling biases.
 
-Comparison options from DigiRL (Bai et al. 2024) and DistRL, all off by default:
+Options from DigiRL (Bai et al. 2024) and DistRL, all off in ARideConfig (the learner turns binarization on
+after a warm-up on demonstrations, learner/config.py:LossSettings.binarize_advantage):
 - advantage filtering, `advantage_threshold`: f_bt = 1[A_bt > threshold] (DigiRL: threshold 0, keep only
   positive advantages); filtered steps still count in `count`, so filtering never rescales kept steps;
 - advantage binarization, `binarize_advantage`: A~ = 1[A > 0] instead of A (filtering, when on, is
