@@ -219,7 +219,7 @@ class LossSettings:
     the steps that did better than the critic expected and never pushes a sampled action down. Default:
     on after a warm-up on demonstrations, off from scratch. After a warm-up, the signed advantage's
     push-downs raised the entropy and cut sampled success by 0.2 to 0.4 within 30 updates, and held-out
-    greedy success came out 0.36 against 0.50 binarized (BENCHMARKS.md, "The dip after the warm-up")."""
+    greedy success came out 0.36 against 0.49 binarized (BENCHMARKS.md, "The dip after the warm-up")."""
     off_policy_correction: bool = True
     """A-RIDE: --no-off-policy-correction sets every importance ratio to 1 (rho = c = 1), treating
     stale data as on-policy: the ablation of the correction (benchmarks/ablation.py)."""
