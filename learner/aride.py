@@ -298,7 +298,8 @@ def aride_loss(
 
     logp_real = jnp.where(mask, logp, 0.0)  # padded garbage (even NaN) stays out of values and gradients
     sg_values = jax.lax.stop_gradient(values)
-    rho, targets, delta = _ratios_and_targets(logp if ratio_logp is None else ratio_logp, values, batch, cfg)
+    acted = logp if ratio_logp is None else ratio_logp  # log pi on what mu saw: every ratio uses it
+    rho, targets, delta = _ratios_and_targets(acted, values, batch, cfg)
     advantage = pg_advantages(rho, targets, sg_values, rewards, length, terminal, cfg.gamma, cfg.pg_rho_clip)
     used, trains = shape_advantages(advantage, mask, cfg.advantage_threshold, cfg.binarize_advantage)
     trains = trains & kept[:, None]
@@ -317,7 +318,6 @@ def aride_loss(
         return jnp.sum(jnp.where(mask, x, 0.0), axis=1) / per_traj
 
     rho_bar = jnp.minimum(cfg.rho_clip, rho)
-    acted = logp if ratio_logp is None else ratio_logp
     log_rho = jnp.where(mask, jax.lax.stop_gradient(acted) - batch.behavior_logp, 0.0)
     return total, {
         "loss": total,
