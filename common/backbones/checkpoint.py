@@ -47,7 +47,7 @@ def read_tensors(folder: Path) -> dict[str, np.ndarray]:
 
 class TensorSource:
     """Tensors by name, with a prefix some checkpoints add (`bert.` in BertFor* models) removed, handed out
-    with their expected shape checked; `unused()` lists what nothing asked for."""
+    with their expected shape checked."""
 
     def __init__(self, folder: Path, tensors: dict[str, np.ndarray], strip_prefixes: tuple[str, ...] = ()):
         self.folder = Path(folder)
@@ -58,7 +58,6 @@ class TensorSource:
                     name = name[len(prefix) :]
                     break
             self._tensors[name] = value
-        self._taken: set[str] = set()
 
     def take(self, name: str, shape: tuple[int, ...], *alternatives: str) -> np.ndarray:
         """The tensor `name` (or the first of `alternatives` present, for renamed layouts) as float32."""
@@ -70,9 +69,5 @@ class TensorSource:
                         f"{self.folder}: tensor {candidate} has shape {tuple(value.shape)}, "
                         f"config.json implies {tuple(shape)}"
                     )
-                self._taken.add(candidate)
                 return np.asarray(value, np.float32)
         raise CheckpointError(f"{self.folder}: model.safetensors has no tensor {name}")
-
-    def unused(self) -> list[str]:
-        return sorted(set(self._tensors) - self._taken)
