@@ -7,7 +7,7 @@ from typing import NamedTuple
 import jax
 import numpy as np
 
-from common import distribution, featurize, model
+from common import distribution, featurize, model, text_encoder
 from common.config import ModelConfig
 from common.types import Action, ActionType, Observation, PolicyChoice, SwipeDirection
 
@@ -26,7 +26,11 @@ class Acted(NamedTuple):
 
 class PolicyRunner:
     def __init__(self, cfg: ModelConfig, seed: int, greedy: bool = False):
+        # The text encoder's folder and checksum are checked now (CheckpointError: not this learner's).
+        cfg = text_encoder.resolve(cfg)
         self.cfg = cfg
+        self._text: text_encoder.TextEmbedder | None = None
+        """Built on first use (it loads the encoder: seconds), by compile on the actor's helper thread."""
         # Shapes only: the parameters always come from a snapshot (load), and building real ones first
         # would block the actor for up to a minute on a busy CPU, before it can heartbeat.
         self.graphdef, self._template = model.abstract(cfg)
@@ -49,12 +53,23 @@ class PolicyRunner:
     def compile(self, features: dict[str, np.ndarray]) -> None:
         """Compile the sampling step for this batch shape now, with a throwaway key: the actor's own key
         stream (its seeded sampling) is untouched."""
-        jax.block_until_ready(self._act(self.params, features, jax.random.key(0)))
+        jax.block_until_ready(self._act(self.params, self._inputs(features), jax.random.key(0)))
+
+    @property
+    def text(self) -> text_encoder.TextEmbedder | None:
+        """The frozen text encoder and its cache (None without one)."""
+        if self._text is None and self.cfg.uses_text_encoder:
+            self._text = text_encoder.TextEmbedder(self.cfg)
+        return self._text
+
+    def _inputs(self, features: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        """Featurized observations plus the text encoder's states when there is one."""
+        return features if self.text is None else self.text.add(features)
 
     def act(self, features: dict[str, np.ndarray]) -> Acted:
         """Sample one action per row of the batched features (the mode when greedy)."""
         self._key, key = jax.random.split(self._key)
-        choice, logp, value, entropy = jax.device_get(self._act(self.params, features, key))
+        choice, logp, value, entropy = jax.device_get(self._act(self.params, self._inputs(features), key))
         choices = [
             PolicyChoice(int(a), int(e), int(w), int(d))
             for a, e, w, d in zip(

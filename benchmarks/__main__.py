@@ -21,6 +21,7 @@ BENCHMARKS = {
     "time_to_success": "benchmarks.time_to_success",
     "final_success": "benchmarks.final_success",
     "ablation": "benchmarks.ablation",
+    "text_encoder": "benchmarks.text_encoder",
 }
 
 

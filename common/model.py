@@ -57,6 +57,8 @@ class PhonePolicy(nnx.Module):
         self.value_head = nnx.Linear(d, 1, rngs=rngs)
         self.element_pointer = nnx.Linear(d, 1, rngs=rngs)
         self.word_pointer = nnx.Linear(d, 1, rngs=rngs)
+        if cfg.uses_text_encoder:
+            self.text = TextInputs(cfg, rngs)
 
     def __call__(self, f: dict[str, jax.Array]) -> tuple[Logits, jax.Array]:
         """Features with one leading batch axis -> (logits per head, value [B])."""
@@ -67,6 +69,8 @@ class PhonePolicy(nnx.Module):
         elems = word_sum / jnp.maximum(tok_mask.sum(-2), 1) + self.elem_feat(f["elem_feats"])
         batch = instr.shape[0]
         summary = jnp.broadcast_to(self.summary[...], (batch, 1, instr.shape[-1]))
+        if self.cfg.uses_text_encoder:
+            summary, instr, elems = self.text(f, summary, instr, elems)
         x = jnp.concatenate([summary, instr, elems], axis=1)
         valid = jnp.concatenate([jnp.ones((batch, 1), bool), f["instr_mask"], f["elem_mask"]], axis=1)
         attn_mask = nnx.make_attention_mask(jnp.ones_like(valid), valid)
@@ -83,6 +87,38 @@ class PhonePolicy(nnx.Module):
             "direction": self.direction_head(head),
         }
         return logits, self.value_head(head)[..., 0]
+
+
+class TextInputs(nnx.Module):
+    """The frozen text encoder's states (common/text_encoder.py) added to the tokens: the instruction's
+    sentence embedding to the summary token, each word's contextual state to its word token, each label's
+    embedding to its element token; and three cosine similarities, the semantic counterparts of the
+    word-overlap features: element to instruction, element to its best-matching instruction word, and
+    word to its best-matching element. They ground "wireless network" to "Wi-Fi" where no word is shared."""
+
+    def __init__(self, cfg: ModelConfig, rngs: nnx.Rngs):
+        d, t = cfg.d_model, cfg.text_dim
+        self.sentence = nnx.Linear(t, d, rngs=rngs)
+        self.words = nnx.Linear(t, d, rngs=rngs)
+        self.labels = nnx.Linear(t, d, rngs=rngs)
+        self.elem_similarity = nnx.Linear(2, d, rngs=rngs)
+        self.word_similarity = nnx.Linear(1, d, rngs=rngs)
+
+    def __call__(self, f, summary, instr, elems):
+        words, sentence, labels = f["instr_text"], f["instr_sentence"], f["elem_text"]
+        word_ok, elem_ok = f["instr_mask"][:, None, :], f["elem_mask"][:, :, None]
+        cos = jnp.einsum("bed,bwd->bew", labels, words)  # [B, E, Li]; rows are unit vectors (or zero)
+        elem_to_word = jnp.max(jnp.where(word_ok, cos, -1.0), axis=-1)
+        word_to_elem = jnp.max(jnp.where(elem_ok, cos, -1.0), axis=1)
+        elem_to_sentence = jnp.einsum("bed,bd->be", labels, sentence)
+        summary = summary + self.sentence(sentence)[:, None]
+        instr = instr + self.words(words) + self.word_similarity(word_to_elem[..., None])
+        elems = (
+            elems
+            + self.labels(labels)
+            + self.elem_similarity(jnp.stack([elem_to_sentence, elem_to_word], axis=-1))
+        )
+        return summary, instr, elems
 
 
 def _mask_logits(logits: jax.Array, mask: jax.Array) -> jax.Array:

@@ -22,7 +22,8 @@ import jax
 import numpy as np
 from rich.console import Console
 
-from common import featurize
+from common import featurize, text_encoder
+from common.backbones import CheckpointError
 from common.config import cli_args
 from common.curve import CurveError, CurveServer
 from common.protocol import Episode
@@ -180,7 +181,12 @@ def open_session(cfg: LearnerConfig, console: Console) -> Session:
     mh = cfg.multihost
     multihost.initialize(mh.coordinator, mh.num_processes, mh.process_id)
     if cfg.model_preset == "large":
-        cfg = dataclasses.replace(cfg, model=large_model_config())
+        text = {k: getattr(cfg.model, k) for k in ("text_encoder", "text_encoder_weights")}
+        cfg = dataclasses.replace(cfg, model=dataclasses.replace(large_model_config(), **text))
+    try:  # the text encoder's folder, architecture and checksum, before anything is built
+        cfg = dataclasses.replace(cfg, model=text_encoder.resolve(cfg.model))
+    except CheckpointError as e:
+        raise SystemExit(f"--model.text-encoder: {e}") from e
     rank = jax.process_index()
     run_dir = cfg.run_dir if rank == 0 else cfg.run_dir / f"process-{rank}"  # checkpoints: cfg.run_dir's
 

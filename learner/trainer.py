@@ -18,7 +18,7 @@ from typing import Any
 import jax
 import numpy as np
 
-from common import featurize, model
+from common import featurize, model, text_encoder
 from learner import multihost
 from learner.algorithm import LossConfig
 from learner.aride import ARideConfig
@@ -89,13 +89,15 @@ class Trainer:
         """The newest published policy version."""
         # Process I's demonstration draws: process 0's stream jumped I times (so a restored state stays right).
         self.demo_rng = _jumped(np.random.default_rng(cfg.seed), rank)
+        self.text = text_encoder.TextEmbedder(cfg.model) if cfg.model.uses_text_encoder else None
+        """The frozen text encoder and its cache: its states are added to each batch on the host."""
 
     def compile(self, imitation: bool, serve: Callable[[], None]) -> float:
         """Compile the update(s) ahead of data on a helper thread, calling `serve()` meanwhile (the learner
         keeps answering handshakes and taking in data: a first compile can take longer than an actor
         waits); the imitation update only when it will be used. Returns the seconds it took."""
         t0 = time.monotonic()
-        spec = featurize.feature_spec(self.cfg.model)
+        spec = featurize.input_spec(self.cfg.model)
         sharding = batch_sharding(self.mesh)
         example = jax.tree.map(
             lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=sharding),
@@ -120,6 +122,9 @@ class Trainer:
 
     def step(self, batch: Batch, imitation: bool) -> StepResult:
         """One update on this process's rows of a batch (every process calls it together)."""
+        if self.text is not None:
+            acted = None if batch.acted_obs is None else self.text.add(batch.acted_obs)
+            batch = batch._replace(obs=self.text.add(batch.obs), acted_obs=acted)
         batch = multihost.global_batch(batch, batch_sharding(self.mesh), self.cfg.batch_size)
         step_fn = self._imitation_step if imitation else self._rl_step
         self.params, self.opt_state, metrics = step_fn(self.params, self.opt_state, batch)

