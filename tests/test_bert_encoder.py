@@ -59,6 +59,15 @@ def random_tensors(cfg: dict, seed: int = 0, prefix: str = "") -> dict[str, np.n
     return {prefix + k: v for k, v in t.items()}
 
 
+def old_layout(tensors: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """The same tensors as a BertFor* model with old LayerNorm names saves them ("bert." prefix, gamma/beta)."""
+    return {
+        "bert."
+        + k.replace("LayerNorm.weight", "LayerNorm.gamma").replace("LayerNorm.bias", "LayerNorm.beta"): v
+        for k, v in tensors.items()
+    }
+
+
 def write_checkpoint(folder, cfg=CONFIG, tensors=None):
     folder.mkdir(parents=True, exist_ok=True)
     (folder / "config.json").write_text(json.dumps(cfg))
@@ -145,11 +154,7 @@ def test_padding_does_not_change_the_real_tokens(tmp_path):
 
 def test_prefixed_and_gamma_beta_checkpoints_load_the_same(tmp_path):
     plain = random_tensors(CONFIG)
-    renamed = {
-        "bert."
-        + k.replace("LayerNorm.weight", "LayerNorm.gamma").replace("LayerNorm.bias", "LayerNorm.beta"): v
-        for k, v in plain.items()
-    }
+    renamed = old_layout(plain)
     _, a = bert.load(write_checkpoint(tmp_path / "plain"))
     _, b = bert.load(write_checkpoint(tmp_path / "renamed", tensors=renamed))
     np.testing.assert_array_equal(np.asarray(a(IDS, MASK)), np.asarray(b(IDS, MASK)))

@@ -29,7 +29,7 @@ from jax.sharding import PartitionSpec as P
 
 from common.backbones import CheckpointError, bert
 from tests.conftest import ROOT
-from tests.test_bert_encoder import CONFIG, random_tensors, write_checkpoint
+from tests.test_bert_encoder import CONFIG, old_layout, random_tensors, write_checkpoint
 
 SHARD_CONFIG = {
     **CONFIG,
@@ -378,11 +378,7 @@ def test_the_mesh_path_fails_with_the_unsharded_message(tmp_path, fault):
 
 def test_the_mesh_path_reads_prefixed_and_gamma_beta_checkpoints(tmp_path):
     plain = random_tensors(SHARD_CONFIG)
-    renamed = {
-        "bert."
-        + k.replace("LayerNorm.weight", "LayerNorm.gamma").replace("LayerNorm.bias", "LayerNorm.beta"): v
-        for k, v in plain.items()
-    }
+    renamed = old_layout(plain)
     _, want = bert.load(write_checkpoint(tmp_path / "plain", SHARD_CONFIG, plain))
     _, got = bert.load(write_checkpoint(tmp_path / "renamed", SHARD_CONFIG, renamed), one_device_mesh())
     want_params, got_params = flat_params(want), flat_params(got)

@@ -49,6 +49,14 @@ MODEL_FIELDS = {
     "num_heads",
     "num_layers",
     "mlp_dim",
+    "max_instruction_pieces",
+    "max_element_pieces",
+}
+TEXT_ENCODER_FIELDS = {
+    "text_encoder": str,
+    "text_encoder_weights": str,
+    "text_encoder_sha256": str,
+    "text_dim": int,
 }
 CONTRACT_FIELDS = {
     "wall": (int, float),
@@ -329,10 +337,12 @@ def test_handshake_welcome_carries_run_and_model(learner_process, fake_actor):
     assert welcome["max_steps"] == 5
     assert welcome["policy_version"] == 0  # version 0 is published before any actor is served
     model = welcome["model"]
-    assert set(model) == MODEL_FIELDS
+    assert set(model) == MODEL_FIELDS | set(TEXT_ENCODER_FIELDS)
     assert model["max_elements"] == 7 and model["vocab_size"] == 321
     assert model["max_instruction_tokens"] == 16 and model["max_element_tokens"] == 6
-    assert all(isinstance(v, int) and v > 0 for v in model.values())
+    assert all(isinstance(model[k], int) and model[k] > 0 for k in MODEL_FIELDS)
+    assert all(isinstance(model[k], t) for k, t in TEXT_ENCODER_FIELDS.items())
+    assert (model["text_encoder"], model["text_dim"], model["text_encoder_sha256"]) == ("none", 0, "")
 
     other = b.hello()
     assert other["run_id"] == welcome["run_id"]
