@@ -37,6 +37,7 @@ def _actor_steps(cfg: ModelConfig, steps: int) -> tuple[dict, list]:
     runner.act(featurize.stack([featurize.featurize(o, runner.cfg) for o in obs]))  # compile
     if runner.text is not None:
         runner.text.lookups = runner.text.misses = 0
+        runner.text.encode_seconds = 0.0
     seen, seed = [], ENVS
     t0 = time.perf_counter()
     for _ in range(steps):
