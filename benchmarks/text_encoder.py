@@ -19,6 +19,7 @@ from actors.policy_runner import PolicyRunner, to_action
 from benchmarks.report import best_seconds
 from common import featurize, model, text_encoder, wire
 from common.config import ModelConfig
+from common.protocol import STEP_ARRAYS, Episode
 from learner.batch import collate
 from learner.config import LearnerConfig
 from learner.mesh import make_mesh
@@ -72,8 +73,6 @@ def _updates_per_s(cfg: ModelConfig, seen: list[dict], repeats: int) -> float:
     lcfg = dataclasses.replace(LearnerConfig(), model=cfg)
     trainer = Trainer(lcfg, make_mesh(lcfg.mesh), 0)
     steps = lcfg.max_steps
-    from common.protocol import STEP_ARRAYS, Episode
-
     episodes = []
     for b in range(lcfg.batch_size):
         rows = [seen[(b * 7 + t) % len(seen)] for t in range(steps + 1)]

@@ -123,8 +123,13 @@ class Trainer:
     def step(self, batch: Batch, imitation: bool) -> StepResult:
         """One update on this process's rows of a batch (every process calls it together)."""
         if self.text is not None:
-            acted = None if batch.acted_obs is None else self.text.add(batch.acted_obs)
-            batch = batch._replace(obs=self.text.add(batch.obs), acted_obs=acted)
+            obs = self.text.add(batch.obs)
+            # Word renaming (learner/augment.py) changes hashed ids only, never the WordPiece ids: the
+            # acted observations read the very same encoder states, so they are not looked up twice.
+            acted = batch.acted_obs
+            if acted is not None:
+                acted = {**acted, **{k: obs[k] for k in text_encoder.EMBEDDING_KEYS}}
+            batch = batch._replace(obs=obs, acted_obs=acted)
         batch = multihost.global_batch(batch, batch_sharding(self.mesh), self.cfg.batch_size)
         step_fn = self._imitation_step if imitation else self._rl_step
         self.params, self.opt_state, metrics = step_fn(self.params, self.opt_state, batch)
