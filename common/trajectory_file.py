@@ -71,6 +71,14 @@ def check_model(path: Path, header: dict[str, Any], model: ModelConfig) -> None:
         raise ValueError(f"{path}: recorded for model {header['model']}, the learner uses {model.to_dict()}")
 
 
+def _text_vocab_size(model: ModelConfig) -> int:
+    if not model.uses_text_encoder:
+        return 0
+    from common import text_encoder  # JAX and the encoder's folder only for a run that has one
+
+    return text_encoder.vocab_size(model)
+
+
 def read_episodes(
     path: Path, index: int, record: bytes, model: ModelConfig, max_steps: int, newest_version: int
 ) -> list[protocol.Episode]:
@@ -85,6 +93,7 @@ def read_episodes(
             max_steps,
             newest_version=newest_version,
             vocab_size=model.vocab_size,
+            text_vocab_size=_text_vocab_size(model),
         )
     except protocol.ProtocolError as e:
         raise ValueError(f"{path}: record {index}: {e}") from e

@@ -85,6 +85,7 @@ class IngestServer:
         credit: int = 8,
         heartbeat_every: float = 1.0,
         curve: CurveServer | None = None,
+        text_vocab_size: int = 0,
     ):
         self.ctx = zmq.Context()
         self.auth = curve.start(self.ctx) if curve is not None else None
@@ -120,6 +121,8 @@ class IngestServer:
         protocol.Welcome("", 1, 0, 0, 0, heartbeat_every, **self._run_fields)  # a wrong key fails here, once
         self.feature_spec = feature_spec
         self.vocab_size = vocab_size
+        self.text_vocab_size = text_vocab_size
+        """The text encoder's WordPiece vocabulary (0 without one): TRAJ's WordPiece ids are checked against it."""
         self.max_steps = max_steps
         self.on_episodes = on_episodes
         self.actor_timeout = actor_timeout
@@ -240,7 +243,9 @@ class IngestServer:
             self.duplicates += 1
             accepted, duplicate = 0, True
         else:
-            episodes = traj.validate(self.feature_spec, self.max_steps, self.policy_version, self.vocab_size)
+            episodes = traj.validate(
+                self.feature_spec, self.max_steps, self.policy_version, self.vocab_size, self.text_vocab_size
+            )
             self.on_episodes(episodes)
             self.ledger.record(actor.instance, traj.seq)
             actor.episodes += len(episodes)

@@ -241,6 +241,7 @@ def open_session(cfg: LearnerConfig, console: Console) -> Session:
         welcome_fields={"model": cfg.model.to_dict(), "max_steps": cfg.max_steps, "mode": cfg.mode},
         feature_spec=featurize.feature_spec(cfg.model),
         vocab_size=cfg.model.vocab_size,
+        text_vocab_size=text_encoder.vocab_size(cfg.model),
         max_steps=cfg.max_steps,
         on_episodes=on_episodes,
         actor_timeout=net.actor_timeout,

@@ -55,9 +55,10 @@ class LearnerProcess:
             "0",
             "--params-port",
             "0",
-            # Tests start from the small stand-in phone without warm-up unless they say otherwise
-            # (a later flag wins).
+            # Tests start from the small stand-in phone without warm-up and with hashed words only (no
+            # text encoder to load and compile) unless they say otherwise (a later flag wins).
             *("--env", "standin", "--warmup-updates", "0", "--max-steps", "8", "--samples-per-insert", "1"),
+            *("--model.text-encoder", "none"),
         ]
         self.proc = subprocess.Popen(
             [*cmd, *args], cwd=ROOT, stdout=self._log, stderr=subprocess.STDOUT, env=ACTOR_ENV

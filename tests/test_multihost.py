@@ -39,7 +39,7 @@ def _run_pair(run_dir: Path, max_updates: int) -> list[dict]:
         cmd = [
             sys.executable, "-m", "learner", "--run-dir", str(run_dir), "--ingest-port", "0", "--params-port", "0",
             "--env", "standin", "--warmup-updates", "0", "--max-steps", "8", "--samples-per-insert", "1",
-            "--local-actors", "1", "--envs-per-actor", "4", "--batch-size", "8", "--max-updates", str(max_updates),
+            "--model.text-encoder", "none", "--local-actors", "1", "--envs-per-actor", "4", "--batch-size", "8", "--max-updates", str(max_updates),
             "--checkpoint-every", "3", "--publish-every", "1", "--time-limit", str(PAIR_S - 60),
             "--coordinator", coordinator, "--num-processes", "2", "--process-id", str(rank),
         ]  # fmt: skip

@@ -7,17 +7,19 @@ from __future__ import annotations
 
 import dataclasses
 import importlib.util
+import re
 import shutil
 
 import jax
 import numpy as np
 import pytest
 
-from common import featurize, model, text_encoder
+from common import featurize, model, protocol, text_encoder, wire
 from common.backbones import CheckpointError
 from common.config import ModelConfig
 from common.types import Observation, UIElement
 from tests.test_bert_encoder import CONFIG, random_tensors, reference, write_checkpoint
+from tests.test_fake_actor import make_episode
 
 TINY = {**CONFIG, "max_position_embeddings": 16}
 WORDS = [
@@ -302,3 +304,43 @@ def test_minilm_matches_the_reference_implementation():
     )
     got = text_encoder.TextEmbedder(cfg).add(features)["instr_sentence"]
     np.testing.assert_allclose(got[:, :8], GOLDEN_FIRST8, atol=2e-6)
+
+
+def test_traj_word_pieces_are_checked_against_the_encoder_vocabulary(tiny):
+    """The learner refuses WordPiece ids past the encoder's table and word slots past the instruction's,
+    each with a message naming the array; a real featurized episode passes."""
+    cfg = model_config(tiny)
+    spec = featurize.feature_spec(cfg)
+    vocab = text_encoder.vocab_size(cfg)
+    assert vocab == TINY["vocab_size"]
+    ep = make_episode(cfg.to_dict(), 2, np.random.default_rng(0))
+    real = featurize.stack(
+        [featurize.featurize(observation("Turn on the Wi-Fi", ["Wi-Fi", "Notes"]), cfg)] * 3
+    )
+    ep["obs"].update({k: real[k] for k in ("instr_wp", "instr_wp_word", "elem_wp")})
+
+    def check(obs_changes):
+        bad = {**ep, "obs": {**ep["obs"], **obs_changes}}
+        msg = protocol.parse(wire.encode(protocol.Traj(1, 1, [bad]).to_msg()))
+        return protocol.validate_episodes(msg, spec, 4, 0, cfg.vocab_size, vocab)
+
+    assert len(check({})) == 1
+    for name, value, says in [
+        ("instr_wp", vocab, f"instr_wp has ids outside [0, {vocab})"),
+        ("elem_wp", -1, f"elem_wp has ids outside [0, {vocab})"),
+        (
+            "instr_wp_word",
+            cfg.max_instruction_tokens,
+            f"instr_wp_word outside [-1, {cfg.max_instruction_tokens})",
+        ),
+        ("instr_wp_word", -2, "instr_wp_word outside [-1,"),
+    ]:
+        arr = ep["obs"][name].copy()
+        arr.reshape(-1)[1] = value
+        with pytest.raises(protocol.ProtocolError, match=re.escape(says)) as e:
+            check({name: arr})
+        assert e.value.code == "bad_array"
+    with pytest.raises(ValueError, match="vocabulary size"):  # a learner that forgot to pass it
+        protocol.validate_episodes(
+            protocol.parse(wire.encode(protocol.Traj(1, 1, [ep]).to_msg())), spec, 4, 0, cfg.vocab_size
+        )
