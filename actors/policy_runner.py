@@ -49,6 +49,9 @@ class PolicyRunner:
         """Swap to a snapshot; raises ValueError if it does not fit the model."""
         self.params = model.flat_to_params(self._template, flat)
         self.version = version
+        encoder = model.text_encoder_state(self.params)
+        if encoder is not None:  # fine-tuned: encode with the snapshot's encoder (the cache starts over)
+            self.text.set_encoder(encoder)
 
     def compile(self, features: dict[str, np.ndarray]) -> None:
         """Compile the sampling step for this batch shape now, with a throwaway key: the actor's own key
@@ -57,7 +60,7 @@ class PolicyRunner:
 
     @property
     def text(self) -> text_encoder.TextEmbedder | None:
-        """The frozen text encoder and its cache (None without one)."""
+        """The text encoder and its cache (None without one); a fine-tuned one gets each snapshot's weights."""
         if self._text is None and self.cfg.uses_text_encoder:
             self._text = text_encoder.TextEmbedder(self.cfg)
         return self._text

@@ -40,6 +40,11 @@ class ModelConfig:
     text_encoder_weights: str = "pretrained"
     """'pretrained' (the checkpoint's weights) or 'random' (its architecture, freshly initialized: a
     control that shows what the pretraining is worth)."""
+    train_text_encoder: bool = False
+    """Fine-tune the text encoder inside the learner's (sharded) train step, for accelerators: its weights
+    become part of the policy's parameters, the learner encodes the WordPiece ids in the step with
+    gradients, and snapshots carry the encoder (about 91 MB for MiniLM), whose actors re-encode with it
+    (their cache is emptied on every new snapshot). Off: frozen and cached on the host."""
     text_dim: int = 0
     """Width of the encoder's states (set from its config.json when the encoder is resolved; 0 = none)."""
     text_encoder_sha256: str = ""
@@ -66,6 +71,9 @@ class ModelConfig:
             if by_name[k].type in (str, "str"):
                 if not isinstance(v, str):
                     raise ValueError(f"model config field {k} must be a string, got {v!r}")
+            elif by_name[k].type in (bool, "bool"):
+                if not isinstance(v, bool):
+                    raise ValueError(f"model config field {k} must be true or false, got {v!r}")
             elif k == "text_dim":
                 if not isinstance(v, int) or isinstance(v, bool) or v < 0:
                     raise ValueError(f"model config field {k} must be an integer >= 0, got {v!r}")
@@ -80,6 +88,10 @@ class ModelConfig:
             )
         if not self.text_encoder:
             raise ValueError("--model.text-encoder must be 'minilm', 'none' or a folder, got ''")
+        if self.train_text_encoder and not self.uses_text_encoder:
+            raise ValueError(
+                "--model.train-text-encoder needs a text encoder (--model.text-encoder minilm or PATH)"
+            )
 
 
 def _flag(name: str) -> str:

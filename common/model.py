@@ -13,6 +13,8 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
+from common import text_encoder
+from common.backbones import bert
 from common.config import ModelConfig
 from common.featurize import NUM_ELEMENT_FEATURES, NUM_INSTRUCTION_FEATURES
 from common.types import NUM_ACTION_TYPES, NUM_SWIPE_DIRECTIONS
@@ -103,8 +105,14 @@ class TextInputs(nnx.Module):
         self.labels = nnx.Linear(t, d, rngs=rngs)
         self.elem_similarity = nnx.Linear(2, d, rngs=rngs)
         self.word_similarity = nnx.Linear(1, d, rngs=rngs)
+        if cfg.train_text_encoder:
+            # Fine-tuned: the encoder is part of the policy (random here; `create` loads the checkpoint).
+            folder = text_encoder.folder_of(cfg.text_encoder)
+            self.encoder = bert.BertEncoder(bert.BertConfig.from_folder(folder), rngs)
 
     def __call__(self, f, summary, instr, elems):
+        if "instr_text" not in f:  # the learner's fine-tuning step: encode the WordPiece ids here
+            f = {**f, **text_encoder.embed_features(self.encoder, f, instr.shape[1])}
         words, sentence, labels = f["instr_text"], f["instr_sentence"], f["elem_text"]
         word_ok, elem_ok = f["instr_mask"][:, None, :], f["elem_mask"][:, :, None]
         cos = jnp.einsum("bed,bwd->bew", labels, words)  # [B, E, Li]; rows are unit vectors (or zero)
@@ -129,8 +137,19 @@ def _mask_logits(logits: jax.Array, mask: jax.Array) -> jax.Array:
 
 
 def create(cfg: ModelConfig, seed: int) -> tuple[nnx.GraphDef, nnx.State]:
-    """Build the policy and split it into a static graph and its parameter state."""
-    return nnx.split(PhonePolicy(cfg, nnx.Rngs(seed)))
+    """Build the policy and split it into a static graph and its parameter state (a fine-tuned text
+    encoder starts from its checkpoint's weights unless --model.text-encoder-weights random)."""
+    policy = PhonePolicy(cfg, nnx.Rngs(seed))
+    if cfg.train_text_encoder and cfg.text_encoder_weights == "pretrained":
+        _, pretrained = bert.load(text_encoder.folder_of(cfg.text_encoder))
+        nnx.update(policy.text.encoder, nnx.state(pretrained))
+    return nnx.split(policy)
+
+
+def text_encoder_state(params: nnx.State) -> nnx.State | None:
+    """The fine-tuned text encoder's part of the policy's parameters (None when it is frozen or absent)."""
+    text = params.get("text") if hasattr(params, "get") else None
+    return None if text is None or "encoder" not in text else text["encoder"]
 
 
 def abstract(cfg: ModelConfig) -> tuple[nnx.GraphDef, nnx.State]:

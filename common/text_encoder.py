@@ -186,7 +186,38 @@ def word_pieces(text_encoder: str) -> WordPieces:
 
 
 def _unit(x: jax.Array) -> jax.Array:
-    return x / jnp.maximum(jnp.linalg.norm(x, axis=-1, keepdims=True), 1e-9)
+    """x / |x| along the last axis, 0 for a zero row, with a finite gradient there too (the fine-tuned
+    encoder back-propagates through the empty label slots; jnp.linalg.norm's gradient at 0 is NaN)."""
+    return x * jax.lax.rsqrt(jnp.maximum(jnp.sum(x * x, axis=-1, keepdims=True), 1e-18))
+
+
+def embed_instructions(
+    encoder: bert.BertEncoder, ids: jax.Array, slot: jax.Array, words: int
+) -> tuple[jax.Array, jax.Array]:
+    """WordPiece ids [N, Lp] and their word slots [N, Lp] -> (per-word states [N, words, D], the sentence
+    embedding [N, D]), unit vectors (zero for a word with no piece). One function for the cached frozen
+    path (TextEmbedder) and the fine-tuned one (inside the policy), so they cannot disagree."""
+    mask = ids != 0
+    states = encoder(ids, mask)
+    sentence = _unit(bert.mean_pool(states, mask))
+    onehot = (slot[:, None, :] == jnp.arange(words)[None, :, None]).astype(states.dtype)  # [N, words, Lp]
+    per_word = onehot @ states / jnp.maximum(onehot.sum(-1, keepdims=True), 1.0)
+    return _unit(per_word) * (onehot.sum(-1, keepdims=True) > 0), sentence
+
+
+def embed_labels(encoder: bert.BertEncoder, ids: jax.Array) -> jax.Array:
+    """WordPiece ids [N, Lq] of element labels -> their sentence embeddings [N, D] (zero for an empty one)."""
+    mask = ids != 0
+    return _unit(bert.mean_pool(encoder(ids, mask), mask)) * (ids[:, :1] != 0)
+
+
+def embed_features(encoder: bert.BertEncoder, f: dict[str, jax.Array], words: int) -> dict[str, jax.Array]:
+    """The EMBEDDING_KEYS for featurized observations with one leading axis, in the graph (the fine-tuned
+    encoder: no cache, gradients flow into the encoder)."""
+    n, e, lq = f["elem_wp"].shape
+    per_word, sentence = embed_instructions(encoder, f["instr_wp"], f["instr_wp_word"], words)
+    labels = embed_labels(encoder, f["elem_wp"].reshape(n * e, lq)).reshape(n, e, -1)
+    return {"instr_text": per_word, "instr_sentence": sentence, "elem_text": labels}
 
 
 class TextEmbedder:
@@ -220,16 +251,11 @@ class TextEmbedder:
 
         @jax.jit
         def encode_instructions(state, ids, slot):
-            states = nnx.merge(graphdef, state)(ids, ids != 0)
-            sentence = _unit(bert.mean_pool(states, ids != 0))
-            onehot = (slot[:, None, :] == jnp.arange(li)[None, :, None]).astype(states.dtype)  # [N, Li, L]
-            words = onehot @ states / jnp.maximum(onehot.sum(-1, keepdims=True), 1.0)
-            return _unit(words) * (onehot.sum(-1, keepdims=True) > 0), sentence
+            return embed_instructions(nnx.merge(graphdef, state), ids, slot, li)
 
         @jax.jit
         def encode_labels(state, ids):
-            states = nnx.merge(graphdef, state)(ids, ids != 0)
-            return _unit(bert.mean_pool(states, ids != 0)) * (ids[:, :1] != 0)
+            return embed_labels(nnx.merge(graphdef, state), ids)
 
         self._state = state
         self._encode_instructions = encode_instructions
@@ -243,6 +269,18 @@ class TextEmbedder:
         """Texts that had to be encoded."""
         self.encode_seconds = 0.0
         """Time spent in the encoder (compiles included)."""
+        self.resets = 0
+        """Times the caches were emptied for new encoder weights (set_encoder)."""
+
+    def set_encoder(self, state: nnx.State) -> None:
+        """Encode with these encoder weights from now on (a fine-tuned encoder's newest snapshot): the
+        cached states were made by the old ones, so both caches are emptied. Same structure required."""
+        if jax.tree.structure(state) != jax.tree.structure(self._state):
+            raise ValueError("the snapshot's text encoder does not have this encoder's parameters")
+        self._state = state
+        self._instructions.clear()
+        self._labels.clear()
+        self.resets += 1
 
     def hit_rate(self) -> float:
         return 1.0 - self.misses / self.lookups if self.lookups else 0.0

@@ -296,8 +296,17 @@ class OptimizerConfig:
     dip in sampled success after the warm-up with the signed advantage; with the binarized one (the
     default after demonstrations) it made no difference (BENCHMARKS.md, "The dip after the warm-up")."""
 
+    text_encoder_lr_scale: float = 0.03
+    """With --model.train-text-encoder, the encoder's parameters step at this fraction of the learning
+    rate (3e-5 at the default 1e-3: the usual rate for fine-tuning BERT-sized encoders, which a policy's
+    rate would wash out)."""
+
     def __post_init__(self) -> None:
         _check(self.learning_rate >= 0, f"--learning-rate must be >= 0, got {self.learning_rate}")
+        _check(
+            self.text_encoder_lr_scale >= 0,
+            f"--text-encoder-lr-scale must be >= 0, got {self.text_encoder_lr_scale}",
+        )
         _check(self.lr_decay_updates >= 0, f"--lr-decay-updates must be >= 0, got {self.lr_decay_updates}")
         _check(
             0.0 <= self.lr_final_fraction <= 1.0,

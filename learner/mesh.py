@@ -239,19 +239,27 @@ def make_sharded_train_step(
     *,
     warmup: bool = False,
     update_scale: float = 1.0,
+    encoder_update_scale: float = 1.0,
 ) -> Callable[[Any, Any, Batch], tuple[Any, Any, dict]]:
     """step(params, opt_state, batch) -> (params, opt_state, metrics), as learner.train_step's step.
 
     One jax.jit over learner.train_step.make_train_step's step (the same loss and update; its own jit is
     inlined as a nested call), with in_shardings (params and optimizer state per `param_shardings`, the
     batch over 'data') and out_shardings (the same for params and state; metrics replicated).
-    `loss_cfg` (LossConfig or ARideConfig), `warmup` and `update_scale` are passed to make_train_step as
+    `loss_cfg` (LossConfig or ARideConfig), `warmup`, `update_scale` and `encoder_update_scale` are passed to make_train_step as
     they are, so every loss it knows is sharded the same way; metrics (scalars and the [B] replay priorities) come
     back replicated on every device. params and opt_state are donated. `param_shardings`: PartitionSpec or NamedSharding leaves, e.g.
     from `param_specs`. Inputs placed with `shard_params`, `init_opt_state` and `shard_batch` are used in
     place; host arrays are transferred (the batch's size must be a multiple of the 'data' axis size).
     """
-    inner = make_train_step(graphdef, optimizer, loss_cfg, warmup=warmup, update_scale=update_scale)
+    inner = make_train_step(
+        graphdef,
+        optimizer,
+        loss_cfg,
+        warmup=warmup,
+        update_scale=update_scale,
+        encoder_update_scale=encoder_update_scale,
+    )
     params_sh = named_shardings(param_shardings, mesh)
     opt_sh = opt_state_shardings(optimizer, params_sh, mesh)
     replicated = NamedSharding(mesh, P())

@@ -3,6 +3,7 @@ warm-up's behavior cloning), optax AdamW with clipping; a non-finite update is s
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Callable
 from typing import Any
 
@@ -61,17 +62,26 @@ def forward(graphdef: nnx.GraphDef, params: Any, batch: Batch) -> tuple[Any, Any
     return logp, entropy, values, jax.lax.stop_gradient(ratio_logp)
 
 
+def is_text_encoder(path: tuple) -> bool:
+    """Whether a parameter's tree path lies in the fine-tuned text encoder (`text/encoder/...`)."""
+    names = [str(getattr(k, "key", getattr(k, "name", k))) for k in path]
+    return any(a == "text" and b == "encoder" for a, b in itertools.pairwise(names))
+
+
 def make_train_step(
     graphdef: nnx.GraphDef,
     optimizer: optax.GradientTransformation,
     loss_cfg: LossConfig | ARideConfig,
     warmup: bool = False,
     update_scale: float = 1.0,
+    encoder_update_scale: float = 1.0,
 ) -> Callable[[Any, Any, Batch], tuple[Any, Any, dict]]:
     """Returns jitted step(params, opt_state, batch) -> (params, opt_state, metrics); params are donated.
 
     `update_scale` multiplies the optimizer's update before it is applied (the learning rate of this
     step only: reinforcement-learning and imitation updates share one Adam state but may step apart).
+    `encoder_update_scale` further multiplies the update of a fine-tuned text encoder's parameters
+    (`text/encoder/...`): its own, smaller learning rate.
 
     `loss_cfg` picks the loss: an `ARideConfig` (Retrace targets, replay weights, priorities out) or a
     `LossConfig` (the plain actor-critic). `warmup=True` trains on demonstrations instead: behavior
@@ -98,6 +108,10 @@ def make_train_step(
         updates, new_opt_state = optimizer.update(grads, opt_state, params)
         if update_scale != 1.0:
             updates = jax.tree.map(lambda u: u * update_scale, updates)
+        if encoder_update_scale != 1.0:
+            updates = jax.tree_util.tree_map_with_path(
+                lambda path, u: u * encoder_update_scale if is_text_encoder(path) else u, updates
+            )
         new_params = optax.apply_updates(params, updates)
         metrics["grad_norm"] = optax.tree.norm(grads)
         # A non-finite loss or gradient must not poison the parameters: keep the old ones, report it.

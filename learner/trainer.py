@@ -77,11 +77,18 @@ class Trainer:
         )
         self.opt_state = init_opt_state(optimizer, self.params, mesh, specs)
         loss_cfg = loss_config(cfg)
+        encoder_scale = opt.text_encoder_lr_scale
         self._rl_step = make_sharded_train_step(
-            graphdef, optimizer, loss_cfg, mesh, specs, update_scale=opt.rl_lr_scale
+            graphdef,
+            optimizer,
+            loss_cfg,
+            mesh,
+            specs,
+            update_scale=opt.rl_lr_scale,
+            encoder_update_scale=encoder_scale,
         )
         self._imitation_step = make_sharded_train_step(
-            graphdef, optimizer, loss_cfg, mesh, specs, warmup=True
+            graphdef, optimizer, loss_cfg, mesh, specs, warmup=True, encoder_update_scale=encoder_scale
         )
         self.update = 0
         """Updates applied (imitation ones included); checkpoints are numbered by it."""
@@ -89,15 +96,17 @@ class Trainer:
         """The newest published policy version."""
         # Process I's demonstration draws: process 0's stream jumped I times (so a restored state stays right).
         self.demo_rng = _jumped(np.random.default_rng(cfg.seed), rank)
-        self.text = text_encoder.TextEmbedder(cfg.model) if cfg.model.uses_text_encoder else None
-        """The frozen text encoder and its cache: its states are added to each batch on the host."""
+        frozen = cfg.model.uses_text_encoder and not cfg.model.train_text_encoder
+        self.text = text_encoder.TextEmbedder(cfg.model) if frozen else None
+        """The frozen text encoder and its cache: its states are added to each batch on the host. None
+        without an encoder, and with a fine-tuned one, which the policy runs inside the step."""
 
     def compile(self, imitation: bool, serve: Callable[[], None]) -> float:
         """Compile the update(s) ahead of data on a helper thread, calling `serve()` meanwhile (the learner
         keeps answering handshakes and taking in data: a first compile can take longer than an actor
         waits); the imitation update only when it will be used. Returns the seconds it took."""
         t0 = time.monotonic()
-        spec = featurize.input_spec(self.cfg.model)
+        spec = featurize.input_spec(self.cfg.model) if self.text else featurize.feature_spec(self.cfg.model)
         sharding = batch_sharding(self.mesh)
         example = jax.tree.map(
             lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=sharding),

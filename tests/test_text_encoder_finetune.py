@@ -1,0 +1,108 @@
+"""--model.train-text-encoder: the encoder inside the policy, trained by the step, and carried to actors.
+
+On the tiny random checkpoint of tests/test_text_encoder.py: the in-graph (fine-tuned) encoding equals
+the cached frozen one for the same weights; the step trains the encoder at its own learning-rate scale
+without NaNs from empty label slots; and an actor's PolicyRunner re-encodes with each snapshot's encoder.
+"""
+
+from __future__ import annotations
+
+import jax
+import numpy as np
+import pytest
+
+from actors.policy_runner import PolicyRunner
+from common import featurize, model, text_encoder
+from common.config import ModelConfig
+from learner.algorithm import LossConfig
+from learner.batch import example_batch
+from learner.train_step import is_text_encoder, make_optimizer, make_train_step
+from tests.test_bert_encoder import random_tensors
+from tests.test_text_encoder import TINY, model_config, observation, tiny  # noqa: F401 (fixture)
+
+OBS = [
+    observation("Turn on the Wi-Fi", ["Wi-Fi", "Notes", ""]),
+    observation("Make a note saying buy milk", ["Notes", "Clock"]),
+]
+
+
+def features(cfg: ModelConfig) -> dict[str, np.ndarray]:
+    return featurize.stack([featurize.featurize(o, cfg) for o in OBS])
+
+
+def encoder_leaves(params) -> dict[str, np.ndarray]:
+    return {k: v for k, v in model.params_to_flat(params).items() if k.startswith("text/encoder/")}
+
+
+def test_the_policy_encodes_in_the_graph_exactly_as_the_cache_does(tiny):
+    cfg = model_config(tiny, train_text_encoder=True)
+    graphdef, params = model.create(cfg, 0)
+    leaves = encoder_leaves(params)
+    want = random_tensors(TINY)["embeddings.word_embeddings.weight"]
+    np.testing.assert_array_equal(leaves["text/encoder/word_embeddings/embedding"], want)  # loaded
+    x = features(cfg)
+    in_graph, _ = model.apply(graphdef, params, x)
+    cached, _ = model.apply(graphdef, params, text_encoder.TextEmbedder(cfg).add(x))
+    for head in in_graph:
+        np.testing.assert_allclose(in_graph[head], cached[head], rtol=1e-5, atol=1e-5)
+
+
+def _batch(cfg: ModelConfig):
+    spec = featurize.feature_spec(cfg)
+    batch = example_batch(spec, 2, 2)
+    x = features(cfg)
+    obs = {k: np.broadcast_to(x[k][:, None], v.shape).copy() for k, v in batch.obs.items()}
+    return batch._replace(obs=obs, length=np.full(2, 2, np.int32), weights=np.ones(2, np.float32))
+
+
+@pytest.mark.parametrize("scale", [0.0, 0.5])
+def test_the_step_trains_the_encoder_at_its_own_rate(tiny, scale):
+    """One imitation step (Adam, so its first update is the same size for any gradient scale): the
+    encoder moves by `scale` times what it moves at scale 1, the rest of the policy as at scale 1."""
+    cfg = model_config(tiny, train_text_encoder=True)
+    graphdef, params = model.create(cfg, 0)
+    before = model.params_to_flat(params)
+    optimizer = make_optimizer(1e-2, 1.0)
+    moved = {}
+    for s in (1.0, scale):
+        step = make_train_step(graphdef, optimizer, LossConfig(), warmup=True, encoder_update_scale=s)
+        p = jax.tree.map(lambda a: a.copy(), params)
+        new, _, metrics = step(p, optimizer.init(p), _batch(cfg))
+        assert int(metrics["skipped_nonfinite"]) == 0  # empty label slots give finite gradients
+        moved[s] = {k: v - before[k] for k, v in model.params_to_flat(new).items()}
+    encoder = [k for k in before if k.startswith("text/encoder/")]
+    assert encoder and np.abs(moved[1.0]["text/encoder/layers/0/query/kernel"]).max() > 0
+    for k in before:
+        factor = scale if k in encoder else 1.0
+        np.testing.assert_allclose(moved[scale][k], factor * moved[1.0][k], rtol=1e-4, atol=1e-7)
+
+
+def test_an_actor_encodes_with_each_snapshots_encoder(tiny):
+    cfg = model_config(tiny, train_text_encoder=True)
+    _, params = model.create(cfg, 0)
+    flat = model.params_to_flat(params)
+    runner = PolicyRunner(cfg, seed=0)
+    runner.load(1, flat)
+    x = features(cfg)
+    first = runner._inputs(x)["elem_text"]
+    assert runner.text.resets == 1
+    changed = {**flat}
+    name = "text/encoder/word_embeddings/embedding"
+    changed[name] = flat[name] * -1.0
+    runner.load(2, changed)
+    assert runner.text.resets == 2
+    second = runner._inputs(x)["elem_text"]
+    assert not np.allclose(first, second)  # not the stale cache
+    runner.act(x)  # the policy itself runs on the cached states
+
+
+def test_frozen_encoders_stay_out_of_the_parameters(tiny):
+    _, params = model.create(model_config(tiny), 0)
+    assert not encoder_leaves(params) and model.text_encoder_state(params) is None
+    key = jax.tree_util.DictKey
+    assert is_text_encoder((key("text"), key("encoder"), key("layers")))
+    assert not is_text_encoder((key("text"), key("words"), key("kernel")))
+    with pytest.raises(ValueError, match="--model.train-text-encoder needs a text encoder"):
+        ModelConfig(train_text_encoder=True)
+    with pytest.raises(ValueError, match="must be true or false"):
+        ModelConfig.from_dict({"train_text_encoder": 1})
