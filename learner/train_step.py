@@ -12,7 +12,7 @@ import jax.numpy as jnp
 import optax
 from flax import nnx
 
-from common import distribution, model
+from common import distribution, model, text_encoder
 from learner.algorithm import LossConfig, actor_critic_loss, warmup_loss
 from learner.aride import ARideConfig, aride_loss, aride_warmup_loss
 from learner.batch import Batch
@@ -51,13 +51,17 @@ def forward(graphdef: nnx.GraphDef, params: Any, batch: Batch) -> tuple[Any, Any
     policy saw (`batch.acted_obs`, a second forward pass without gradient when the learner renamed words),
     so that importance ratios compare pi and mu on the same input: rho = 1 exactly at zero policy lag.
     """
-    logits, values = model.apply(graphdef, params, batch.obs)
+    obs = model.encode_text(graphdef, params, batch.obs)  # a fine-tuned text encoder runs once, here
+    logits, values = model.apply(graphdef, params, obs)
     step_logits = {k: v[:, :-1] for k, v in logits.items()}
     logp = distribution.log_prob(step_logits, batch.choice())
     entropy = distribution.entropy(step_logits)
     if batch.acted_obs is None:
         return logp, entropy, values, logp
-    acted_logits, _ = model.apply(graphdef, jax.lax.stop_gradient(params), batch.acted_obs)
+    acted = batch.acted_obs
+    if obs is not batch.obs:  # renaming changes hashed ids only: the acted observations read the same states
+        acted = {**acted, **jax.lax.stop_gradient({k: obs[k] for k in text_encoder.EMBEDDING_KEYS})}
+    acted_logits, _ = model.apply(graphdef, jax.lax.stop_gradient(params), acted)
     ratio_logp = distribution.log_prob({k: v[:, :-1] for k, v in acted_logits.items()}, batch.choice())
     return logp, entropy, values, jax.lax.stop_gradient(ratio_logp)
 

@@ -16,14 +16,22 @@ from common import featurize, model, text_encoder
 from common.config import ModelConfig
 from learner.algorithm import LossConfig
 from learner.batch import example_batch
-from learner.train_step import is_text_encoder, make_optimizer, make_train_step
-from tests.test_bert_encoder import random_tensors
-from tests.test_text_encoder import TINY, model_config, observation, tiny  # noqa: F401 (fixture)
+from learner.train_step import forward, is_text_encoder, make_optimizer, make_train_step
+from tests.test_bert_encoder import random_tensors, write_checkpoint
+from tests.test_text_encoder import TINY, model_config, observation, write_tokenizer
 
 OBS = [
     observation("Turn on the Wi-Fi", ["Wi-Fi", "Notes", ""]),
     observation("Make a note saying buy milk", ["Notes", "Clock"]),
 ]
+
+
+@pytest.fixture
+def tiny(tmp_path):
+    """The tiny random encoder checkpoint and tokenizer of tests/test_text_encoder.py."""
+    folder = write_checkpoint(tmp_path / "enc", TINY, random_tensors(TINY))
+    write_tokenizer(folder)
+    return folder
 
 
 def features(cfg: ModelConfig) -> dict[str, np.ndarray]:
@@ -102,7 +110,18 @@ def test_frozen_encoders_stay_out_of_the_parameters(tiny):
     key = jax.tree_util.DictKey
     assert is_text_encoder((key("text"), key("encoder"), key("layers")))
     assert not is_text_encoder((key("text"), key("words"), key("kernel")))
-    with pytest.raises(ValueError, match="--model.train-text-encoder needs a text encoder"):
+    with pytest.raises(ValueError, match=r"--model\.train-text-encoder needs a text encoder"):
         ModelConfig(train_text_encoder=True)
     with pytest.raises(ValueError, match="must be true or false"):
         ModelConfig.from_dict({"train_text_encoder": 1})
+
+
+def test_acted_observations_reuse_the_encoded_states(tiny):
+    """With renamed words the step makes a second pass on the acted observations; it reads the states
+    encoded for the first (same WordPiece ids), so at equal inputs the ratios are exactly 1."""
+    cfg = model_config(tiny, train_text_encoder=True)
+    graphdef, params = model.create(cfg, 0)
+    batch = _batch(cfg)
+    batch = batch._replace(acted_obs={k: v.copy() for k, v in batch.obs.items()})
+    logp, _, _, ratio_logp = jax.jit(lambda p, b: forward(graphdef, p, b))(params, batch)
+    np.testing.assert_allclose(ratio_logp, logp, rtol=1e-6, atol=1e-6)
