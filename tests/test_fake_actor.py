@@ -57,6 +57,7 @@ TEXT_ENCODER_FIELDS = {
     "text_encoder_weights": str,
     "text_encoder_sha256": str,
     "text_dim": int,
+    "train_text_encoder": bool,
 }
 CONTRACT_FIELDS = {
     "wall": (int, float),
