@@ -120,10 +120,8 @@ def test_grouped_settings_keep_their_flags_and_their_stored_layout():
     flat = flat_dict(LearnerConfig())
     nested = {"model", "mesh", "emulator"}
     assert nested <= set(flat) and not set(GROUPS) & set(flat)
-    assert (
-        len(flat) == 68
-    )  # the 65 settings from before the grouping, --off-policy-correction, --rl-lr-scale,
-    # --text-encoder-lr-scale
+    # The 65 settings from before the grouping, --off-policy-correction, --rl-lr-scale, --text-encoder-lr-scale.
+    assert len(flat) == 68
     flags = [
         f"--{name}" if name == "lambda_" else "--" + name.replace("_", "-") for name in set(flat) - nested
     ]
