@@ -88,9 +88,14 @@ class Checkpointer:
         )
         try:
             meta = self.manager.restore(step, args=ocp.args.Composite(meta=ocp.args.JsonRestore()))["meta"]
-            saved_model = meta["config"].get("model")
+            saved_model = _with_defaults(meta["config"].get("model"))
             if saved_model != model_config:
-                raise ValueError(f"it was written for model {saved_model}, this run uses {model_config}")
+                changed = sorted(k for k in model_config if saved_model.get(k) != model_config[k])
+                raise ValueError(
+                    f"it was written for another model ({', '.join(changed)}: "
+                    f"{[saved_model.get(k) for k in changed]}, this run uses {[model_config[k] for k in changed]}; "
+                    "pass the run's --model.* flags)"
+                )
             # The featurizer's layout is code, not config: a change to common/featurize.py changes it.
             saved_features, features = meta.get("features"), _features(model_config)
             if saved_features is not None and saved_features != features:
@@ -193,3 +198,12 @@ def rng_state(rng: np.random.Generator) -> np.ndarray:
 
 def set_rng_state(rng: np.random.Generator, blob: np.ndarray) -> None:
     rng.bit_generator.state = json.loads(bytes(np.asarray(blob, np.uint8)).decode())
+
+
+def _with_defaults(saved: Any) -> Any:
+    """A stored model config with the fields added since it was written at their defaults (a checkpoint
+    from before --model.train-text-encoder still resumes); anything unreadable is returned as it is."""
+    try:
+        return ModelConfig.from_dict(saved).to_dict()
+    except (TypeError, ValueError):
+        return saved

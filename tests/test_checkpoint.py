@@ -81,8 +81,15 @@ def test_bad_checkpoints_are_refused(tmp_path):
     ckpt.save(dataclasses.replace(template, update=1), {"model": CFG.to_dict()})
     ckpt.close()
     other = dataclasses.replace(CFG, d_model=32).to_dict()
-    with pytest.raises(ValueError, match="written for model"):
+    says = re.escape(f"written for another model (d_model: [{CFG.d_model}], this run uses [32]")
+    with pytest.raises(ValueError, match=says):
         Checkpointer(tmp_path / "ckpt").restore(template, other)
+    # Written before a model field existed: the field takes its default, and the checkpoint resumes.
+    older = Checkpointer(tmp_path / "older")
+    stored = {k: v for k, v in CFG.to_dict().items() if k != "train_text_encoder"}
+    older.save(dataclasses.replace(template, update=1), {"model": stored})
+    older.close()
+    assert Checkpointer(tmp_path / "older").restore(template, CFG.to_dict()).update == 1
     # Same model config, but written when the featurizer made one instruction feature instead of three.
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(featurize, "NUM_INSTRUCTION_FEATURES", 1)
