@@ -111,8 +111,6 @@ class TextInputs(nnx.Module):
             self.encoder = bert.BertEncoder(bert.BertConfig.from_folder(folder), rngs)
 
     def __call__(self, f, summary, instr, elems):
-        if "instr_text" not in f:  # the learner's fine-tuning step: encode the WordPiece ids here
-            f = {**f, **text_encoder.embed_features(self.encoder, f, instr.shape[1])}
         words, sentence, labels = f["instr_text"], f["instr_sentence"], f["elem_text"]
         word_ok, elem_ok = f["instr_mask"][:, None, :], f["elem_mask"][:, :, None]
         cos = jnp.einsum("bed,bwd->bew", labels, words)  # [B, E, Li]; rows are unit vectors (or zero)
@@ -160,7 +158,9 @@ def abstract(cfg: ModelConfig) -> tuple[nnx.GraphDef, nnx.State]:
 
 
 def apply(graphdef: nnx.GraphDef, params: nnx.State, features: dict[str, jax.Array]):
-    """Pure forward pass; features may have any number of leading batch axes."""
+    """Pure forward pass; features may have any number of leading batch axes (a fine-tuned text encoder
+    adds its states first, unless they are there already: encode_text)."""
+    features = encode_text(graphdef, params, features)
     lead = features["instr_mask"].shape[:-1]
     flat = {k: v.reshape((-1, *v.shape[len(lead) :])) for k, v in features.items()}
     logits, value = nnx.merge(graphdef, params)(flat)
