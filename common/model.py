@@ -173,7 +173,8 @@ def apply(graphdef: nnx.GraphDef, params: nnx.State, features: dict[str, jax.Arr
 def encode_text(graphdef: nnx.GraphDef, params: nnx.State, features: dict[str, jax.Array]) -> dict:
     """`features` plus the fine-tuned text encoder's states (text_encoder.EMBEDDING_KEYS), computed in the
     graph with gradients; unchanged without a fine-tuned encoder or when they are already there. The train
-    step calls it once for the observations and reuses the states for the acted ones (same WordPiece ids)."""
+    step calls it for the trained observations, and `apply` for the acted ones of a renamed batch (their
+    WordPiece ids may differ: learner/augment.py)."""
     policy = nnx.merge(graphdef, params)
     text = getattr(policy, "text", None)
     if text is None or not hasattr(text, "encoder") or "instr_text" in features:

@@ -177,6 +177,14 @@ class WordPieces:
                 slot[p] = w
         return ids, slot
 
+    def vocabulary(self) -> list[str]:
+        """The pieces in id order (what learner/augment.py draws renamed words' pieces from)."""
+        vocab = self._tok.get_vocab(with_added_tokens=True)
+        out = [""] * (max(vocab.values()) + 1)
+        for piece, i in vocab.items():
+            out[i] = piece
+        return out
+
     def _label(self, text: str, length: int) -> np.ndarray:
         return self._fit(self._tok.encode(text).ids if text.strip() else [], length)
 
@@ -227,8 +235,10 @@ class TextEmbedder:
 
     Not thread-safe: one per thread that runs the policy."""
 
-    BUCKETS = (16, 128, 1024)
-    """Rows per encoder call, padded up to one of these so that it compiles at most three times a length."""
+    BUCKETS = tuple(2**k for k in range(11))
+    """Rows per encoder call, padded up to the next power of two (at most 1024, larger batches are split):
+    on a CPU the encoder's time grows with its rows even at a few, so padding one new instruction to 16
+    rows cost 10 times its own time; this way at most twice, for at most 11 compiles per text length."""
 
     def __init__(
         self, cfg: ModelConfig, instruction_capacity: int = 4096, label_capacity: int = 65536, seed: int = 0

@@ -13,11 +13,22 @@ some step) have their own rate: they are the values. The other words are renamed
 also learns not to depend on any single word. This is word dropout (Iyyer et al. 2015) and
 entity anonymization (Hermann et al. 2015), done so that the episode stays consistent.
 
+With a pretrained text encoder the features also carry the words' WordPiece ids, and renaming only the
+hashed ids would leave the encoder's states of the value in place: the policy would learn to read "Paris"
+through the encoder and fail on a new city. So a renamed *instruction* word also gets new pieces (given a
+`PieceTable` of the encoder's vocabulary), the same ones wherever that word's pieces stand in a label of
+the episode: each piece becomes a random real piece of the same kind (word start or `##` continuation,
+letters or digits), so "tanaka" may become "vel ##ham" (velham): a plausible word the encoder has
+states for, never the value itself. Punctuation and special pieces stay. Words that occur only on screen
+keep their pieces (with the default rates only instruction words are renamed).
+
 The randomness comes from a seed per batch, so a resumed run renames exactly as an uninterrupted one.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import functools
 from collections.abc import Sequence
 
 import numpy as np
@@ -26,6 +37,51 @@ from learner.batch import Batch
 
 TOKEN_KEYS = ("instr_tokens", "elem_tokens")
 """Featurized arrays that hold hashed word ids (0 is padding)."""
+PIECE_KEYS = ("instr_wp", "elem_wp")
+"""Featurized arrays that hold WordPiece ids (0 is padding; instr_wp_word maps instr_wp to word slots)."""
+
+KEEP, WORD, NUMBER, WORD_CONT, NUMBER_CONT = range(5)
+"""Kinds of WordPiece: kept as is (punctuation, special, mixed), a word start of letters, of digits, and
+the `##` continuations of each; a renamed piece becomes a random piece of its own kind."""
+
+
+@dataclasses.dataclass(frozen=True)
+class PieceTable:
+    """The kind of every WordPiece id of an encoder's vocabulary, and the ids of each kind to draw from."""
+
+    kind: np.ndarray
+    """[vocab] int8: KEEP, WORD, NUMBER, WORD_CONT or NUMBER_CONT."""
+    choices: tuple[np.ndarray, ...]
+    """Per kind, the ids of that kind (empty for KEEP): what a renamed piece of the kind may become."""
+
+    @property
+    def continuation(self) -> np.ndarray:
+        """[vocab] bool: the piece continues the word before it (a `##` piece)."""
+        return (self.kind == WORD_CONT) | (self.kind == NUMBER_CONT)
+
+    @classmethod
+    def from_vocabulary(cls, pieces: Sequence[str]) -> PieceTable:
+        """From the vocabulary in id order (tokenizer.json's). Word starts of one character are not drawn
+        (single letters read as initials, not as a new word), but are renamed like any other."""
+        kind = np.full(len(pieces), KEEP, np.int8)
+        draw = np.zeros(len(pieces), bool)
+        for i, piece in enumerate(pieces):
+            cont = piece.startswith("##")
+            body = piece[2:] if cont else piece
+            if body.isascii() and body.isalpha():
+                kind[i] = WORD_CONT if cont else WORD
+            elif body.isascii() and body.isdigit():
+                kind[i] = NUMBER_CONT if cont else NUMBER
+            draw[i] = cont or len(body) > 1 or kind[i] == NUMBER
+        choices = tuple(
+            np.flatnonzero((kind == k) & draw).astype(np.int32) if k != KEEP else np.zeros(0, np.int32)
+            for k in range(5)
+        )
+        for k in (WORD, NUMBER, WORD_CONT, NUMBER_CONT):
+            if not len(choices[k]):  # a vocabulary without such pieces: keep them
+                kind[kind == k] = KEEP
+        return cls(kind, choices)
+
 
 _GOLDEN = np.uint64(0x9E3779B97F4A7C15)
 
@@ -37,19 +93,29 @@ def _mix(x: np.ndarray) -> np.ndarray:
     return x ^ (x >> np.uint64(31))
 
 
+@functools.lru_cache(maxsize=4)
+def piece_table(text_encoder: str) -> PieceTable:
+    """The PieceTable of a `--model.text-encoder`'s tokenizer (read once per process)."""
+    from common.text_encoder import word_pieces
+
+    return PieceTable.from_vocabulary(word_pieces(text_encoder).vocabulary())
+
+
 def rename_words(
     obs: dict[str, np.ndarray],
     rate: float,
     vocab_size: int,
     seed: int | Sequence[int],
     typed_rate: float | None = None,
+    pieces: PieceTable | None = None,
 ) -> dict[str, np.ndarray]:
     """Copy of `obs` (featurized observations with a leading episode axis) with words renamed.
 
     Each distinct word id of episode b is renamed with probability `rate` (`typed_rate` for the words
     the episode types: instruction words that are in a text field at some step, instr_feats[..., 1]),
     independently per episode, to `1 + h % (vocab_size - 1)` for a hash h of (id, episode seed); padding
-    (0) stays 0. Arrays other than TOKEN_KEYS are shared, not copied.
+    (0) stays 0. With `pieces` and WordPiece arrays in `obs`, renamed instruction words get new pieces too
+    (`rename_pieces`). Arrays other than TOKEN_KEYS and PIECE_KEYS are shared, not copied.
     """
     typed_rate = rate if typed_rate is None else typed_rate
     for name, value in (("rate", rate), ("typed rate", typed_rate)):
@@ -61,6 +127,7 @@ def rename_words(
     episode_seed = np.random.default_rng(seed).integers(0, 2**63, size=episodes, dtype=np.uint64)
     typed = _typed_ids(obs) if typed_rate != rate else None
     out = dict(obs)
+    renamed_slots = None
     with np.errstate(over="ignore"):
         for key in TOKEN_KEYS:
             ids = np.asarray(obs[key])
@@ -73,6 +140,85 @@ def rename_words(
                 threshold = np.where(is_typed, _threshold(typed_rate), threshold)
             chosen = (h < threshold) & (ids != 0)
             out[key] = np.where(chosen, renamed, ids)
+            if key == "instr_tokens":
+                renamed_slots = chosen
+    if pieces is not None and "instr_wp" in obs and renamed_slots.any():
+        out.update(rename_pieces(obs, renamed_slots, pieces, episode_seed))
+    return out
+
+
+def rename_pieces(
+    obs: dict[str, np.ndarray], renamed_slots: np.ndarray, pieces: PieceTable, episode_seed: np.ndarray
+) -> dict[str, np.ndarray]:
+    """New instr_wp and elem_wp in which the pieces of the instruction words marked in `renamed_slots`
+    ([episodes, steps, Li] bool) are replaced, consistently within an episode.
+
+    Piece j of word w becomes a piece of its kind chosen by a hash of (w's hashed id, j, episode seed), so
+    the same word gets the same pieces at every step. In the labels, every whole-word occurrence of a
+    renamed word's original pieces (the same pieces in a row, not followed by a `##` piece) is replaced by
+    its new pieces.
+    """
+    ids, slot = np.asarray(obs["instr_wp"]), np.asarray(obs["instr_wp_word"])
+    words = np.asarray(obs["instr_tokens"]).astype(np.uint64)
+    episodes, lp = ids.shape[0], ids.shape[-1]
+    safe_slot = np.maximum(slot, 0)
+    piece_renamed = (slot >= 0) & np.take_along_axis(renamed_slots, safe_slot, axis=-1)
+    word_of_piece = np.take_along_axis(words, safe_slot, axis=-1)
+    # position of each piece inside its word: pieces of one word are contiguous
+    starts = np.ones(slot.shape, bool)
+    starts[..., 1:] = slot[..., 1:] != slot[..., :-1]
+    index = np.broadcast_to(np.arange(lp), slot.shape)
+    position = index - np.maximum.accumulate(np.where(starts, index, 0), axis=-1)
+    salt = episode_seed.reshape((episodes,) + (1,) * (ids.ndim - 1))
+    with np.errstate(over="ignore"):
+        h = _mix(_mix(word_of_piece * _GOLDEN ^ salt) + position.astype(np.uint64))
+    new_ids = np.where(piece_renamed, _draw(pieces, ids, h), ids)
+    return {
+        "instr_wp": new_ids,
+        "elem_wp": _rename_in_labels(obs["elem_wp"], ids, new_ids, slot, piece_renamed, pieces),
+    }
+
+
+def _draw(pieces: PieceTable, ids: np.ndarray, h: np.ndarray) -> np.ndarray:
+    """For each piece id, a piece of its kind picked by the 64-bit hash h (KEEP pieces unchanged)."""
+    kind = pieces.kind[ids]
+    out = ids.copy()
+    for k, choices in enumerate(pieces.choices):
+        where = kind == k
+        if k != KEEP and where.any():
+            out[where] = choices[(h[where] % np.uint64(len(choices))).astype(np.int64)]
+    return out
+
+
+def _rename_in_labels(
+    labels: np.ndarray,
+    ids: np.ndarray,
+    new_ids: np.ndarray,
+    slot: np.ndarray,
+    piece_renamed: np.ndarray,
+    pieces: PieceTable,
+) -> np.ndarray:
+    """labels [episodes, steps, E, Lq] with each renamed word's old pieces replaced by its new ones. The
+    instruction is the same at every step of an episode, so its first step says which words changed."""
+    labels = np.asarray(labels)
+    out = labels.copy()
+    lq = labels.shape[-1]
+    continues = pieces.continuation[
+        np.concatenate([labels[..., 1:], np.zeros((*labels.shape[:-1], 1), labels.dtype)], axis=-1)
+    ]
+    for b in range(labels.shape[0]):
+        renamed = piece_renamed[b, 0]
+        for w in np.unique(slot[b, 0][renamed]):
+            at = slot[b, 0] == w
+            old, new = ids[b, 0][at], new_ids[b, 0][at]
+            k = len(old)
+            if k > lq:
+                continue
+            windows = np.lib.stride_tricks.sliding_window_view(labels[b], k, axis=-1)
+            match = (windows == old).all(-1) & ~continues[b][..., k - 1 : k - 1 + windows.shape[-2]]
+            for j in range(k):
+                target = out[b][..., j : j + match.shape[-1]]
+                target[match] = new[j]
     return out
 
 
@@ -88,11 +234,16 @@ def _typed_ids(obs: dict[str, np.ndarray]) -> list[np.ndarray]:
 
 
 def rename_batch(
-    batch: Batch, rate: float, typed_rate: float, vocab_size: int, seed: int | Sequence[int]
+    batch: Batch,
+    rate: float,
+    typed_rate: float,
+    vocab_size: int,
+    seed: int | Sequence[int],
+    pieces: PieceTable | None = None,
 ) -> Batch:
     """`batch` with its observations renamed (`rename_words`), the originals kept as `acted_obs`: the
     behaviour policy saw those, so the importance ratios are computed on them (learner/train_step.py)."""
     if rate == 0.0 and typed_rate == 0.0:
         return batch
-    obs = rename_words(batch.obs, rate, vocab_size, seed=seed, typed_rate=typed_rate)
+    obs = rename_words(batch.obs, rate, vocab_size, seed=seed, typed_rate=typed_rate, pieces=pieces)
     return batch._replace(obs=obs, acted_obs=batch.obs)

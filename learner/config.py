@@ -243,6 +243,11 @@ class LossSettings:
     the policy learns to type and tap values it has never seen by where they sit in the instruction. After
     400 behavior-cloning updates on noisy SimPhone demonstrations, 0.5 gave 0.71 greedy success on
     held-out values and templates against 0.51 with no renaming at all (BENCHMARKS.md)."""
+    rename_word_pieces: bool = True
+    """With a text encoder: a renamed instruction word also gets new WordPiece ids (random real pieces of
+    the same kind, the same wherever the word stands in the episode's labels), so the encoder's states
+    do not give the value away either (learner/augment.py). Off: the encoder still reads the original
+    value under a renamed hashed id."""
 
     def __post_init__(self) -> None:
         _check(0.0 <= self.gamma <= 1.0, f"--gamma must be in [0, 1], got {self.gamma}")

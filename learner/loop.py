@@ -22,7 +22,7 @@ from rich.console import Console
 
 from learner import multihost
 from learner.algorithm import step_mask
-from learner.augment import rename_batch
+from learner.augment import piece_table, rename_batch
 from learner.batch import Batch, collate
 from learner.config import LearnerConfig
 from learner.setup import Session, open_session
@@ -142,10 +142,11 @@ def _replay_batch(s: Session, episodes: list, weights: np.ndarray) -> Batch:
 def _renamed(s: Session, batch: Batch) -> Batch:
     """Word renaming (learner/augment.py), seeded per (update, process): a resumed run renames exactly as
     an uninterrupted one."""
-    loss = s.cfg.loss
+    loss, model = s.cfg.loss, s.cfg.model
     seed = [s.cfg.seed, s.trainer.update, s.rank]
+    pieces = piece_table(model.text_encoder) if loss.rename_word_pieces and model.uses_text_encoder else None
     return rename_batch(
-        batch, loss.word_rename_rate, loss.typed_word_rename_rate, s.cfg.model.vocab_size, seed
+        batch, loss.word_rename_rate, loss.typed_word_rename_rate, model.vocab_size, seed, pieces
     )
 
 

@@ -12,7 +12,7 @@ import jax.numpy as jnp
 import optax
 from flax import nnx
 
-from common import distribution, model, text_encoder
+from common import distribution, model
 from learner.algorithm import LossConfig, actor_critic_loss, warmup_loss
 from learner.aride import ARideConfig, aride_loss, aride_warmup_loss
 from learner.batch import Batch
@@ -58,10 +58,9 @@ def forward(graphdef: nnx.GraphDef, params: Any, batch: Batch) -> tuple[Any, Any
     entropy = distribution.entropy(step_logits)
     if batch.acted_obs is None:
         return logp, entropy, values, logp
-    acted = batch.acted_obs
-    if obs is not batch.obs:  # renaming changes hashed ids only: the acted observations read the same states
-        acted = {**acted, **jax.lax.stop_gradient({k: obs[k] for k in text_encoder.EMBEDDING_KEYS})}
-    acted_logits, _ = model.apply(graphdef, jax.lax.stop_gradient(params), acted)
+    # A fine-tuned encoder encodes the acted observations again (apply does, without gradient): renaming may
+    # have given the trained ones other WordPiece ids (learner/augment.py).
+    acted_logits, _ = model.apply(graphdef, jax.lax.stop_gradient(params), batch.acted_obs)
     ratio_logp = distribution.log_prob({k: v[:, :-1] for k, v in acted_logits.items()}, batch.choice())
     return logp, entropy, values, jax.lax.stop_gradient(ratio_logp)
 

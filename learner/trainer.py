@@ -131,14 +131,7 @@ class Trainer:
 
     def step(self, batch: Batch, imitation: bool) -> StepResult:
         """One update on this process's rows of a batch (every process calls it together)."""
-        if self.text is not None:
-            obs = self.text.add(batch.obs)
-            # Word renaming (learner/augment.py) changes hashed ids only, never the WordPiece ids: the
-            # acted observations read the very same encoder states, so they are not looked up twice.
-            acted = batch.acted_obs
-            if acted is not None:
-                acted = {**acted, **{k: obs[k] for k in text_encoder.EMBEDDING_KEYS}}
-            batch = batch._replace(obs=obs, acted_obs=acted)
+        batch = self.with_text_states(batch, imitation)
         batch = multihost.global_batch(batch, batch_sharding(self.mesh), self.cfg.batch_size)
         step_fn = self._imitation_step if imitation else self._rl_step
         self.params, self.opt_state, metrics = step_fn(self.params, self.opt_state, batch)
@@ -147,6 +140,22 @@ class Trainer:
         skipped = bool(metrics.pop("skipped_nonfinite"))
         self.update += 1
         return StepResult({k: float(v) for k, v in metrics.items()}, priorities, skipped)
+
+    def with_text_states(self, batch: Batch, imitation: bool) -> Batch:
+        """`batch` with the frozen encoder's states added to its observations (and to the acted ones of a
+        renamed batch); unchanged without a frozen encoder."""
+        if self.text is None:
+            return batch
+        obs = self.text.add(batch.obs)
+        # Word renaming (learner/augment.py) may give renamed words new WordPiece ids; where it did
+        # not, and in imitation updates (which do not read them), the acted observations take the
+        # very same encoder states instead of being looked up again.
+        acted = batch.acted_obs
+        if acted is not None and (imitation or _same_text(acted, batch.obs)):
+            acted = {**acted, **{k: obs[k] for k in text_encoder.EMBEDDING_KEYS}}
+        elif acted is not None:
+            acted = self.text.add(acted)
+        return batch._replace(obs=obs, acted_obs=acted)
 
     def new_version(self) -> int:
         """The next policy version (the caller publishes `snapshot()` under it)."""
@@ -197,6 +206,11 @@ def loss_config(cfg: LearnerConfig) -> ARideConfig | LossConfig:
             off_policy_correction=loss.off_policy_correction,
         )
     return LossConfig(loss.gamma, loss.value_coef, cfg.entropy(), loss.rho_clip)  # "a2c"
+
+
+def _same_text(a: dict[str, np.ndarray], b: dict[str, np.ndarray]) -> bool:
+    """The two observations share their WordPiece arrays (renaming left them alone)."""
+    return all(a[k] is b[k] for k in text_encoder.TEXT_KEYS)
 
 
 def _jumped(rng: np.random.Generator, times: int) -> np.random.Generator:

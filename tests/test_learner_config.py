@@ -120,8 +120,9 @@ def test_grouped_settings_keep_their_flags_and_their_stored_layout():
     flat = flat_dict(LearnerConfig())
     nested = {"model", "mesh", "emulator"}
     assert nested <= set(flat) and not set(GROUPS) & set(flat)
-    # The 65 settings from before the grouping, --off-policy-correction, --rl-lr-scale, --text-encoder-lr-scale.
-    assert len(flat) == 68
+    # The 65 settings from before the grouping, --off-policy-correction, --rl-lr-scale, --text-encoder-lr-scale,
+    # --rename-word-pieces.
+    assert len(flat) == 69
     flags = [
         f"--{name}" if name == "lambda_" else "--" + name.replace("_", "-") for name in set(flat) - nested
     ]

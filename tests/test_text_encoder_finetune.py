@@ -7,6 +7,8 @@ without NaNs from empty label slots; and an actor's PolicyRunner re-encodes with
 
 from __future__ import annotations
 
+import dataclasses
+
 import jax
 import numpy as np
 import pytest
@@ -16,7 +18,10 @@ from common import featurize, model, text_encoder
 from common.config import ModelConfig
 from learner.algorithm import LossConfig
 from learner.batch import example_batch
+from learner.config import LearnerConfig, MeshConfig
+from learner.mesh import make_mesh
 from learner.train_step import forward, is_text_encoder, make_optimizer, make_train_step
+from learner.trainer import Trainer
 from tests.test_bert_encoder import random_tensors, write_checkpoint
 from tests.test_text_encoder import TINY, model_config, observation, write_tokenizer
 
@@ -116,12 +121,42 @@ def test_frozen_encoders_stay_out_of_the_parameters(tiny):
         ModelConfig.from_dict({"train_text_encoder": 1})
 
 
-def test_acted_observations_reuse_the_encoded_states(tiny):
-    """With renamed words the step makes a second pass on the acted observations; it reads the states
-    encoded for the first (same WordPiece ids), so at equal inputs the ratios are exactly 1."""
+def test_acted_observations_are_encoded_from_their_own_word_pieces(tiny):
+    """With renamed words the step makes a second pass on the acted observations, and the fine-tuned
+    encoder encodes their own WordPiece ids (renaming may have given the trained ones new pieces:
+    learner/augment.py): at equal inputs the ratios are exactly 1, and with other pieces in the trained
+    observations log pi is still the acted observations' own."""
     cfg = model_config(tiny, train_text_encoder=True)
     graphdef, params = model.create(cfg, 0)
     batch = _batch(cfg)
-    batch = batch._replace(acted_obs={k: v.copy() for k, v in batch.obs.items()})
-    logp, _, _, ratio_logp = jax.jit(lambda p, b: forward(graphdef, p, b))(params, batch)
+    run = jax.jit(lambda p, b: forward(graphdef, p, b))
+    logp, _, _, ratio_logp = run(
+        params, batch._replace(acted_obs={k: v.copy() for k, v in batch.obs.items()})
+    )
     np.testing.assert_allclose(ratio_logp, logp, rtol=1e-6, atol=1e-6)
+    renamed = {**batch.obs, "elem_wp": batch.obs["elem_wp"][::-1].copy()}  # the episodes' labels swapped
+    trained_logp, _, _, acted_logp = run(params, batch._replace(obs=renamed, acted_obs=batch.obs))
+    np.testing.assert_allclose(acted_logp, logp, rtol=1e-5, atol=1e-5)
+    assert np.abs(np.asarray(trained_logp) - np.asarray(logp)).max() > 1e-4
+
+
+def test_the_frozen_learner_encodes_renamed_and_acted_observations_apart(tiny):
+    """Trainer.with_text_states (the frozen, cached path): when renaming gave the trained observations
+    other WordPiece ids, the acted ones get the states of their own pieces; when it did not, or in an
+    imitation update, they share the trained observations' states."""
+    cfg = model_config(tiny)
+    trainer = Trainer(
+        dataclasses.replace(LearnerConfig(), model=cfg, batch_size=2), make_mesh(MeshConfig()), 0
+    )
+    batch = _batch(cfg)
+    alone = trainer.with_text_states(batch, imitation=False).obs["elem_text"]
+    shared = trainer.with_text_states(batch._replace(acted_obs=dict(batch.obs)), imitation=False)
+    assert shared.acted_obs["elem_text"] is shared.obs["elem_text"]
+    renamed = batch._replace(
+        obs={**batch.obs, "elem_wp": batch.obs["elem_wp"][::-1].copy()}, acted_obs=batch.obs
+    )
+    apart = trainer.with_text_states(renamed, imitation=False)
+    np.testing.assert_array_equal(apart.acted_obs["elem_text"], alone)  # the pieces the actor saw
+    assert not np.allclose(apart.obs["elem_text"], alone)  # the renamed ones
+    imitation = trainer.with_text_states(renamed, imitation=True)
+    assert imitation.acted_obs["elem_text"] is imitation.obs["elem_text"]  # not read: not looked up
