@@ -12,7 +12,7 @@ import jax
 
 from actors.envs.standin import StandInPhoneEnv
 from actors.policy_runner import PolicyRunner
-from benchmarks import data
+from benchmarks import data, encoder_rows
 from benchmarks.report import best_seconds, matmul_gflops
 from common import featurize, model
 from common.config import ModelConfig
@@ -102,6 +102,8 @@ def run(quick: bool) -> list[dict]:
             "vs_train_step": prep_s / step_s,
         }
     )
+    if encoder_rows.available():  # the text encoder's rows (benchmarks/encoder_rows.py)
+        rows.extend(encoder_rows.learner_rows(quick))
     runner = PolicyRunner(cfg, 0)
     runner.load(0, model.params_to_flat(state[0]))
     for n in (1, 16) if quick else (1, 16, 64):

@@ -1,5 +1,6 @@
 """SimPhone steps per second on one core (emulator model off), screenshot off and on, against the
-stand-in phone measured in the same process."""
+stand-in phone measured in the same process; then with featurizing, without and with the text encoder's
+cached states (benchmarks/encoder_rows.py)."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ from actors.envs.simphone.env import SimPhoneConfig, SimPhoneEnv
 from actors.envs.simphone.oracle import Oracle
 from actors.envs.simphone.spaces import ActionSpace
 from actors.envs.standin import StandInPhoneEnv
+from benchmarks import encoder_rows
 from common.types import Action
 
 
@@ -55,4 +57,6 @@ def run(quick: bool) -> list[dict]:
                         "vs_reference": rate / reference,
                     }
                 )
+    if encoder_rows.available():  # an actor's per-step text work, with and without the encoder
+        rows.extend(encoder_rows.actor_rows(seconds, reference))
     return rows

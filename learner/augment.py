@@ -15,12 +15,13 @@ entity anonymization (Hermann et al. 2015), done so that the episode stays consi
 
 With a pretrained text encoder the features also carry the words' WordPiece ids, and renaming only the
 hashed ids would leave the encoder's states of the value in place: the policy would learn to read "Paris"
-through the encoder and fail on a new city. So a renamed *instruction* word also gets new pieces (given a
-`PieceTable` of the encoder's vocabulary), the same ones wherever that word's pieces stand in a label of
-the episode: each piece becomes a random real piece of the same kind (word start or `##` continuation,
-letters or digits), so "tanaka" may become "vel ##ham" (velham): a plausible word the encoder has
-states for, never the value itself. Punctuation and special pieces stay. Words that occur only on screen
-keep their pieces (with the default rates only instruction words are renamed).
+through the encoder and fail on a new city. So a renamed *value* (an instruction word the episode types)
+also gets new pieces (given a `PieceTable` of the encoder's vocabulary), the same ones wherever that
+word's pieces stand in a label of the episode: each piece becomes a random real piece of the same kind
+(word start or `##` continuation, letters or digits), so "tanaka" may become "vel ##ham" (velham): a
+plausible word the encoder has states for, never the value itself. Punctuation and special pieces stay.
+Other renamed words (`rate`: word dropout) keep their pieces: they say what to do, and the encoder
+should go on reading that while their hashed ids do not.
 
 The randomness comes from a seed per batch, so a resumed run renames exactly as an uninterrupted one.
 """
@@ -114,8 +115,9 @@ def rename_words(
     Each distinct word id of episode b is renamed with probability `rate` (`typed_rate` for the words
     the episode types: instruction words that are in a text field at some step, instr_feats[..., 1]),
     independently per episode, to `1 + h % (vocab_size - 1)` for a hash h of (id, episode seed); padding
-    (0) stays 0. With `pieces` and WordPiece arrays in `obs`, renamed instruction words get new pieces too
-    (`rename_pieces`). Arrays other than TOKEN_KEYS and PIECE_KEYS are shared, not copied.
+    (0) stays 0. With `pieces` and WordPiece arrays in `obs`, the renamed words the episode types get new
+    pieces too (`rename_pieces`); other renamed words keep theirs. Arrays other than TOKEN_KEYS and
+    PIECE_KEYS are shared, not copied.
     """
     typed_rate = rate if typed_rate is None else typed_rate
     for name, value in (("rate", rate), ("typed rate", typed_rate)):
@@ -125,9 +127,9 @@ def rename_words(
         return obs
     episodes = obs[TOKEN_KEYS[0]].shape[0]
     episode_seed = np.random.default_rng(seed).integers(0, 2**63, size=episodes, dtype=np.uint64)
-    typed = _typed_ids(obs) if typed_rate != rate else None
+    with_pieces = pieces is not None and "instr_wp" in obs
+    typed = _typed_ids(obs) if typed_rate != rate or with_pieces else None
     out = dict(obs)
-    renamed_slots = None
     with np.errstate(over="ignore"):
         for key in TOKEN_KEYS:
             ids = np.asarray(obs[key])
@@ -140,10 +142,10 @@ def rename_words(
                 threshold = np.where(is_typed, _threshold(typed_rate), threshold)
             chosen = (h < threshold) & (ids != 0)
             out[key] = np.where(chosen, renamed, ids)
-            if key == "instr_tokens":
-                renamed_slots = chosen
-    if pieces is not None and "instr_wp" in obs and renamed_slots.any():
-        out.update(rename_pieces(obs, renamed_slots, pieces, episode_seed))
+            if key == "instr_tokens" and with_pieces:
+                renamed_values = chosen & is_typed
+    if with_pieces and renamed_values.any():
+        out.update(rename_pieces(obs, renamed_values, pieces, episode_seed))
     return out
 
 

@@ -244,10 +244,11 @@ class LossSettings:
     400 behavior-cloning updates on noisy SimPhone demonstrations, 0.5 gave 0.71 greedy success on
     held-out values and templates against 0.51 with no renaming at all (BENCHMARKS.md)."""
     rename_word_pieces: bool = True
-    """With a text encoder: a renamed instruction word also gets new WordPiece ids (random real pieces of
-    the same kind, the same wherever the word stands in the episode's labels), so the encoder's states
-    do not give the value away either (learner/augment.py). Off: the encoder still reads the original
-    value under a renamed hashed id."""
+    """With a text encoder: a renamed value (a word the episode types) also gets new WordPiece ids (random
+    real pieces of the same kind, the same wherever the word stands in the episode's labels), so the
+    encoder's states do not give the value away either (learner/augment.py); other renamed words keep
+    their pieces. Off: the encoder still reads the original value under a renamed hashed id. Over three
+    seeds it raised greedy success on held-out values from 0.82 to 0.95 (BENCHMARKS.md, "Text encoder")."""
 
     def __post_init__(self) -> None:
         _check(0.0 <= self.gamma <= 1.0, f"--gamma must be in [0, 1], got {self.gamma}")

@@ -12,8 +12,9 @@ XLA's sharding propagation (GSPMD / Shardy) partitions everything in between and
 collectives (gradient all-reduce over 'data', all-gathers of FSDP shards, the tensor-parallel
 reductions over 'model'), so the result equals the unsharded step up to float summation order.
 
-Parameter shardings are derived here from parameter names and shapes (see `param_specs`), because the
-model carries no sharding annotations. Typical use:
+Parameter shardings of the policy are derived here from parameter names and shapes (see `param_specs`),
+because the policy carries no sharding annotations; a fine-tuned pretrained text encoder inside it carries
+logical axis names, and its layout comes from those (common/backbones/bert.py). Typical use:
 
     mesh = make_mesh(MeshConfig(data=-1, model=2, param_sharding="model"))
     graphdef, params = model.create(model_cfg, seed)
@@ -40,6 +41,7 @@ from jax.sharding import AbstractMesh, AxisType, Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from common import model
+from common.backbones import bert
 from common.config import ModelConfig
 from learner.batch import Batch
 from learner.config import PARAM_SHARDINGS, MeshConfig, ParamSharding  # noqa: F401 (re-exported)
@@ -168,9 +170,32 @@ def param_specs(params_state: Any, mesh: Mesh | AbstractMesh, mode: str, *, min_
     if missing:
         raise ValueError(f"mesh needs axes {AXES}, got {mesh.axis_names}")
     mesh_shape = dict(mesh.shape)
-    return jax.tree_util.tree_map_with_path(
+    specs = jax.tree_util.tree_map_with_path(
         lambda path, x: _spec_for(param_name(path), tuple(x.shape), mesh_shape, mode, min_size), params_state
     )
+    return _with_encoder_specs(params_state, specs, mesh, mode)
+
+
+def _with_encoder_specs(params_state: Any, specs: Any, mesh: Mesh | AbstractMesh, mode: str) -> Any:
+    """`specs` with a fine-tuned text encoder's part (`text/encoder/...`) laid out by the encoder's own
+    logical axis names and rule table (bert.partition_specs: FSDP over 'data', heads and MLP over 'model')
+    instead of by name patterns; "model" keeps only the 'model' splits, "replicated" none."""
+    encoder = _encoder_part(params_state)
+    if encoder is None or mode == "replicated":
+        return specs
+    by_axes = bert.partition_specs(encoder, mesh)
+    if mode == "model":
+        by_axes = jax.tree.map(lambda spec: P(*(a if a == MODEL else None for a in spec)), by_axes)
+    specs["text"]["encoder"] = by_axes
+    return specs
+
+
+def _encoder_part(params_state: Any) -> Any:
+    """The `text/encoder` subtree of a policy's parameters (None without a fine-tuned encoder)."""
+    try:
+        return params_state["text"]["encoder"]
+    except (KeyError, TypeError):
+        return None
 
 
 def named_shardings(specs: Any, mesh: Mesh) -> Any:

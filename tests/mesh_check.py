@@ -165,6 +165,80 @@ def check_layout(data, model_axis, mode, loss, graphdef, optimizer, batches, ref
     }
 
 
+def check_text_encoder(optimizer) -> dict:
+    """The fine-tuned text encoder inside the A-RIDE step on the ('data' 4, 'model' 2) FSDP mesh, against
+    the unsharded step: a tiny random BERT checkpoint (tests/test_bert_sharding.py's shape) in a policy
+    with --model.train-text-encoder, batches with renamed (other) WordPiece ids in the acted observations,
+    so the second, gradient-free encoding runs too. Also reports each encoder parameter's spec next to
+    bert.partition_specs' (the encoder's own logical axis names)."""
+    import tempfile
+    from pathlib import Path
+
+    from common import text_encoder
+    from common.backbones import bert
+    from tests.test_bert_encoder import random_tensors, write_checkpoint
+    from tests.test_bert_sharding import SHARD_CONFIG
+    from tests.test_text_encoder import write_tokenizer
+
+    folder = write_checkpoint(Path(tempfile.mkdtemp()) / "enc", SHARD_CONFIG, random_tensors(SHARD_CONFIG))
+    write_tokenizer(folder)
+    cfg = text_encoder.resolve(
+        ModelConfig(
+            **{**TINY.to_dict(), "text_encoder": str(folder), "train_text_encoder": True},
+        )
+    )
+    rng = np.random.default_rng(7)
+    batches = []
+    for seed in range(STEPS):
+        b = random_batch(cfg, seed)
+        lp = cfg.max_instruction_pieces
+        b.obs["instr_wp"][:] = rng.integers(1, SHARD_CONFIG["vocab_size"], b.obs["instr_wp"].shape)
+        b.obs["instr_wp"][..., lp // 2 :] = 0  # padding
+        slots = np.minimum(np.arange(lp) // 2, cfg.max_instruction_tokens - 1)
+        b.obs["instr_wp_word"][:] = np.where(b.obs["instr_wp"] != 0, slots, -1)
+        b.obs["elem_wp"][:] = rng.integers(0, SHARD_CONFIG["vocab_size"], b.obs["elem_wp"].shape)
+        acted = {**b.obs, "elem_wp": np.roll(b.obs["elem_wp"], 1, axis=0)}  # other pieces: renamed
+        batches.append(b._replace(acted_obs=acted))
+    loss_cfg = LOSSES["aride"]
+    graphdef, params = model.create(cfg, 0)
+    ref_step = make_train_step(graphdef, optimizer, loss_cfg)
+    ref_params, _, ref_history = run_steps(ref_step, params, optimizer.init(params), batches)
+    ref_flat = model.params_to_flat(ref_params)
+    _, init = model.create(cfg, 0)
+    init_flat = model.params_to_flat(init)
+    mesh = M.make_mesh(M.MeshConfig(data=4, model=2, param_sharding="fsdp"))
+    _, params = model.create(cfg, 0)
+    specs = M.param_specs(params, mesh, "fsdp")
+    params = M.shard_params(params, mesh, specs)
+    opt_state = M.init_opt_state(optimizer, params, mesh, specs)
+    step = M.make_sharded_train_step(graphdef, optimizer, loss_cfg, mesh, specs)
+    new_params, _, history = run_steps(step, params, opt_state, batches, lambda b: M.shard_batch(b, mesh))
+    flat = model.params_to_flat(new_params)
+    encoder_names = [k for k in flat if k.startswith("text/encoder/")]
+    want_specs = bert.partition_specs(new_params["text"]["encoder"], mesh)
+    want = {
+        f"text/encoder/{M.param_name(p)}": [a for a in spec]
+        for p, spec in jax.tree_util.tree_flatten_with_path(want_specs)[0]
+    }
+    named = dict(
+        zip(
+            [M.param_name(p) for p, _ in jax.tree_util.tree_flatten_with_path(new_params)[0]],
+            jax.tree.leaves(new_params),
+            strict=True,
+        )
+    )
+    return {
+        "losses": [float(m["loss"]) for m in history],
+        "ref_losses": [float(m["loss"]) for m in ref_history],
+        "max_metric_diff": metric_diff(history, ref_history),
+        "max_param_diff": max(float(np.max(np.abs(flat[k] - ref_flat[k]))) for k in flat),
+        "encoder_change": max(float(np.max(np.abs(ref_flat[k] - init_flat[k]))) for k in encoder_names),
+        "encoder_specs": {k: spec_of(named[k]) for k in encoder_names},
+        "logical_specs": want,
+        "split_encoder_params": sum(any(spec_of(named[k])) for k in encoder_names),
+    }
+
+
 def check_errors() -> dict:
     errors = {}
     cases = {
@@ -205,6 +279,7 @@ def main() -> None:
         "ref_param_change": moved,
         "layouts": layouts,
         "errors": check_errors(),
+        "text_encoder": check_text_encoder(optimizer),
     }
     print(json.dumps(result))
 

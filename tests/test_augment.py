@@ -166,9 +166,11 @@ def _piece_obs(steps: int = 3) -> dict[str, np.ndarray]:
         ]
     )
     rep = lambda a: np.repeat(a[None, None], steps, axis=1)  # noqa: E731  [episode, step, ...]
+    feats = np.zeros((1, steps, 4, 3), np.float32)
+    feats[0, -1, [1, 3], 1] = 1.0  # the name and the time are typed (in a field at the last step)
     return {
         "instr_tokens": rep(np.array([11, 22, 33, 44], np.int32)),
-        "instr_feats": np.zeros((1, steps, 4, 3), np.float32),
+        "instr_feats": feats,
         "elem_tokens": rep(np.array([[22, 0], [55, 0], [66, 44], [22, 0]], np.int32)),
         "instr_wp": rep(instr),
         "instr_wp_word": rep(slot),
@@ -190,12 +192,15 @@ def test_piece_table_sorts_the_vocabulary_into_kinds():
 def test_renamed_instruction_words_get_new_pieces_of_their_kind_wherever_they_stand():
     obs = _piece_obs()
     table = PieceTable.from_vocabulary(VOCAB)
-    # rate 1: every instruction word is renamed (the screen-only words 55 and 66 too, in hashed ids)
+    # rate 1: every word's hashed id is renamed (the screen-only words 55 and 66 too), but only the typed
+    # words (the values: "tanaka", "7:30") get new pieces; "call" and "at" keep theirs for the encoder
     out = rename_words(obs, 1.0, 4096, seed=4, pieces=table)
+    assert (out["instr_tokens"] != obs["instr_tokens"]).all()
     old_i, new_i = obs["instr_wp"][0, 0], out["instr_wp"][0, 0]
-    for p in range(1, 7):  # every word piece changed kind-for-kind; the dash-free [CLS]/[SEP] stayed
+    for p in (2, 3, 5, 6):  # the values' pieces are drawn kind for kind (a draw may hit the old piece)
         assert table.kind[new_i[p]] == table.kind[old_i[p]]
-    assert (new_i[[0, 7, 8, 9]] == old_i[[0, 7, 8, 9]]).all()
+    assert (new_i[2:4] != old_i[2:4]).any() and (new_i[5:7] != old_i[5:7]).any()
+    assert (new_i[[0, 1, 4, 7, 8, 9]] == old_i[[0, 1, 4, 7, 8, 9]]).all()
     np.testing.assert_array_equal(out["instr_wp"][0, 1:], np.broadcast_to(new_i, (2, 10)))  # every step
     name, time = new_i[2:4], new_i[5:7]
     labels = out["elem_wp"][0]
@@ -215,10 +220,11 @@ def test_piece_renaming_follows_the_hashed_renaming_and_its_seed():
         out = rename_words(obs, 0.5, 4096, seed=seed, pieces=table)
         again = rename_words(obs, 0.5, 4096, seed=seed, pieces=table)
         np.testing.assert_array_equal(out["elem_wp"], again["elem_wp"])
-        renamed_words = out["instr_tokens"][0, 0] != obs["instr_tokens"][0, 0]
+        typed = obs["instr_feats"][0, -1, :, 1] > 0
+        renamed_words = (out["instr_tokens"][0, 0] != obs["instr_tokens"][0, 0]) & typed
         slot = obs["instr_wp_word"][0, 0]
         changed = out["instr_wp"][0, 0] != obs["instr_wp"][0, 0]
-        # a piece changes only if its word was renamed (and then it almost always does)
+        # a piece changes only if its word is a value and was renamed
         assert not changed[slot < 0].any()
         assert not (changed & ~renamed_words[np.maximum(slot, 0)]).any()
         untouched += int(not renamed_words.any())

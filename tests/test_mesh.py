@@ -152,3 +152,30 @@ def test_mesh_config_validates():
         M.MeshConfig(model=0)
     with pytest.raises(ValueError, match=r"--mesh\.data must be >= 1 or -1"):
         M.MeshConfig(data=0)
+
+
+def _trimmed(spec: list) -> list:
+    """A spec without its trailing unsplit dims (P('data', None) and P('data') are the same layout)."""
+    spec = list(spec)
+    while spec and spec[-1] is None:
+        spec.pop()
+    return spec
+
+
+def test_fine_tuned_text_encoder_step_matches_unsharded_and_follows_its_logical_axes(checks):
+    """--model.train-text-encoder on the 4x2 FSDP mesh: the A-RIDE step (encoder forward and backward,
+    and the acted observations' own encoding) equals the unsharded step, and every encoder parameter
+    sits where the encoder's logical axis names put it (bert.partition_specs), big ones really split."""
+    r = checks["text_encoder"]
+    for got, want in zip(r["losses"], r["ref_losses"], strict=True):
+        assert abs(got - want) < TOL
+    assert r["max_metric_diff"] < TOL and r["max_param_diff"] < TOL
+    assert r["encoder_change"] > 1e-4  # the encoder is trained, not frozen
+    assert {k: _trimmed(v) for k, v in r["encoder_specs"].items()} == {
+        k: _trimmed(v) for k, v in r["logical_specs"].items()
+    }
+    specs = r["encoder_specs"]
+    assert _trimmed(specs["text/encoder/layers/0/intermediate/kernel"]) == ["data", "model"]
+    assert _trimmed(specs["text/encoder/word_embeddings/embedding"]) == ["data"]
+    assert _trimmed(specs["text/encoder/layers/0/query/bias"]) == []
+    assert r["split_encoder_params"] >= 8
