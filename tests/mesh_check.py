@@ -184,7 +184,13 @@ def check_text_encoder(optimizer) -> dict:
     write_tokenizer(folder)
     cfg = text_encoder.resolve(
         ModelConfig(
-            **{**TINY.to_dict(), "text_encoder": str(folder), "train_text_encoder": True},
+            **{
+                **TINY.to_dict(),
+                "text_encoder": str(folder),
+                "train_text_encoder": True,
+                "max_instruction_pieces": 12,  # the tiny checkpoint has 16 positions
+                "max_element_pieces": 5,
+            },
         )
     )
     rng = np.random.default_rng(7)
