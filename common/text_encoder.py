@@ -235,10 +235,11 @@ class TextEmbedder:
 
     Not thread-safe: one per thread that runs the policy."""
 
-    BUCKETS = tuple(2**k for k in range(11))
-    """Rows per encoder call, padded up to the next power of two (at most 1024, larger batches are split):
-    on a CPU the encoder's time grows with its rows even at a few, so padding one new instruction to 16
-    rows cost 10 times its own time; this way at most twice, for at most 11 compiles per text length."""
+    BUCKETS = (1, 4, 16, 64, 256, 1024)
+    """Rows per encoder call, padded up to one of these (larger batches are split): on a CPU the encoder's
+    time grows with its rows even at a few, so one new instruction padded to 16 rows cost 10 times its
+    own; here at most 4 times, for at most six compiles per function (each compile costs an actor about
+    a second at start; powers of two, eleven compiles, cost more than they saved in the first minutes)."""
 
     def __init__(
         self, cfg: ModelConfig, instruction_capacity: int = 4096, label_capacity: int = 65536, seed: int = 0
