@@ -38,8 +38,6 @@ from learner.batch import Batch
 
 TOKEN_KEYS = ("instr_tokens", "elem_tokens")
 """Featurized arrays that hold hashed word ids (0 is padding)."""
-PIECE_KEYS = ("instr_wp", "elem_wp")
-"""Featurized arrays that hold WordPiece ids (0 is padding; instr_wp_word maps instr_wp to word slots)."""
 
 KEEP, WORD, NUMBER, WORD_CONT, NUMBER_CONT = range(5)
 """Kinds of WordPiece: kept as is (punctuation, special, mixed), a word start of letters, of digits, and
@@ -116,8 +114,8 @@ def rename_words(
     the episode types: instruction words that are in a text field at some step, instr_feats[..., 1]),
     independently per episode, to `1 + h % (vocab_size - 1)` for a hash h of (id, episode seed); padding
     (0) stays 0. With `pieces` and WordPiece arrays in `obs`, the renamed words the episode types get new
-    pieces too (`rename_pieces`); other renamed words keep theirs. Arrays other than TOKEN_KEYS and
-    PIECE_KEYS are shared, not copied.
+    pieces too (`rename_pieces`); other renamed words keep theirs. Arrays other than TOKEN_KEYS and the
+    renamed WordPiece ids (instr_wp, elem_wp) are shared, not copied.
     """
     typed_rate = rate if typed_rate is None else typed_rate
     for name, value in (("rate", rate), ("typed rate", typed_rate)):
