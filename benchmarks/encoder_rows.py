@@ -22,7 +22,7 @@ from pathlib import Path
 from actors.demos import DemosConfig, load_demos, write_demos
 from actors.envs.simphone.env import SimPhoneConfig, SimPhoneEnv
 from actors.envs.simphone.oracle import Oracle
-from benchmarks.report import best_seconds, matmul_gflops
+from benchmarks.report import best_seconds, compiled_gflop, matmul_gflops
 from common import featurize, text_encoder
 from common.config import ModelConfig
 from learner.augment import piece_table, rename_batch
@@ -91,9 +91,7 @@ def learner_rows(quick: bool) -> list[dict]:
             row["cache_hit_rate"] = trainer.text.hit_rate()
         if cfg.train_text_encoder:
             batch = rename_batch(collate(demos[:size], steps), 0.0, 0.5, cfg.vocab_size, 0, table)
-            cost = trainer._rl_step.lower(trainer.params, trainer.opt_state, batch).compile().cost_analysis()
-            cost = cost[0] if isinstance(cost, list) else cost
-            gflop = float(cost.get("flops", 0.0)) / 1e9
+            gflop = compiled_gflop(trainer._rl_step, trainer.params, trainer.opt_state, batch)
             row.update(gflop_per_update=gflop, vs_matmul=gflop / seconds / matmul_gflops(384, repeats))
         base = base or row
         row["vs_no_encoder"] = row["episodes_per_s"] / base["episodes_per_s"]

@@ -23,6 +23,13 @@ def best_seconds(fn: Callable[[], object], repeats: int, inner: int = 1) -> floa
     return best
 
 
+def compiled_gflop(jitted: Callable, *args) -> float:
+    """GFLOP of one call of a jitted function on `args`, from XLA's cost_analysis of the compiled call."""
+    cost = jitted.lower(*args).compile().cost_analysis()
+    cost = cost[0] if isinstance(cost, list) else cost
+    return float(cost.get("flops", 0.0)) / 1e9
+
+
 def machine() -> dict:
     import os
 

@@ -22,7 +22,7 @@ import numpy as np
 
 from actors.envs.factory import make_env
 from actors.policy_runner import PolicyRunner, to_action
-from benchmarks.report import best_seconds, matmul_gflops
+from benchmarks.report import best_seconds, compiled_gflop, matmul_gflops
 from common import featurize, model, text_encoder, wire
 from common.config import ModelConfig
 from common.protocol import STEP_ARRAYS, Episode
@@ -88,9 +88,7 @@ def _updates_per_s(cfg: ModelConfig, seen: list[dict], repeats: int, batch_size:
     trainer.step(batch, False)  # compile
     rate = 1.0 / best_seconds(lambda: trainer.step(batch, False), repeats, inner=2 if repeats > 1 else 1)
     inputs = batch._replace(obs=trainer.text.add(batch.obs)) if trainer.text else batch
-    cost = trainer._rl_step.lower(trainer.params, trainer.opt_state, inputs).compile().cost_analysis()
-    cost = cost[0] if isinstance(cost, list) else cost
-    gflop = float(cost.get("flops", 0.0)) / 1e9
+    gflop = compiled_gflop(trainer._rl_step, trainer.params, trainer.opt_state, inputs)
     return {
         "batch_size": batch_size,
         "updates_per_s": rate,
