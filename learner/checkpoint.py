@@ -5,8 +5,10 @@ directory and renames it), the newest few kept.
 The replay buffer is saved beside them as `<dir>/replay/<update>.p<process>.replay` (learner/replay_file.py),
 one file per learner process, and pruned with the checkpoints it belongs to.
 
-A run dir that holds checkpoints resumes from the newest one. A checkpoint that cannot be read, or was
-written for another model, is an error naming the directory and the reason; nothing is overwritten.
+A run dir that holds checkpoints resumes from the newest complete one: the newest whose delivery ledger
+(written last) is on disk, so a learner killed in the middle of a save resumes from the one before. A
+checkpoint that cannot be read, or was written for another model, is an error naming the directory and
+the reason; nothing is overwritten.
 """
 
 from __future__ import annotations
@@ -54,11 +56,15 @@ class Checkpointer:
         )
 
     def latest_update(self) -> int | None:
-        return self.manager.latest_step()
+        """The checkpoint to resume from: the newest whose delivery ledger (the last file a save writes)
+        exists; the newest of all when none has one (a run dir from before ledgers were saved)."""
+        steps = sorted(self.manager.all_steps())
+        complete = [s for s in steps if self.delivery_path(s).is_file()]
+        return (complete or steps or [None])[-1]
 
     def config(self) -> dict[str, Any]:
-        """The run config stored with the newest checkpoint."""
-        step = self.manager.latest_step()
+        """The run config stored with the checkpoint to resume from."""
+        step = self.latest_update()
         return self.manager.restore(step, args=ocp.args.Composite(meta=ocp.args.JsonRestore()))["meta"][
             "config"
         ]
@@ -78,8 +84,9 @@ class Checkpointer:
         )
 
     def restore(self, template: TrainState, model_config: dict[str, Any]) -> TrainState:
-        """The newest checkpoint, shaped like `template`; refuses one written for another model."""
-        step = self.manager.latest_step()
+        """The checkpoint to resume from (`latest_update`), shaped like `template`; refuses one written for
+        another model."""
+        step = self.latest_update()
         if step is None:
             raise FileNotFoundError(f"{self.directory}: no checkpoint to resume from")
         abstract = jax.tree.map(

@@ -81,6 +81,13 @@ class TransportConfig:
     actor_credit: int = 8
     """Flow control: TRAJ batches each actor may have sent and not yet acknowledged. Bounds the learner's
     ingest queue at (actors x credit) batches, whatever the actors do."""
+    durability: Literal["auto", "none", "os", "fsync"] = "auto"
+    """What an ACK promises. "fsync": the batch is in the write-ahead log (RUN_DIR/wal) and flushed to
+    the disk (one fsync per loop turn covers every batch of that turn): it survives a kill -9 of the
+    learner and a power cut. "os": written to the log, not flushed: survives a kill -9, not a power cut or
+    kernel crash. "none": only in memory, as before the log: what came after the last checkpoint is lost
+    with the learner (counted as batches_lost_in_restart). "auto": fsync when checkpoints are on
+    (--checkpoint-every > 0), none otherwise (the log is pruned at each checkpoint)."""
 
     def __post_init__(self) -> None:
         for flag, port in (("--ingest-port", self.ingest_port), ("--params-port", self.params_port)):
@@ -455,6 +462,18 @@ class LearnerConfig:
         _check(self.max_steps >= 1, f"--max-steps must be at least 1, got {self.max_steps}")
         _check(self.publish_every >= 1, f"--publish-every must be at least 1, got {self.publish_every}")
         _check(self.checkpoint_every >= 0, f"--checkpoint-every must be >= 0, got {self.checkpoint_every}")
+        _check(
+            self.checkpoint_every > 0 or self.transport.durability in ("auto", "none"),
+            f"--durability {self.transport.durability} needs checkpoints (--checkpoint-every > 0): the log is "
+            "replayed on top of a checkpoint and pruned by the next one",
+        )
+
+    def durability(self) -> str:
+        """--durability with "auto" resolved: "fsync" with checkpoints, "none" without."""
+        chosen = self.transport.durability
+        if chosen == "auto":
+            return "fsync" if self.checkpoint_every else "none"
+        return chosen
 
     def uses_demonstrations(self) -> bool:
         """Whether this run warms up on, or prefills its replay with, demonstrations (a --demos file, or

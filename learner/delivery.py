@@ -97,6 +97,11 @@ class DeliveryLedger:
             )
         return False
 
+    def stored(self, instance: str, seq: int) -> bool:
+        """Whether the batch is stored (no grant check, no new instance: for replaying the log)."""
+        stream = self._streams.get(instance)
+        return stream is not None and (seq <= stream.watermark or seq in stream.above)
+
     def record(self, instance: str, seq: int) -> None:
         """Mark a batch stored (call after it is in the replay, before its ACK goes out)."""
         stream = self._stream(instance)

@@ -1,16 +1,20 @@
 """The learner's two sockets: the ingest ROUTER (handshakes, trajectories, acks, parameter requests,
 heartbeats both ways) and the params PUB (versioned snapshots). All socket work happens on the caller's
 thread (`poll`, `publish`, `heartbeat`). Messages are parsed into common/protocol.py's dataclasses.
-Delivery is acknowledged and deduplicated, and flow is credit-based (learner/delivery.py).
+Delivery is acknowledged and deduplicated, and flow is credit-based (learner/delivery.py). With a
+write-ahead log (learner/wal.py, `--durability os|fsync`) a batch is on disk before it is stored and
+acknowledged, and `recover` puts the log's batches back after a crash.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import sys
 import time
 import uuid
 from collections import Counter
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 import zmq
@@ -21,6 +25,7 @@ from common.curve import CurveServer
 from common.protocol import Episode, ProtocolError
 from common.sockets import bind_tcp
 from learner.delivery import DeliveryLedger
+from learner.wal import WalError, WriteAheadLog, pack_batch, unpack_batch
 
 INGEST_QUEUE_MESSAGES = 32
 """ROUTER receive high-water mark, per actor connection (whole messages): at most this many messages of
@@ -32,6 +37,8 @@ BIND_HINT = (
     "Is another learner running? Pick other ports with --ingest-port/--params-port (0 picks a free one)."
 )
 """The end of the error for a port already in use."""
+STORAGE_RETRY_S = 1.0
+"""After a failed log write, TRAJ batches are refused (`unavailable`) this long before writing is tried again."""
 
 
 @dataclass
@@ -57,6 +64,17 @@ class ActorInfo:
     """Episodes stored from this connection."""
     active: bool = False
     """Sent something after WELCOME; an abandoned handshake (the actor retried on a new socket) never is."""
+
+
+@dataclass
+class _Pending:
+    """A batch appended to the log and waiting for the group's fsync before it is stored and acknowledged."""
+
+    actor: ActorInfo
+    seq: int
+    episodes: list[Episode]
+    identities: list[bytes] = field(default_factory=list)
+    """Connections to acknowledge it on: the sender, and any that sent it again before the sync."""
 
 
 class IngestServer:
@@ -86,6 +104,8 @@ class IngestServer:
         heartbeat_every: float = 1.0,
         curve: CurveServer | None = None,
         text_vocab_size: int = 0,
+        wal: WriteAheadLog | None = None,
+        log: Callable[[str], None] | None = None,
     ):
         self.ctx = zmq.Context()
         self.auth = curve.start(self.ctx) if curve is not None else None
@@ -145,6 +165,14 @@ class IngestServer:
         self.policy_version = -1
         self._params_frames: list = []
         self._next_actor_id = 1
+        self.wal = wal
+        """The write-ahead log every new batch is appended to before it is stored (None: `--durability none`)."""
+        self.log = log or (lambda line: print(line, file=sys.stderr, flush=True))
+        self.storage_error = ""
+        """Why the log cannot be written now ("" while it can): TRAJ batches are refused `unavailable`."""
+        self._retry_at = 0.0
+        self._pending: dict[tuple[str, int], _Pending] = {}
+        """Batches of this loop turn waiting for the group's fsync, by (instance, seq)."""
 
     # ---- parameters --------------------------------------------------------------------------------
     def publish(self, version: int, flat: dict[str, np.ndarray]) -> None:
@@ -167,11 +195,12 @@ class IngestServer:
             msg = None
             try:
                 msg = protocol.parse(frames[1].buffer)
-                self._handle(identity, msg)
+                self._handle(identity, msg, frames[1].buffer)
             except ProtocolError as e:
                 self._refuse(identity, e.code, e.reason, _seq_of(msg))
             except Exception as e:  # a validator gap must cost one message, never the learner
                 self._refuse(identity, "invalid", f"{type(e).__name__}: {e}", _seq_of(msg))
+        self._commit()  # group commit: one fsync for every batch of this turn, then their ACKs
         while self._auth_events is not None and self._auth_events.poll(0):
             self._auth_events.recv_multipart()  # a client without an authorized key (or not speaking CURVE)
             self.rejected["auth_failed"] += 1
@@ -182,9 +211,13 @@ class IngestServer:
             self.heartbeat()
         return handled
 
+    def _open(self) -> bool:
+        """Whether grants may grow: the rate limit allows it and the log can be written."""
+        return not self.storage_error and self.gate()
+
     def _check_gate(self) -> None:
         """When the gate has opened again, tell every actor its new grant at once, not at the next beat."""
-        was, self.accepting = self.accepting, self.gate()
+        was, self.accepting = self.accepting, self._open()
         if self.accepting and not was:
             self.heartbeat()
 
@@ -196,7 +229,7 @@ class IngestServer:
                 self._send(actor.identity, self._beat(actor))
 
     def _beat(self, actor: ActorInfo) -> dict:
-        grant = self.ledger.grant(actor.instance, self.gate())
+        grant = self.ledger.grant(actor.instance, self._open())
         return protocol.Heartbeat(self.run_id, self.policy_version, grant).to_msg()
 
     def connected_envs(self) -> int:
@@ -216,7 +249,7 @@ class IngestServer:
         for actor_id in [i for i, a in self.actors.items() if now - a.last_seen >= self.actor_timeout]:
             del self.actors[actor_id]
 
-    def _handle(self, identity: bytes, msg: dict) -> None:
+    def _handle(self, identity: bytes, msg: dict, raw: memoryview) -> None:
         """One parsed message, checked in the order of docs/PROTOCOL.md §7: HELLO on its own; for every
         other kind the `actor_id` and its connection first, then the message's own fields."""
         kind = msg["kind"]
@@ -227,7 +260,7 @@ class IngestServer:
         actor.last_seen = time.monotonic()
         actor.active = True
         if kind == protocol.TRAJ:
-            self._traj(identity, actor, protocol.Traj.from_msg(msg))
+            self._traj(identity, actor, protocol.Traj.from_msg(msg), raw)
         elif kind == protocol.PARAM_REQ:
             protocol.ParamReq.from_msg(msg)  # checked; the answer is the newest snapshot whatever it holds
             self._send_frames([identity, *self._params_frames])
@@ -237,21 +270,109 @@ class IngestServer:
         else:
             raise ProtocolError("unexpected_kind", f"{kind} is not something an actor sends")
 
-    def _traj(self, identity: bytes, actor: ActorInfo, traj: protocol.Traj) -> None:
-        """Store a new batch and ACK it; a batch stored before is acknowledged again, its episodes unchecked."""
+    def _traj(self, identity: bytes, actor: ActorInfo, traj: protocol.Traj, raw: memoryview) -> None:
+        """A new batch: validated, appended to the log (if any), then stored and acknowledged (after the
+        group's fsync in `fsync` mode). A batch stored before is acknowledged again, its episodes unchecked."""
+        key = (actor.instance, traj.seq)
+        if key in self._pending:  # sent again (on a new connection) before its group was synced
+            self._pending[key].identities.append(identity)
+            return
         if self.ledger.is_duplicate(actor.instance, traj.seq):
             self.duplicates += 1
-            accepted, duplicate = 0, True
-        else:
-            episodes = traj.validate(
-                self.feature_spec, self.max_steps, self.policy_version, self.vocab_size, self.text_vocab_size
+            grant = self.ledger.grant(actor.instance, self._open())
+            self._send(identity, protocol.Ack(traj.seq, 0, True, grant).to_msg())
+            return
+        episodes = traj.validate(
+            self.feature_spec, self.max_steps, self.policy_version, self.vocab_size, self.text_vocab_size
+        )
+        if self.wal is not None:
+            self._append(actor.instance, traj.seq, raw)
+            if self.wal.durability == "fsync":
+                self._pending[key] = _Pending(actor, traj.seq, episodes, [identity])
+                return
+        self._store(actor, traj.seq, episodes, [identity])
+
+    def _append(self, instance: str, seq: int, raw: memoryview) -> None:
+        """The batch into the log; ProtocolError `unavailable` (the actor keeps it and sends it again
+        later) while the log cannot be written."""
+        if self.storage_error and time.monotonic() < self._retry_at:
+            raise ProtocolError("unavailable", f"the learner cannot store batches now: {self.storage_error}")
+        try:
+            self.wal.append(pack_batch(instance, seq, raw))
+        except WalError as e:
+            self._storage_failed(e)
+            raise ProtocolError("unavailable", f"the learner cannot store batches now: {e}") from e
+        self._storage_works()
+
+    def _commit(self) -> None:
+        """`fsync` mode: one sync for the batches appended this turn, then each is stored and acknowledged;
+        if the sync fails none is, and each sender is told `unavailable` (it keeps the batch)."""
+        if not self._pending:
+            return
+        pending, self._pending = list(self._pending.values()), {}
+        try:
+            self.wal.sync()
+        except WalError as e:
+            self._storage_failed(e)
+            for p in pending:
+                for identity in p.identities:
+                    self._refuse(identity, "unavailable", f"the learner cannot store batches now: {e}", p.seq)
+            return
+        self._storage_works()
+        for p in pending:
+            self._store(p.actor, p.seq, p.episodes, p.identities)
+
+    def _store(self, actor: ActorInfo, seq: int, episodes: list[Episode], identities: list[bytes]) -> None:
+        """Into the replay and the ledger, then the ACK (the first connection's counts the episodes)."""
+        self.on_episodes(episodes)
+        self.ledger.record(actor.instance, seq)
+        actor.episodes += len(episodes)
+        grant = self.ledger.grant(actor.instance, self._open())
+        for i, identity in enumerate(identities):
+            accepted, duplicate = (len(episodes), False) if i == 0 else (0, True)
+            self._send(identity, protocol.Ack(seq, accepted, duplicate, grant).to_msg())
+
+    def _storage_failed(self, error: WalError) -> None:
+        if not self.storage_error:
+            self.log(
+                f"learner: cannot write the log ({error}); not acknowledging trajectories until it works again "
+                "(actors keep them and send them again; nothing is lost)"
             )
-            self.on_episodes(episodes)
-            self.ledger.record(actor.instance, traj.seq)
-            actor.episodes += len(episodes)
-            accepted, duplicate = len(episodes), False
-        grant = self.ledger.grant(actor.instance, self.gate())
-        self._send(identity, protocol.Ack(traj.seq, accepted, duplicate, grant).to_msg())
+        self.storage_error = str(error)
+        self._retry_at = time.monotonic() + STORAGE_RETRY_S
+
+    def _storage_works(self) -> None:
+        if self.storage_error:
+            self.storage_error = ""
+            self.log("learner: the log can be written again; acknowledging trajectories")
+            self.heartbeat()  # grants grow again: tell the actors now
+
+    def recover(self, start_lsn: int, newest_version: int) -> Counter:
+        """After a restart: open the log and store its batches from `start_lsn` on (the log position the
+        restored checkpoint saved), skipping those the restored ledger holds. Their steps' policy versions
+        are capped at `newest_version`, as an actor caps what it re-sends to a restarted learner
+        (docs/PROTOCOL.md §2.7). Returns counts: batches, episodes, skipped (stored before), unreadable."""
+        counts: Counter[str] = Counter()
+        never_refused = 2**31 - 1  # every logged batch passed the version check when it arrived
+        for record in self.wal.recover(start_lsn):
+            try:
+                instance, seq, raw = unpack_batch(record.payload)
+                traj = protocol.Traj.from_msg(protocol.parse(raw))
+                if self.ledger.stored(instance, seq):
+                    counts["skipped"] += 1
+                    continue
+                episodes = traj.validate(
+                    self.feature_spec, self.max_steps, never_refused, self.vocab_size, self.text_vocab_size
+                )
+            except (ValueError, ProtocolError) as e:
+                counts["unreadable"] += 1
+                self.log(f"learner: log record {record.lsn} cannot be read back ({e}); skipped")
+                continue
+            self.on_episodes([_capped(ep, newest_version) for ep in episodes])
+            self.ledger.record(instance, seq)
+            counts["batches"] += 1
+            counts["episodes"] += len(episodes)
+        return counts
 
     def _hello(self, identity: bytes, hello: protocol.Hello) -> None:
         for old_id in [i for i, a in self.actors.items() if a.instance == hello.instance]:
@@ -267,7 +388,7 @@ class IngestServer:
             actor_id=actor_id,
             policy_version=self.policy_version,
             acked_upto=acked_upto,
-            grant=self.ledger.grant(hello.instance, self.gate()),
+            grant=self.ledger.grant(hello.instance, self._open()),
             heartbeat_every=self.heartbeat_every,
             **self._run_fields,
         )
@@ -304,6 +425,9 @@ class IngestServer:
             self.drops["actor_gone"] += 1
 
     def close(self) -> None:
+        self._commit()
+        if self.wal is not None:
+            self.wal.close()
         if self._auth_events is not None:
             self.router.disable_monitor()
             self._auth_events.close(0)
@@ -312,6 +436,13 @@ class IngestServer:
         if self.auth is not None:
             self.auth.stop()
         self.ctx.term()
+
+
+def _capped(ep: Episode, newest_version: int) -> Episode:
+    versions = ep.steps["policy_version"]
+    if versions.max(initial=0) <= newest_version:
+        return ep
+    return dataclasses.replace(ep, steps={**ep.steps, "policy_version": versions.clip(max=newest_version)})
 
 
 def _seq_of(msg: dict | None) -> int | None:

@@ -2,8 +2,8 @@
 
 open_session: join the other learner processes -> device mesh -> Trainer (model, optimizer, compiled
 updates) -> replay -> restore from the newest checkpoint (state, replay, delivery ledger) ->
-demonstrations -> ingest and params sockets -> dashboards, config.json, endpoints.json -> publish the
-current version -> start the local actors. What only the machine can refuse (the mesh, key files, a
+demonstrations -> ingest and params sockets -> the write-ahead log's batches after the checkpoint ->
+dashboards, config.json, endpoints.json -> publish the current version -> start the local actors. What only the machine can refuse (the mesh, key files, a
 checkpoint for another model, ports in use) stops the run here with one message naming the flag or file.
 """
 
@@ -41,6 +41,7 @@ from learner.run_stats import RunStats
 from learner.schedule import Schedule
 from learner.tensorboard import Dashboards, require_wandb
 from learner.trainer import Trainer
+from learner.wal import WriteAheadLog
 
 
 @dataclass
@@ -68,6 +69,8 @@ class Session:
     """The demonstrations still have to join the replay (they do as reinforcement learning starts)."""
     saved_update: int = 0
     """The update of the newest checkpoint on disk."""
+    saved_lsn: int = 0
+    """The write-ahead log position of the newest checkpoint on disk: every record below it is in it."""
     _last_log: float = 0.0
 
     def publish(self) -> None:
@@ -84,8 +87,16 @@ class Session:
         update = self.trainer.update
         self.trainer.save(self.checkpointer, flat_dict(self.cfg))
         self.checkpointer.save_replay(update, self.replay, self.cfg.model, self.cfg.max_steps, self.rank)
-        self.checkpointer.save_delivery(update, self.server.ledger.state(), self.rank)
-        self.saved_update = update
+        wal = self.server.wal
+        position = wal.next_lsn if wal is not None else 0  # no batch waits for a sync between polls
+        self.checkpointer.save_delivery(
+            update, {**self.server.ledger.state(), "wal_next_lsn": position}, self.rank
+        )
+        if wal is not None:
+            # orbax finished the previous checkpoint before starting this one (CheckpointManager.save
+            # waits), so it is complete on disk: the log below its position is no longer needed.
+            wal.prune(self.saved_lsn)
+        self.saved_update, self.saved_lsn = update, position
         self.stats.timing["checkpoint_s"] += time.monotonic() - t0
 
     def prefill(self) -> None:
@@ -127,6 +138,9 @@ class Session:
             "duplicates": server.duplicates,
             "dropped_replies": dict(server.drops),
             "batches_lost_in_restart": server.ledger.lost_in_restart,
+            "durability": self.cfg.durability(),
+            "storage_error": server.storage_error,
+            **({f"wal/{k}": v for k, v in server.wal.stats.items()} if server.wal is not None else {}),
             "accepting": server.accepting,
             "dropped_episodes": replay.counts["evicted_fifo"] + replay.counts["dropped_stale"],
             **{f"replay/{k}": v for k, v in replay.stats().items()},
@@ -234,6 +248,8 @@ def open_session(cfg: LearnerConfig, console: Console) -> Session:
         stats.on_episodes(episodes)
 
     net = cfg.transport
+    durability = cfg.durability()
+    wal = WriteAheadLog(run_dir / "wal", durability) if durability != "none" else None
     server = IngestServer(
         net.bind,
         net.ingest_port,
@@ -247,19 +263,25 @@ def open_session(cfg: LearnerConfig, console: Console) -> Session:
         actor_timeout=net.actor_timeout,
         credit=net.actor_credit,
         curve=curve,
+        wal=wal,
+        log=lambda line: console.print(line, markup=False, highlight=False),
     )
     if buf.insert_slack:
         server.gate = lambda: schedule.accepts_inserts(
             stats.totals["episodes"], len(replay), replay.counts["added"]
         )
+    saved_lsn = 0
     if kept is not None:  # the ledger describes the saved replay: only with it
         try:
             ledger = checkpointer.restore_delivery(trainer.update, rank)
             if ledger is not None:
                 server.ledger.load_state(ledger)
+                saved_lsn = int(ledger.get("wal_next_lsn", 0))
         except ValueError as e:
             server.close()
             raise SystemExit(f"cannot resume the delivery ledger: {e}") from e
+    if wal is not None:
+        _recover(server, saved_lsn, trainer.version, console)
     dash = cfg.dashboards
     config = flat_dict(cfg)
     session = Session(
@@ -279,6 +301,7 @@ def open_session(cfg: LearnerConfig, console: Console) -> Session:
         dashboards=Dashboards(run_dir, config, dash.tensorboard, dash.wandb_project if rank == 0 else ""),
         prefill_pending=cfg.imitation.prefill_demos and bool(demos) and not past_warmup,
         saved_update=trainer.update,
+        saved_lsn=saved_lsn,
     )
     (run_dir / "config.json").write_text(json.dumps(config, indent=1))  # what report and readers see
     endpoints = {"ingest_port": server.ingest_port, "params_port": server.params_port, "bind": net.bind}
@@ -318,6 +341,26 @@ def _restore(
         + (f"{kept} episodes in the replay" if kept is not None else "no saved replay: it starts empty")
     )
     return kept
+
+
+def _recover(server: IngestServer, start_lsn: int, version: int, console: Console) -> None:
+    """The write-ahead log's batches after the restored checkpoint back into the replay and the ledger."""
+    t0 = time.monotonic()
+    try:
+        counts = server.recover(start_lsn, version)
+    except OSError as e:
+        server.close()
+        raise SystemExit(f"cannot read the write-ahead log {server.wal.directory}: {e}") from e
+    damage = {k: v for k, v in server.wal.stats.items() if k in ("corrupt_records", "torn_tail_bytes") and v}
+    if counts or damage:
+        console.print(
+            f"learner: write-ahead log: {counts['batches']} batches ({counts['episodes']} episodes) after the "
+            f"checkpoint recovered in {time.monotonic() - t0:.1f}s"
+            + (f", {counts['skipped']} already stored" if counts["skipped"] else "")
+            + (f", {counts['unreadable']} unreadable" if counts["unreadable"] else "")
+            + (f", damage skipped: {damage}" if damage else ""),
+            markup=False,
+        )
 
 
 def _start_local_actors(

@@ -121,8 +121,8 @@ def test_grouped_settings_keep_their_flags_and_their_stored_layout():
     nested = {"model", "mesh", "emulator"}
     assert nested <= set(flat) and not set(GROUPS) & set(flat)
     # The 65 settings from before the grouping, --off-policy-correction, --rl-lr-scale, --text-encoder-lr-scale,
-    # --rename-word-pieces.
-    assert len(flat) == 69
+    # --rename-word-pieces, --durability.
+    assert len(flat) == 70
     flags = [
         f"--{name}" if name == "lambda_" else "--" + name.replace("_", "-") for name in set(flat) - nested
     ]
