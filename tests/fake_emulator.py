@@ -14,6 +14,8 @@ Behaviour switches (environment variables):
   FAKE_EMULATOR_TOKEN_FILE  the console requires `auth <contents of this file>`
   FAKE_EMULATOR_SNAPSHOTS   comma-separated snapshot names `avd snapshot load` accepts (others: KO)
   FAKE_EMULATOR_PID_DIR     write an empty file named PORT.PID there, so tests can find every process
+  FAKE_EMULATOR_CHILD       "1": start a child in its process group, as the real emulator starts qemu
+                            (`sleep`; with FAKE_EMULATOR_PID_DIR its pid goes in a file child-PORT.PID)
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ import argparse
 import os
 import signal
 import socketserver
+import subprocess
 import sys
 import threading
 import time
@@ -139,8 +142,13 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     if os.environ.get("FAKE_EMULATOR_IGNORE_TERM") == "1":
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
-    if pid_dir := os.environ.get("FAKE_EMULATOR_PID_DIR"):
+    pid_dir = os.environ.get("FAKE_EMULATOR_PID_DIR")
+    if pid_dir:
         (Path(pid_dir) / f"{args.port}.{os.getpid()}").touch()
+    if os.environ.get("FAKE_EMULATOR_CHILD") == "1":
+        child = subprocess.Popen(["sleep", "3600"], stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL)
+        if pid_dir:
+            (Path(pid_dir) / f"child-{args.port}.{child.pid}").touch()
     emu = Emulator(args.avd, args.port)
     serve_console(emu)
     serve_adbd(emu)

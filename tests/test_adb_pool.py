@@ -17,6 +17,7 @@ from pathlib import Path
 import adbutils
 import pytest
 
+from actors.envs.adb import pool as pool_module
 from actors.envs.adb.config import AdbConfig
 from actors.envs.adb.console import EmulatorConsole
 from actors.envs.adb.pool import DevicePool, DevicePoolError, _port_free
@@ -47,7 +48,8 @@ def isolated(monkeypatch, tmp_path):
 
 
 def launched_pids(pid_dir: Path) -> list[int]:
-    return sorted(int(f.suffix[1:]) for f in pid_dir.iterdir())
+    """The fake emulators' pids (not their children's: child-PORT.PID, see FAKE_EMULATOR_CHILD)."""
+    return sorted(int(f.suffix[1:]) for f in pid_dir.iterdir() if not f.name.startswith("child-"))
 
 
 def alive(pid: int) -> bool:
@@ -57,6 +59,29 @@ def alive(pid: int) -> bool:
     except ProcessLookupError:
         return False
     return True
+
+
+def running(pid: int) -> bool:
+    """Running, not a zombie: an orphan (its parent gone) is dead once it is a zombie, whenever init reaps it."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_bytes()
+    except FileNotFoundError:
+        return False
+    return stat.rpartition(b")")[2].split()[0] not in (b"Z", b"X")
+
+
+def group_members(pgid: int) -> list[int]:
+    """The running processes of a process group (Linux: from /proc)."""
+    members = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                fields = (entry / "stat").read_bytes().rpartition(b")")[2].split()
+            except OSError:
+                continue
+            if int(fields[2]) == pgid and fields[0] not in (b"Z", b"X"):
+                members.append(int(entry.name))
+    return members
 
 
 port_free = _port_free
@@ -412,6 +437,65 @@ def test_close_signals_only_what_it_launched(make_pool, monkeypatch):
         for p in (bystander, own_group):
             p.kill()
             p.wait()
+
+
+def test_close_stops_the_emulators_children_and_guards(make_pool, monkeypatch, tmp_path, base_port):
+    monkeypatch.setenv("FAKE_EMULATOR_CHILD", "1")
+    pool = make_pool(avds=("Pixel",))
+    (serial,) = pool.start()
+    pid = pool.pid(serial)
+    assert len(group_members(pid)) == 3  # the emulator, its child (as qemu), the guard's watcher
+    pool.close()
+    wait_until(lambda: not group_members(pid), timeout=5.0)  # SIGKILLed: gone in a moment
+    log = (tmp_path / "logs" / f"emulator-{base_port}.log").read_text()
+    assert "INFO: console kill" in log and "guard:" not in log  # stopped by the pool, not by the guard
+
+
+def test_emulators_die_with_the_process_that_launched_them(make_pool, monkeypatch, tmp_path, base_port):
+    """When the actor dies, however it dies, the kernel closes its end of the guards' pipe: done here."""
+    monkeypatch.setenv("FAKE_EMULATOR_CHILD", "1")
+    pool = make_pool(avds=("Pixel", "Tablet"))
+    pids = [pool.pid(s) for s in pool.start()]
+    assert all(len(group_members(pid)) == 3 for pid in pids)
+    read_end, write_end = pool._alive
+    pool._alive = None
+    os.close(write_end)
+    os.close(read_end)
+    wait_until(lambda: not any(group_members(pid) for pid in pids), timeout=10.0)
+    assert all(port_free(p) for p in range(base_port, base_port + 4))
+    log = (tmp_path / "logs" / f"emulator-{base_port}.log").read_text()
+    assert f"guard: the actor is gone; stopping process group {pids[0]}" in log
+    assert "console kill" not in log
+    pool.close()  # finds them stopped
+    assert pool.stats["stopped"] == 2 and pool.stats["sigkills"] == 0
+
+
+def test_the_guard_kills_an_emulator_that_ignores_sigterm(make_pool, monkeypatch):
+    monkeypatch.setenv("FAKE_EMULATOR_IGNORE_TERM", "1")
+    monkeypatch.setenv("FAKE_EMULATOR_CHILD", "1")
+    pool = make_pool(avds=("Pixel",))
+    pool.stop_grace = 0.5  # the guard's too: it is passed at launch
+    (serial,) = pool.start()
+    pid = pool.pid(serial)
+    os.kill(pid, signal.SIGSTOP)  # and hung, too
+    read_end, write_end = pool._alive
+    pool._alive = None
+    os.close(write_end)
+    os.close(read_end)
+    time.sleep(0.2)
+    assert alive(pid)  # SIGTERM did not stop it; SIGKILL after the grace does
+    wait_until(lambda: not group_members(pid), timeout=10.0)
+
+
+def test_without_the_guard_a_warning_and_a_plain_launch(make_pool, monkeypatch):
+    monkeypatch.setattr(pool_module, "GUARDED", False)
+    pool = make_pool(avds=("Pixel", "Tablet"))
+    pids = [pool.pid(s) for s in pool.start()]
+    warnings = [line for line in pool.logs if "not stopped if the actor is killed" in line]
+    assert len(warnings) == 1 and warnings[0].startswith("warning: on this platform")
+    assert [group_members(pid) for pid in pids] == [[pid] for pid in pids]  # no watcher
+    pool.close()
+    assert not any(alive(pid) for pid in pids) and pool.stats["stopped"] == 2
 
 
 # ---- snapshots and the console ----

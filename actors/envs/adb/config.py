@@ -39,7 +39,7 @@ class AdbConfig:
     serials: tuple[str, ...] = ()
     """Attach to these running devices (`adb devices` lists them). One environment per device."""
     avds: tuple[str, ...] = ()
-    """Or launch these AVDs (one emulator each); they are stopped when the actor stops."""
+    """Or launch these AVDs (one emulator each); they stop when the actor stops, even when it is killed."""
     emulator_binary: str = "emulator"
     """The Android emulator executable (from $ANDROID_HOME/emulator), for --adb.avds."""
     emulator_port: int = 5554

@@ -5,6 +5,12 @@ for them to come back. Launched emulators (--adb.avds) run each in a process gro
 hung one is stopped with everything it started, and nothing else is ever signalled: a launched
 process is not reaped until it is stopped, so its pid (the group id) cannot be reused meanwhile.
 
+Launched emulators also die when the actor dies without stopping them (SIGKILL, a crash): each is
+started through `guard.py`, which leaves a watcher in the emulator's group holding one end of a pipe
+whose other end only this process holds; when that end closes, the watcher stops the whole group
+(SIGTERM, then SIGKILL after `stop_grace`), the emulator's own children (qemu) included. Where the guard
+cannot run (no fork: Windows) the pool says so once and launches emulators unguarded.
+
 `stats` counts: launched (emulator processes started), boot_seconds, recover_calls, already_healthy,
 recoveries (devices brought back), restarts (emulator relaunches), failed_recoveries (failed attempts),
 given_up, snapshot_loads, stopped (emulators stopped), sigkills (emulators that ignored SIGTERM).
@@ -14,18 +20,21 @@ from __future__ import annotations
 
 import collections
 import contextlib
+import functools
 import os
 import re
 import shlex
 import signal
 import socket
 import subprocess
+import sys
 import tempfile
 import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import BinaryIO
 
 import adbutils
 from adbutils.errors import AdbError
@@ -39,6 +48,10 @@ MAX_BACKOFF_S = 60.0
 PROGRESS_EVERY_S = 10.0
 LOCAL_HOSTS = ("127.0.0.1", "localhost", "::1")
 EMULATOR_SERIAL = re.compile(r"emulator-(\d+)")
+GUARD = Path(__file__).with_name("guard.py")
+"""Runs each launched emulator so that it dies with the actor."""
+GUARDED = hasattr(os, "fork") and bool(sys.executable)
+"""The guard can run here (it forks its watcher); elsewhere (Windows) emulators are launched unguarded."""
 STATE_HINTS = {
     "missing": "plug it in (or `adb connect` it) and check `adb devices`",
     "unauthorized": "accept the USB debugging prompt on the phone",
@@ -91,6 +104,9 @@ class DevicePool:
         self._slots: dict[str, _Slot] = {}
         self._devices: dict[str, AdbDevice] = {}
         self._lock = threading.Lock()
+        self._alive: tuple[int, int] | None = None
+        """The pipe (read end, write end) every emulator's guard watches; only this process writes to it."""
+        self._unguarded_warned = False
 
     def __enter__(self) -> DevicePool:
         return self
@@ -198,21 +214,66 @@ class DevicePool:
         with emu.log_path.open("ab") as out:
             out.write(f"\n=== {time.strftime('%Y-%m-%d %H:%M:%S')} {shlex.join(cmd)}\n".encode())
             out.flush()
-            try:
-                emu.proc = subprocess.Popen(
-                    cmd,
-                    stdin=subprocess.DEVNULL,
-                    stdout=out,
-                    stderr=subprocess.STDOUT,
-                    start_new_session=True,
-                )
-            except OSError as e:
-                raise DevicePoolError(
-                    f"cannot run the emulator {self.cfg.emulator_binary!r} ({e}); "
-                    "pass --adb.emulator-binary $ANDROID_HOME/emulator/emulator"
-                ) from e
+            emu.proc = self._spawn(cmd, out)
         self._count("launched")
         self._log(f"{slot.serial}: launched AVD {emu.avd} (pid {emu.proc.pid}), output in {emu.log_path}")
+
+    def _spawn(self, cmd: list[str], out: BinaryIO) -> subprocess.Popen:
+        """Start `cmd` as the leader of a new process group (and session), through the guard where it can
+        run, so that it dies with this process. DevicePoolError if it cannot be run."""
+        popen = functools.partial(
+            subprocess.Popen,
+            stdin=subprocess.DEVNULL,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+        alive = self._alive_pipe()
+        proc = None
+        try:
+            if alive is None:
+                return popen(cmd)
+            error_r, error_w = os.pipe()
+            try:
+                try:
+                    args = [str(GUARD), str(alive), str(error_w), str(self.stop_grace), "--", *cmd]
+                    proc = popen([sys.executable, "-I", "-S", *args], pass_fds=(alive, error_w))
+                finally:
+                    os.close(error_w)
+                failure = _read_all(error_r).decode("utf-8", "replace")  # EOF: the emulator runs
+            finally:
+                os.close(error_r)
+            if failure:
+                raise DevicePoolError(self._cannot_run(failure))
+            return proc
+        except BaseException as e:
+            if proc is not None:  # not reaped yet: the group id is still ours
+                _signal_group(proc.pid, signal.SIGKILL)  # the launcher and the guard's watcher
+                proc.wait()
+            if isinstance(e, OSError):
+                raise DevicePoolError(self._cannot_run(e)) from e
+            raise
+
+    def _cannot_run(self, reason: object) -> str:
+        return (
+            f"cannot run the emulator {self.cfg.emulator_binary!r} ({reason}); "
+            "pass --adb.emulator-binary $ANDROID_HOME/emulator/emulator"
+        )
+
+    def _alive_pipe(self) -> int | None:
+        """The read end of the pipe the guards watch (made on first use); None where no guard can run."""
+        with self._lock:
+            if self._alive is None:
+                if not GUARDED:
+                    if not self._unguarded_warned:
+                        self._unguarded_warned = True
+                        self._log(
+                            "warning: on this platform emulators launched with --adb.avds are not stopped "
+                            "if the actor is killed (SIGKILL); only a normal stop stops them"
+                        )
+                    return None
+                self._alive = os.pipe()  # not inheritable: no other child of this process holds an end
+            return self._alive[0]
 
     def _wait_ready(self, slot: _Slot, timeout: float, doing: str) -> float:
         """Poll until the device is listed as "device" and sys.boot_completed is 1; the seconds waited.
@@ -346,6 +407,11 @@ class DevicePool:
         """Stop every emulator this pool launched (console `kill`, then its process group). Idempotent."""
         for slot in list(self._slots.values()):
             self._stop(slot, console=True)
+        with self._lock:
+            alive, self._alive = self._alive, None
+        if alive is not None:  # a guard still watching (none should be) now stops its group
+            for fd in alive:
+                os.close(fd)
 
     def _stop(self, slot: _Slot, *, console: bool) -> None:
         emu = slot.emulator
@@ -413,6 +479,13 @@ def _exit_status(proc: subprocess.Popen | None) -> int | None:
     if info is None:
         return None
     return info.si_status if info.si_code == os.CLD_EXITED else -info.si_status
+
+
+def _read_all(fd: int) -> bytes:
+    chunks = []
+    while chunk := os.read(fd, 4096):
+        chunks.append(chunk)
+    return b"".join(chunks)
 
 
 def _signal_group(pgid: int, sig: signal.Signals) -> None:
