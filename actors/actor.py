@@ -35,8 +35,8 @@ from common.config import ModelConfig
 from common.curve import CurveClient, CurveError
 from common.types import Step, Trajectory
 
-KEEP_ON_ERROR = frozenset({"no_credit", "not_welcomed"})
-"""ERROR codes after which a refused batch is sent again (after a new grant or handshake)."""
+KEEP_ON_ERROR = frozenset({"no_credit", "not_welcomed", "unavailable"})
+"""ERROR codes after which a refused batch is kept and sent again (after a new grant or handshake)."""
 
 
 @dataclasses.dataclass

@@ -10,8 +10,9 @@ counted.
 
 File layout: records, each a u32 little-endian byte count followed by one wire message (msgpack,
 common/wire.py): first a header
-    {"v": 2, "kind": "DEMOS", "model": ModelConfig, "max_steps": int, "tasks": str, "split": str}
-then TRAJ messages (`actor_id` 0, `seq` 1, 2, ...) of up to 64 episodes each (common/trajectory_file.py).
+    {"v": PROTOCOL_VERSION, "kind": "DEMOS", "model": ModelConfig, "max_steps": int, "tasks": str, "split": str}
+then TRAJ messages (`actor_id` 0, `seq` 1, 2, ...) of up to 64 episodes each (common/trajectory_file.py;
+files from before protocol version 3 hold version 2 TRAJ records, still read).
 `load_demos` reads and validates them exactly as the learner validates an actor's TRAJ.
 """
 

@@ -18,6 +18,10 @@ Modes (one row each):
 - `credit`: as the reference actor: never a seq above the grant; the grant is raised from each ACK
   and HEARTBEAT. Zero loss is checked: every TRAJ answered by exactly one in-order ACK, episodes stored
   == episodes sent == episodes acknowledged, no duplicates, nothing rejected, no reply dropped.
+- `credit, log os` / `credit, log fsync`: as `credit`, with the learner's write-ahead log in a temporary
+  directory (`--durability os`: each batch written to the log before its ACK; `fsync`: and flushed to
+  the disk, one fdatasync per poll turn for all the batches it read). `vs_none` is the row's TRAJ/s
+  over the `credit` row's; `ack_p50_ms` / `ack_p99_ms` are the actors' send-to-ACK latencies.
 - `ignore credit`: the actor never looks at its grant and keeps IGNORE_WINDOW batches unanswered per
   connection. Its seqs are consecutive, so each is read after its predecessor was stored, when the
   grant (watermark + credit) already covers it: nothing is refused, and what bounds the learner's
@@ -74,7 +78,11 @@ IGNORE_WINDOW = 512
 START_TIMEOUT_S = 60.0
 DRAIN_TIMEOUT_S = 120.0
 
-MODES = ("credit", "ignore credit", "ignore credit, tap closed")
+MODES = ("credit", "credit, log os", "credit, log fsync", "ignore credit", "ignore credit, tap closed")
+DURABILITY = {"credit, log os": "os", "credit, log fsync": "fsync"}
+"""The rows whose learner appends every batch to a write-ahead log (learner/wal.py) before its ACK."""
+LATENCY_SAMPLES = 4000
+"""ACK latencies each actor process reports (every k-th, evenly over the measured window)."""
 
 NOTE = (
     "ingest: the learner process and the actor processes share this machine's CPUs, so 'learner_cpu' (CPU "
@@ -91,6 +99,15 @@ NOTE = (
 # ---- messages ----------------------------------------------------------------------------------------
 def random_episode(rng: np.random.Generator, cfg: ModelConfig, steps: int) -> dict:
     """The wire fields of one valid episode of `steps` steps with random content (policy version 0)."""
+    obs, arrays = random_arrays(rng, cfg, steps)
+    return protocol.episode_fields("bench", bool(rng.random() < 0.5), False, obs, arrays)
+
+
+def random_arrays(
+    rng: np.random.Generator, cfg: ModelConfig, steps: int
+) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray]]:
+    """Random valid observations [steps + 1, ...] and step arrays [steps] (policy version 0), in the dtypes
+    protocol.episode_fields sends."""
     obs = {}
     for name, (shape, dtype) in featurize.feature_spec(cfg).items():
         full = (steps + 1, *shape)
@@ -108,16 +125,20 @@ def random_episode(rng: np.random.Generator, cfg: ModelConfig, steps: int) -> di
         "behavior_logp": -rng.random(steps),
         "reward": rng.random(steps),
         "policy_version": np.zeros(steps),
-    }  # cast to the wire dtypes (protocol.STEP_ARRAYS) by episode_fields
-    return protocol.episode_fields("bench", bool(rng.random() < 0.5), False, obs, arrays)
+    }
+    return obs, {k: np.asarray(v, dtype=np.dtype(protocol.STEP_ARRAYS[k])) for k, v in arrays.items()}
 
 
 def episode_blobs(
     cfg: ModelConfig, variants: int = VARIANTS, per_batch: int = EPISODES_PER_BATCH, steps: int = STEPS
 ) -> list[bytes]:
-    """`variants` msgpack arrays of `per_batch` episodes each: the `episodes` value of a TRAJ, encoded once."""
+    """`variants` packed maps of `per_batch` episodes each: the `episodes` value of a TRAJ, encoded once
+    (small enough, under wire.BY_REFERENCE_BYTES, that `wire.encode` writes a TRAJ's entries in order)."""
     rng = np.random.default_rng(0)
-    return [wire.encode([random_episode(rng, cfg, steps) for _ in range(per_batch)]) for _ in range(variants)]
+    return [
+        wire.encode(protocol.pack_episodes([random_episode(rng, cfg, steps) for _ in range(per_batch)]))
+        for _ in range(variants)
+    ]
 
 
 _PACK = msgpack.Packer(use_bin_type=True)
@@ -147,6 +168,8 @@ class _Conn:
     last_acked: int = 0
     answered: int = 0
     welcomed: bool = False
+    sent_at: dict[int, float] = field(default_factory=dict)
+    """time.monotonic() of each unanswered seq's sending (for the ACK latency)."""
 
 
 @dataclass
@@ -164,6 +187,7 @@ class _ActorStats:
     unanswered: int = 0
     errors: Counter = field(default_factory=Counter)
     other_replies: Counter = field(default_factory=Counter)
+    latencies_ms: list[float] = field(default_factory=list)
 
 
 def _actor_worker(endpoint: str, first: int, count: int, mode: str) -> None:
@@ -175,7 +199,7 @@ def _actor_worker(endpoint: str, first: int, count: int, mode: str) -> None:
     try:
         stats = _ActorStats()
         blobs = episode_blobs(ModelConfig())  # the same bytes as the parent's (seeded), not sent over a pipe
-        per_batch = len(wire.decode(blobs[0]))
+        per_batch = len(wire.decode(blobs[0])["task"])
         poller = zmq.Poller()
         control = sys.stdin.fileno()
         poller.register(control, zmq.POLLIN)
@@ -189,7 +213,7 @@ def _actor_worker(endpoint: str, first: int, count: int, mode: str) -> None:
             poller.register(sock, zmq.POLLIN)
             conns.append(c)
         by_sock = {c.sock: c for c in conns}
-        ignore = mode != "credit"
+        ignore = not mode.startswith("credit")
         sending, ready, deadline = True, False, time.monotonic() + START_TIMEOUT_S
         while True:
             if sending:
@@ -203,6 +227,7 @@ def _actor_worker(endpoint: str, first: int, count: int, mode: str) -> None:
                             c.sock.send(data, zmq.NOBLOCK)
                         except zmq.Again:
                             break
+                        c.sent_at[c.next_seq] = time.monotonic()
                         c.next_seq += 1
                         stats.sent += 1
             for sock, _ in poller.poll(50):
@@ -231,8 +256,14 @@ def _actor_worker(endpoint: str, first: int, count: int, mode: str) -> None:
         stats.unanswered = sum(c.next_seq - 1 - c.answered for c in conns)
         stats.sent_episodes = stats.sent * per_batch
         stats.sent_steps = stats.sent * per_batch * STEPS
-        counts = {k: v for k, v in vars(stats).items() if not isinstance(v, Counter)}
-        print(json.dumps({**counts, "errors": stats.errors, "other": stats.other_replies}))
+        counts = {k: v for k, v in vars(stats).items() if not isinstance(v, Counter | list)}
+        step = max(1, len(stats.latencies_ms) // LATENCY_SAMPLES)
+        latencies = [round(x, 3) for x in stats.latencies_ms[::step]]
+        print(
+            json.dumps(
+                {**counts, "errors": stats.errors, "other": stats.other_replies, "latencies": latencies}
+            )
+        )
     finally:
         for c in conns:
             c.sock.close(0)
@@ -300,6 +331,9 @@ def _on_reply(c: _Conn, msg: dict, stats: _ActorStats, per_batch: int) -> None:
         elif ack.seq != c.last_acked + 1:
             stats.ack_out_of_order += 1
         c.last_acked = max(c.last_acked, ack.seq)
+        sent_at = c.sent_at.pop(ack.seq, None)
+        if sent_at is not None:
+            stats.latencies_ms.append((time.monotonic() - sent_at) * 1e3)
     elif kind == protocol.HEARTBEAT:
         c.grant = max(c.grant, protocol.Heartbeat.from_msg(msg).grant)
     elif kind == protocol.ERROR:
@@ -369,8 +403,13 @@ def _flood(mode: str, connections: int, warmup_s: float, duration_s: float) -> d
     """One row: a real IngestServer in this process's main thread, the actors in worker processes."""
     from learner.ingest import IngestServer
     from learner.replay import PrioritizedReplay, oldest_version
+    from learner.wal import WriteAheadLog
 
     cfg = ModelConfig()
+    log_dir = tempfile.TemporaryDirectory(prefix="ingest-wal-") if mode in DURABILITY else None
+    wal = WriteAheadLog(Path(log_dir.name), DURABILITY[mode]) if log_dir is not None else None
+    if wal is not None:
+        list(wal.recover())  # an empty log, opened for appending
 
     replay: PrioritizedReplay = PrioritizedReplay(REPLAY_CAPACITY)
     stored = Counter()
@@ -392,6 +431,7 @@ def _flood(mode: str, connections: int, warmup_s: float, duration_s: float) -> d
         max_steps=MAX_STEPS,
         on_episodes=on_episodes,
         credit=CREDIT,
+        wal=wal,
     )
     workers: list[_Worker] = []
     try:
@@ -449,12 +489,17 @@ def _flood(mode: str, connections: int, warmup_s: float, duration_s: float) -> d
         for w in workers:
             w.close()
         server.close()
+        log_stats = dict(wal.stats) if wal is not None else {}
+        if log_dir is not None:
+            log_dir.cleanup()
 
     actors = Counter()
     errors: Counter = Counter()
+    latencies: list[float] = []
     for result in results:
         errors.update(result.pop("errors"))
         result.pop("other")
+        latencies += result.pop("latencies")
         actors.update(result)
     episodes = end[0].get("episodes", 0) - begin[0].get("episodes", 0)
     steps = end[0].get("steps", 0) - begin[0].get("steps", 0)
@@ -494,6 +539,8 @@ def _flood(mode: str, connections: int, warmup_s: float, duration_s: float) -> d
         "rss_peak_mb": max(rss) if rss else None,
         "rss_end_mb": rss[-1] if rss else None,
         "rss_slope_mb_per_min": _slope_mb_per_min([s for s in samples if s[1] is not None]),
+        "ack_p50_ms": float(np.percentile(latencies, 50)) if latencies else None,
+        "ack_p99_ms": float(np.percentile(latencies, 99)) if latencies else None,
         "learner_cpu": (end[2] - begin[2]) / elapsed,
         "learner_idle": idle / elapsed,
         "actors_cpu": (sum(child_cpu) / elapsed) if None not in child_cpu else None,
@@ -509,8 +556,10 @@ def _flood(mode: str, connections: int, warmup_s: float, duration_s: float) -> d
             "stored_steps": stored["steps"],
             "sent_steps": actors["sent_steps"],
             "actor_processes": len(workers),
+            "log": log_stats,
             "warmup_s": warmup_s,
             "replay_size": len(replay),
+            "syncs": log_stats.get("syncs", 0),
             "rss_before_mb": rss_before,
             "rss_hwm_mb": _rss_mb("VmHWM"),
             "rss_samples_mb": [s[1] for s in samples],
@@ -577,7 +626,8 @@ def run(
         warmup = warmup_s if warmup_s is not None else (1.0 if quick else 5.0)
         raw.append(_flood_process(mode, connections, warmup, duration))
     print(NOTE, flush=True)
-    return [_row(r, reference, in_process) for r in raw]
+    none = next((r["msgs_per_s"] for r in raw if r["mode"] == "credit"), None)
+    return [_row(r, reference, in_process, none) for r in raw]
 
 
 class _Detail(dict):
@@ -588,10 +638,10 @@ class _Detail(dict):
         return " ".join(shown) or "-"
 
 
-_SHOWN = ("refused", "unanswered", "ack_duplicates", "ack_out_of_order", "reply_drops")
+_SHOWN = ("refused", "unanswered", "ack_duplicates", "ack_out_of_order", "reply_drops", "syncs")
 
 
-def _row(raw: dict, reference: float, in_process: float) -> dict:
+def _row(raw: dict, reference: float, in_process: float, none: float | None = None) -> dict:
     """Rounded for the table (floats print with 4 significant digits), with the ratios and the reference."""
     row = {k: v for k, v in raw.items() if k not in ("detail", "load_1m")}
     for key in ("msgs_per_s", "episodes_per_s", "steps_per_s"):
@@ -599,6 +649,11 @@ def _row(raw: dict, reference: float, in_process: float) -> dict:
     row["reference_steps_per_s"] = round(reference)
     row["ratio"] = round(raw["steps_per_s"] / reference, 3)
     row["vs_in_process"] = round(raw["steps_per_s"] / in_process, 3)
+    if raw["mode"].startswith("credit") and none:
+        row["vs_none"] = round(raw["msgs_per_s"] / none, 3)
+    for key in ("ack_p50_ms", "ack_p99_ms"):
+        if isinstance(raw.get(key), float):
+            row[key] = round(raw[key], 2)
     # CPU time per TRAJ handled: what contention on a shared machine changes least (wall time for the
     # references, which run single-threaded and take the best of several repeats)
     cpu = raw.get("learner_cpu", 1.0)

@@ -1,4 +1,15 @@
-"""Encode/decode throughput of real TRAJ batches and parameter snapshots, against a memcpy of the same bytes."""
+"""Encode/decode throughput of real TRAJ batches and parameter snapshots, against a memcpy of the same bytes.
+
+Rows (GB/s of the encoded message's bytes, and the ratio to copying those bytes with numpy):
+- `traj_batch`: encode is `wire.encode` of the TRAJ map `protocol.Traj(...).to_msg()` builds (its episodes
+  packed: one array table and one bin, docs/PROTOCOL.md §3.5); decode is what the learner does to get
+  the arrays: `protocol.parse`, `Traj.from_msg`, `protocol.unpack_episodes` (every array a read-only view
+  of the message: parse alone leaves them unpacked).
+- `traj_batch_full`: the whole of each side's work on the same batch: packing the episodes
+  (`Traj.to_msg`) plus `wire.encode`; `protocol.parse` plus `Traj.validate` (every check of
+  docs/PROTOCOL.md §7 and the per-episode views the replay stores).
+- `params_snapshot`: `protocol.params_frames` / `protocol.parse_params` of the default model.
+"""
 
 from __future__ import annotations
 
@@ -6,30 +17,44 @@ import numpy as np
 
 from benchmarks import data
 from benchmarks.report import best_seconds
-from common import model, protocol, wire
+from common import featurize, model, protocol, wire
 from common.config import ModelConfig
 
+MAX_STEPS = 16
 
-def _traj_message(count: int, cfg: ModelConfig) -> dict:
-    eps = [
+
+def _episodes(count: int, cfg: ModelConfig) -> list[dict]:
+    return [
         protocol.episode_fields(ep.task, ep.success, ep.truncated, ep.obs, ep.steps)
         for ep in data.episodes(cfg, count)
     ]
-    return protocol.message(protocol.TRAJ, actor_id=1, seq=1, episodes=eps)
 
 
 def run(quick: bool) -> list[dict]:
     cfg = ModelConfig()
-    repeats = 3 if quick else 10
+    repeats = 5 if quick else 30  # best of: a shared machine disturbs some runs
     rows = []
-    msg = _traj_message(16 if quick else 64, cfg)
+    episodes = _episodes(16 if quick else 64, cfg)
+    msg = protocol.Traj(1, 1, episodes).to_msg()
     encoded = wire.encode(msg)
     buf = np.frombuffer(encoded, np.uint8)
+    spec = featurize.feature_spec(cfg)
+
+    def unpack() -> protocol.PackedEpisodes:
+        return protocol.unpack_episodes(protocol.Traj.from_msg(protocol.parse(encoded)).episodes)
+
+    def validate() -> list[protocol.Episode]:
+        traj = protocol.Traj.from_msg(protocol.parse(encoded))
+        return traj.validate(spec, MAX_STEPS, 0, cfg.vocab_size)
+
     memcpy = best_seconds(lambda: buf.copy(), repeats, inner=20)
-    enc = best_seconds(lambda: wire.encode(msg), repeats)
-    dec = best_seconds(lambda: protocol.parse(encoded), repeats)
+    enc = best_seconds(lambda: wire.encode(msg), repeats, inner=5)
+    dec = best_seconds(unpack, repeats, inner=5)
     gb = len(encoded) / 1e9
     rows.append(_row("traj_batch", len(encoded), gb / enc, gb / dec, gb / memcpy))
+    enc = best_seconds(lambda: wire.encode(protocol.Traj(1, 1, episodes).to_msg()), repeats)
+    dec = best_seconds(validate, repeats)
+    rows.append(_row("traj_batch_full", len(encoded), gb / enc, gb / dec, gb / memcpy))
 
     _, params = model.create(cfg, 0)
     flat = model.params_to_flat(params)

@@ -5,13 +5,15 @@ Every message is a msgpack map with `v` (PROTOCOL_VERSION) and `kind`; `parse` d
 that envelope. Each single-frame kind then has a frozen dataclass (`Hello`, `Welcome`, `Traj`, `Ack`,
 `ParamReq`, `ActorHeartbeat`, `Heartbeat`, `Error`): `from_msg` is the one parser of that kind (every
 field it holds checked, ProtocolError with the code the learner counts), `to_msg` its wire map. TRAJ
-episodes are checked by `validate_episodes` (`Traj.validate`); PARAMS, multipart, by `params_frames` /
-`parse_params`. docs/PROTOCOL.md is the normative description; this module is its implementation,
-shared by both sides.
+episodes travel packed (`pack_episodes`: their task names, and one array table and one bin for all their
+arrays), are unpacked without a copy (`unpack_episodes`) and checked by `validate_episodes`
+(`Traj.validate`); PARAMS, multipart, by `params_frames` / `parse_params`. docs/PROTOCOL.md is the
+normative description; this module is its implementation, shared by both sides.
 """
 
 from __future__ import annotations
 
+import bisect
 import math
 import zlib
 from dataclasses import dataclass, field
@@ -23,8 +25,9 @@ from common import wire
 from common.config import ModelConfig
 from common.types import NUM_ACTION_TYPES, NUM_SWIPE_DIRECTIONS, Trajectory
 
-PROTOCOL_VERSION = 2
-"""2: acknowledged delivery (HELLO `instance`, grants), snapshot checksums, instr_feats [Li, 3]."""
+PROTOCOL_VERSION = 3
+"""2: acknowledged delivery (HELLO `instance`, grants), snapshot checksums, instr_feats [Li, 3].
+3: TRAJ episodes packed: their task names, and one array table + one bin for all their arrays (§3.5, §6)."""
 
 HELLO, WELCOME, TRAJ, ACK = "HELLO", "WELCOME", "TRAJ", "ACK"
 PARAM_REQ, PARAMS, HEARTBEAT, ERROR = "PARAM_REQ", "PARAMS", "HEARTBEAT", "ERROR"
@@ -73,6 +76,11 @@ def parse(data: bytes | memoryview) -> dict[str, Any]:
         msg = wire.decode(data)
     except wire.WireError as e:
         raise ProtocolError("bad_encoding", str(e)) from e
+    return check_envelope(msg)
+
+
+def check_envelope(msg: Any) -> dict[str, Any]:
+    """`msg` if it is a map with this side's `v` and a known `kind`; ProtocolError otherwise."""
     if not isinstance(msg, dict):
         raise ProtocolError("bad_envelope", f"a message must be a map, got {type(msg).__name__}")
     version = msg.get("v")
@@ -225,14 +233,16 @@ class Welcome:
 class Traj:
     """TRAJ (actor -> learner): one batch of finished episodes under the actor's next sequence number.
 
-    `episodes` stays as it came (wire maps, unchecked) until `validate`: the learner checks the
-    episodes only of a batch it has not stored before (a re-sent duplicate is acknowledged unchecked)."""
+    `episodes` stays as it came (the packed wire map, unchecked) until `validate`: the learner checks the
+    episodes only of a batch it has not stored before (a re-sent duplicate is acknowledged unchecked).
+    A sender may give the episodes as a list of `episode_fields` maps: `to_msg` packs them."""
 
     actor_id: int
     seq: int
     """1, 2, 3, ... per actor instance, kept when the batch is sent again."""
     episodes: Any
-    """The wire maps of the episodes (protocol.trajectory_fields), not yet validated."""
+    """Parsed: the packed `episodes` map as it came (`pack_episodes`), not yet validated. To send: that
+    map, or a list of `episode_fields` / `trajectory_fields` maps (packed by `to_msg`)."""
 
     @classmethod
     def from_msg(cls, msg: dict[str, Any]) -> Traj:
@@ -250,13 +260,16 @@ class Traj:
         vocab_size: int,
         text_vocab_size: int = 0,
     ) -> list[Episode]:
-        """The episodes, each checked as `validate_episodes` checks a TRAJ's."""
-        return validate_episodes(
-            self.to_msg(), feature_spec, max_steps, newest_version, vocab_size, text_vocab_size
-        )
+        """The episodes, each checked as `validate_episodes` checks a TRAJ's (`episodes` as it came: a
+        list is refused, never packed here)."""
+        msg = message(TRAJ, actor_id=self.actor_id, seq=self.seq, episodes=self.episodes)
+        return validate_episodes(msg, feature_spec, max_steps, newest_version, vocab_size, text_vocab_size)
 
     def to_msg(self) -> dict[str, Any]:
-        return message(TRAJ, actor_id=self.actor_id, seq=self.seq, episodes=self.episodes)
+        episodes = self.episodes
+        if isinstance(episodes, list) and episodes and all(isinstance(ep, dict) for ep in episodes):
+            episodes = pack_episodes(episodes)
+        return message(TRAJ, actor_id=self.actor_id, seq=self.seq, episodes=episodes)
 
 
 @dataclass(frozen=True)
@@ -388,7 +401,9 @@ def episode_fields(
     steps: dict[str, np.ndarray],
     estimates: dict[str, np.ndarray] | None = None,
 ) -> dict[str, Any]:
-    """The wire form of one episode inside TRAJ (with ESTIMATE_ARRAYS when `estimates` are given)."""
+    """One episode as a sender holds it until it goes out (with ESTIMATE_ARRAYS when `estimates` are
+    given): `task`, `success`, `truncated`, `obs` (a map of arrays) and the per-step arrays. A TRAJ
+    carries a list of them packed (`pack_episodes`, which `Traj.to_msg` calls)."""
     estimates = estimates or {}
     return {
         "task": task,
@@ -405,7 +420,7 @@ def episode_fields(
 
 
 def trajectory_fields(traj: Trajectory) -> dict[str, Any]:
-    """The wire form of a finished Trajectory (its final observation included)."""
+    """The `episode_fields` of a finished Trajectory (its final observation included)."""
     if traj.final_features is None or not traj.steps:
         raise ValueError("a trajectory needs at least one step and its final observation")
     obs = {
@@ -431,6 +446,68 @@ def trajectory_fields(traj: Trajectory) -> dict[str, Any]:
     return episode_fields(traj.task, traj.success, traj.truncated, obs, arrays, estimates)
 
 
+# ---- TRAJ episodes, packed (docs/PROTOCOL.md §3.5, §6) --------------------------------------------------
+EPISODE_ARRAYS = {"success": "|b1", "truncated": "|b1", "length": "<i4"}
+"""Per-episode arrays of a packed TRAJ, [n] each: whether the task was accomplished, whether the episode
+was cut short (the learner bootstraps from its final observation), and its steps T."""
+OBS_PREFIX = "obs/"
+"""Observation arrays are named `obs/<key>` in the array table; the other arrays by their own names."""
+
+
+def pack_episodes(episodes: list[dict[str, Any]]) -> dict[str, Any]:
+    """The wire form of a TRAJ's `episodes` (docs/PROTOCOL.md §6): `task`, one name per episode, and one
+    array table and one bin (`arrays`, `data`, §3.5) for all the episodes' arrays: EPISODE_ARRAYS [n],
+    then each per-step array [sum of T] and each `obs/<key>` [sum of (T + 1), ...], every episode's rows
+    one after the other in episode order. Each of the ESTIMATE_ARRAYS goes along when every episode has it.
+    The data is copied once, straight into place (`wire.encode` copies it once more, into the message)."""
+    if not episodes:
+        raise ValueError("a TRAJ carries at least one episode")
+    names = [*STEP_ARRAYS, *(name for name in ESTIMATE_ARRAYS if all(name in ep for ep in episodes))]
+    columns: dict[str, Any] = {
+        "success": np.array([ep["success"] for ep in episodes], bool),
+        "truncated": np.array([ep["truncated"] for ep in episodes], bool),
+        "length": np.array([len(ep["reward"]) for ep in episodes], np.int32),
+        **{name: [ep[name] for ep in episodes] for name in names},
+        **{OBS_PREFIX + key: [ep["obs"][key] for ep in episodes] for key in episodes[0]["obs"]},
+    }
+    table, data = wire.pack_arrays(columns)
+    return {"task": [ep["task"] for ep in episodes], "arrays": table, "data": data}
+
+
+@dataclass(frozen=True)
+class PackedEpisodes:
+    """A TRAJ's `episodes` map with its task names checked and its arrays unpacked: read-only views of the
+    message's bin, one per field for all the episodes (not yet checked against the model)."""
+
+    task: list[str]
+    arrays: dict[str, np.ndarray]
+    """By table name: EPISODE_ARRAYS [n], the per-step arrays, `obs/<key>` (every episode's rows in order)."""
+
+
+def unpack_episodes(packed: Any) -> PackedEpisodes:
+    """The episodes of a TRAJ as they came (the `episodes` map): `task` an array of 1 to
+    MAX_EPISODES_PER_BATCH str (`bad_field`), `arrays` an array and `data` a bin (`bad_field`), and a table
+    that fits its bin (`bad_encoding`, §3.5). The arrays are views of the bin: nothing is copied."""
+    where = "TRAJ episodes"
+    if not isinstance(packed, dict):
+        raise ProtocolError("bad_field", f"TRAJ needs field 'episodes' of type map, got {_short(packed)}")
+    task = require(packed, "task", list, where)
+    if not 1 <= len(task) <= MAX_EPISODES_PER_BATCH:
+        raise ProtocolError(
+            "bad_field", f"a TRAJ carries 1 to {MAX_EPISODES_PER_BATCH} episodes, got {len(task)}"
+        )
+    if set(map(type, task)) != {str}:  # (cheaper than a loop over them)
+        i = next(i for i, name in enumerate(task) if type(name) is not str)
+        raise ProtocolError("bad_field", f"episode {i} needs field 'task' of type str")
+    table = require(packed, "arrays", list, where)
+    data = require(packed, "data", (bytes, bytearray, memoryview), where)
+    try:
+        arrays = wire.unpack_arrays(table, data)
+    except wire.WireError as e:
+        raise ProtocolError("bad_encoding", f"{where}: {e}") from e
+    return PackedEpisodes(task, arrays)
+
+
 def validate_episodes(
     msg: dict[str, Any],
     feature_spec: dict[str, tuple[tuple[int, ...], str]],
@@ -440,82 +517,93 @@ def validate_episodes(
     text_vocab_size: int = 0,
 ) -> list[Episode]:
     """Check every field, dtype, shape, range and number of a TRAJ message; raise ProtocolError on the first
-    fault. `text_vocab_size`: the text encoder's WordPiece vocabulary (needed when `feature_spec` has its ids)."""
-    raw = require(msg, "episodes", list)
-    if not 1 <= len(raw) <= MAX_EPISODES_PER_BATCH:
+    fault. `text_vocab_size`: the text encoder's WordPiece vocabulary (needed when `feature_spec` has its ids).
+    The episodes' arrays are views of the message's packed bin (nothing is copied), checked for the whole
+    batch at once; a fault names the first episode it is in."""
+    packed = unpack_episodes(msg.get("episodes"))
+    arrays, n = packed.arrays, len(packed.task)
+    every = {name: _column(arrays, name, dtype, (n,), "count") for name, dtype in EPISODE_ARRAYS.items()}
+    lengths = every["length"]
+    if lengths.min() < 1 or lengths.max() > max_steps:
+        i = int(np.argmax((lengths < 1) | (lengths > max_steps)))
+        raise ProtocolError("bad_array", f"episode {i} has {lengths[i]} steps, allowed 1 to {max_steps}")
+    step_ends = np.cumsum(lengths, dtype=np.int64).tolist()
+    row_ends = [end + i + 1 for i, end in enumerate(step_ends)]
+    total = step_ends[-1]
+    steps = {name: _column(arrays, name, dtype, (total,), "steps") for name, dtype in STEP_ARRAYS.items()}
+    obs_keys = {name[len(OBS_PREFIX) :] for name in arrays if name.startswith(OBS_PREFIX)}
+    if obs_keys != set(feature_spec):
         raise ProtocolError(
-            "bad_field", f"a TRAJ carries 1 to {MAX_EPISODES_PER_BATCH} episodes, got {len(raw)}"
+            "bad_field", f"TRAJ obs arrays are {sorted(obs_keys)}, expected {sorted(feature_spec)}"
         )
+    obs = {
+        name: _column(arrays, OBS_PREFIX + name, dtype, (row_ends[-1], *shape), "steps + 1 each")
+        for name, (shape, dtype) in feature_spec.items()
+    }
+    _check_ranges(steps, obs, feature_spec, newest_version, vocab_size, step_ends, row_ends)
+    if "instr_wp" in obs:
+        _check_word_pieces(obs, feature_spec, text_vocab_size, row_ends)
+    estimates = _estimates(arrays, total, step_ends)
+    success, truncated = every["success"].tolist(), every["truncated"].tolist()
     episodes = []
-    for i, ep in enumerate(raw):
-        if not isinstance(ep, dict):
-            raise ProtocolError("bad_field", f"episode {i} is not a map")
-        where = f"episode {i}"
-        task = require(ep, "task", str, where)[:MAX_TEXT]
-        success = require(ep, "success", bool, where)
-        truncated = require(ep, "truncated", bool, where)
-        steps = {name: _array(ep, name, dtype, i) for name, dtype in STEP_ARRAYS.items()}
-        length = steps["reward"].shape[0] if steps["reward"].ndim == 1 else -1
-        if not 1 <= length <= max_steps:
-            raise ProtocolError("bad_array", f"episode {i} has {length} steps, allowed 1 to {max_steps}")
-        for name, arr in steps.items():
-            if arr.shape != (length,):
-                raise ProtocolError(
-                    "bad_array", f"episode {i} {name} has shape {arr.shape}, expected ({length},)"
-                )
-        obs_raw = require(ep, "obs", dict, where)
-        if set(obs_raw) != set(feature_spec):
-            raise ProtocolError(
-                "bad_field", f"episode {i} obs has keys {sorted(obs_raw)}, expected {sorted(feature_spec)}"
+    first_step = 0
+    for i, end in enumerate(step_ends):
+        first_row, end_row = first_step + i, end + i + 1
+        episodes.append(
+            Episode(
+                packed.task[i][:MAX_TEXT],
+                success[i],
+                truncated[i],
+                {name: arr[first_row:end_row] for name, arr in obs.items()},
+                {name: arr[first_step:end] for name, arr in steps.items()},
+                {name: arr[first_step:end] for name, arr in estimates.items()},
             )
-        obs = {}
-        for name, (shape, dtype) in feature_spec.items():
-            arr = _array(obs_raw, name, dtype, i)
-            if arr.shape != (length + 1, *shape):
-                raise ProtocolError(
-                    "bad_array",
-                    f"episode {i} obs {name} has shape {arr.shape}, expected {(length + 1, *shape)}",
-                )
-            obs[name] = arr
-        _check_ranges(i, steps, obs, feature_spec, newest_version, vocab_size)
-        if "instr_wp" in obs:
-            _check_word_pieces(i, obs, feature_spec, text_vocab_size)
-        episodes.append(Episode(task, success, truncated, obs, steps, _estimates(ep, i, length)))
+        )
+        first_step = end
     return episodes
 
 
-def _estimates(ep: dict[str, Any], i: int, length: int) -> dict[str, np.ndarray]:
-    """The episode's ESTIMATE_ARRAYS, checked: both or neither, [length] each, finite, entropy >= 0."""
-    present = [name for name in ESTIMATE_ARRAYS if name in ep]
-    if not present:
-        return {}
-    if len(present) != len(ESTIMATE_ARRAYS):
-        raise ProtocolError("bad_field", f"episode {i} sends {present} without {sorted(ESTIMATE_ARRAYS)}")
-    out = {name: _array(ep, name, dtype, i) for name, dtype in ESTIMATE_ARRAYS.items()}
-    for name, arr in out.items():
-        if arr.shape != (length,):
-            raise ProtocolError(
-                "bad_array", f"episode {i} {name} has shape {arr.shape}, expected ({length},)"
-            )
-        if not np.isfinite(arr).all():
-            raise ProtocolError("non_finite", f"episode {i} {name} has NaN or infinity")
-    if out["entropy"].min() < -1e-3:  # float rounding of a near-deterministic policy's entropy is tolerated
-        raise ProtocolError("bad_array", f"episode {i} entropy must be >= 0")
-    return out
+def _episode_of(bad: np.ndarray, ends: list[int]) -> int:
+    """The episode of the first row where `bad` (a boolean array over all the episodes' rows) holds."""
+    rows = bad.reshape(bad.shape[0], -1).any(axis=1) if bad.ndim > 1 else bad
+    return bisect.bisect_right(ends, int(np.argmax(rows)))
 
 
-def _array(container: dict[str, Any], name: str, dtype: str, episode: int) -> np.ndarray:
-    arr = container.get(name)
-    if not isinstance(arr, np.ndarray):
-        raise ProtocolError("bad_field", f"episode {episode} needs array {name!r}")
+def _column(arrays: dict[str, np.ndarray], name: str, dtype: str, shape: tuple[int, ...], rows: str):
+    """One field of all the episodes, of its dtype and shape (`rows`: what its first axis counts)."""
+    arr = arrays.get(name)
+    if arr is None:
+        raise ProtocolError("bad_field", f"TRAJ episodes need array {name!r}")
     if arr.dtype.str != dtype:
+        raise ProtocolError("bad_array", f"TRAJ {name} has dtype {arr.dtype.str}, expected {dtype}")
+    if arr.shape != shape:
         raise ProtocolError(
-            "bad_array", f"episode {episode} {name} has dtype {arr.dtype.str}, expected {dtype}"
+            "bad_array", f"TRAJ {name} has shape {arr.shape}, expected {shape} (the episodes' {rows})"
         )
     return arr
 
 
-def _check_ranges(i, steps, obs, feature_spec, newest_version, vocab_size) -> None:
+def _estimates(arrays: dict[str, np.ndarray], total: int, ends: list[int]) -> dict[str, np.ndarray]:
+    """The batch's ESTIMATE_ARRAYS, checked: both or neither, [total steps] each, finite, entropy >= 0."""
+    present = [name for name in ESTIMATE_ARRAYS if name in arrays]
+    if not present:
+        return {}
+    if len(present) != len(ESTIMATE_ARRAYS):
+        raise ProtocolError("bad_field", f"TRAJ sends {present} without {sorted(ESTIMATE_ARRAYS)}")
+    out = {name: _column(arrays, name, dtype, (total,), "steps") for name, dtype in ESTIMATE_ARRAYS.items()}
+    for name, arr in out.items():
+        finite = np.isfinite(arr)
+        if not finite.all():
+            raise ProtocolError(
+                "non_finite", f"episode {_episode_of(~finite, ends)} {name} has NaN or infinity"
+            )
+    entropy = out["entropy"]
+    if entropy.min() < -1e-3:  # float rounding of a near-deterministic policy's entropy is tolerated
+        raise ProtocolError("bad_array", f"episode {_episode_of(entropy < -1e-3, ends)} entropy must be >= 0")
+    return out
+
+
+def _check_ranges(steps, obs, feature_spec, newest_version, vocab_size, step_ends, row_ends) -> None:
     limits = {
         "action_type": NUM_ACTION_TYPES,
         "element": feature_spec["elem_mask"][0][0],
@@ -525,35 +613,52 @@ def _check_ranges(i, steps, obs, feature_spec, newest_version, vocab_size) -> No
     for name, upper in limits.items():
         a = steps[name]
         if a.min() < 0 or a.max() >= upper:
+            i = _episode_of((a < 0) | (a >= upper), step_ends)
             raise ProtocolError("bad_array", f"episode {i} {name} outside [0, {upper})")
     for name in ("behavior_logp", "reward"):
-        if not np.isfinite(steps[name]).all():
+        finite = np.isfinite(steps[name])
+        if not finite.all():
+            i = _episode_of(~finite, step_ends)
             raise ProtocolError("non_finite", f"episode {i} {name} has NaN or infinity")
-    if steps["behavior_logp"].max() > 1e-3:
+    logp = steps["behavior_logp"]
+    if logp.max() > 1e-3:
+        i = _episode_of(logp > 1e-3, step_ends)
         raise ProtocolError("bad_array", f"episode {i} behavior_logp must be <= 0")
     versions = steps["policy_version"]
     if versions.min() < 0:
+        i = _episode_of(versions < 0, step_ends)
         raise ProtocolError("bad_array", f"episode {i} has a negative policy_version")
     if versions.max() > newest_version:
+        i = _episode_of(versions > newest_version, step_ends)
         raise ProtocolError("future_version", f"episode {i} policy_version is newer than {newest_version}")
     for name, arr in obs.items():
-        if arr.dtype.kind == "f" and not np.isfinite(arr).all():
-            raise ProtocolError("non_finite", f"episode {i} obs {name} has NaN or infinity")
+        if arr.dtype.kind == "f":
+            finite = np.isfinite(arr)
+            if not finite.all():
+                i = _episode_of(~finite, row_ends)
+                raise ProtocolError("non_finite", f"episode {i} obs {name} has NaN or infinity")
     for name in ("instr_tokens", "elem_tokens"):
-        if obs[name].min() < 0 or obs[name].max() >= vocab_size:
-            raise ProtocolError("bad_array", f"episode {i} {name} has ids outside [0, {vocab_size})")
+        _check_ids(obs[name], 0, vocab_size, name, row_ends)
 
 
-def _check_word_pieces(i, obs, feature_spec, text_vocab_size) -> None:
+def _check_ids(arr: np.ndarray, low: int, high: int, name: str, ends: list[int]) -> None:
+    """Every id of `arr` in [low, high), or `bad_array` naming the first episode with one outside."""
+    if arr.min() < low or arr.max() >= high:
+        i = _episode_of((arr < low) | (arr >= high), ends)
+        raise ProtocolError("bad_array", f"episode {i} {name} has ids outside [{low}, {high})")
+
+
+def _check_word_pieces(obs, feature_spec, text_vocab_size, row_ends) -> None:
     """WordPiece ids inside the encoder's vocabulary, and each piece's word slot -1 (none) or a real slot:
     the encoder's embedding lookup would otherwise read past its table without an error."""
     if text_vocab_size < 1:
         raise ValueError("validating WordPiece ids needs the text encoder's vocabulary size")
     for name in ("instr_wp", "elem_wp"):
-        if obs[name].min() < 0 or obs[name].max() >= text_vocab_size:
-            raise ProtocolError("bad_array", f"episode {i} {name} has ids outside [0, {text_vocab_size})")
+        _check_ids(obs[name], 0, text_vocab_size, name, row_ends)
     slots = feature_spec["instr_mask"][0][0]
-    if obs["instr_wp_word"].min() < -1 or obs["instr_wp_word"].max() >= slots:
+    word = obs["instr_wp_word"]
+    if word.min() < -1 or word.max() >= slots:
+        i = _episode_of((word < -1) | (word >= slots), row_ends)
         raise ProtocolError("bad_array", f"episode {i} instr_wp_word outside [-1, {slots})")
 
 

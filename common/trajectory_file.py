@@ -4,7 +4,10 @@ learner/replay_file.py).
 A file is a sequence of records, each a u32 little-endian byte count followed by one wire message
 (common/wire.py): first a header map with `kind` "DEMOS" (`model`: the ModelConfig the observations were
 featurized for, `max_steps`, and free-form provenance such as `tasks` and `split`), then TRAJ messages.
-Reading validates every episode exactly as the learner validates an actor's TRAJ.
+Reading validates every episode exactly as the learner validates an actor's TRAJ. TRAJ records carry
+the protocol version they were written with: version 3 (packed episodes, docs/PROTOCOL.md §6) since
+then, version 2 (a list of episode maps of array ext values) in older files, which are still read: their
+episodes are packed as an actor's would be, then validated the same way.
 """
 
 from __future__ import annotations
@@ -18,6 +21,8 @@ from common import featurize, protocol, wire
 from common.config import ModelConfig
 
 DEMOS = "DEMOS"
+LEGACY_TRAJ_VERSION = 2
+"""TRAJ records of files written before protocol version 3: read, by packing their episodes first."""
 
 
 def write_record(f: BinaryIO, data: bytes) -> None:
@@ -84,7 +89,7 @@ def read_episodes(
 ) -> list[protocol.Episode]:
     """The episodes of one TRAJ record, validated exactly as an actor's TRAJ; faults name the file."""
     try:
-        msg = protocol.parse(record)
+        msg = parse_record(record)
         if msg["kind"] != protocol.TRAJ:
             raise protocol.ProtocolError("bad_kind", f"expected a TRAJ message, got {msg['kind']}")
         return protocol.validate_episodes(
@@ -97,6 +102,39 @@ def read_episodes(
         )
     except protocol.ProtocolError as e:
         raise ValueError(f"{path}: record {index}: {e}") from e
+
+
+def parse_record(record: bytes) -> dict[str, Any]:
+    """A TRAJ (or other) record as `protocol.parse` gives it; a version 2 TRAJ comes back as version 3,
+    its episodes packed (`protocol.pack_episodes`). ProtocolError for anything else `parse` refuses."""
+    try:
+        msg = wire.decode(record)
+    except wire.WireError as e:
+        raise protocol.ProtocolError("bad_encoding", str(e)) from e
+    if (
+        isinstance(msg, dict)
+        and type(msg.get("v")) is int
+        and msg["v"] == LEGACY_TRAJ_VERSION
+        and msg.get("kind") == protocol.TRAJ
+    ):
+        return _upgrade_legacy_traj(msg)
+    return protocol.check_envelope(msg)
+
+
+def _upgrade_legacy_traj(msg: dict[str, Any]) -> dict[str, Any]:
+    episodes = msg.get("episodes")
+    if not isinstance(episodes, list) or not 1 <= len(episodes) <= protocol.MAX_EPISODES_PER_BATCH:
+        raise protocol.ProtocolError("bad_field", "a version 2 TRAJ record needs a list of 1 to 256 episodes")
+    for i, ep in enumerate(episodes):
+        if not isinstance(ep, dict) or not isinstance(ep.get("obs"), dict):
+            raise protocol.ProtocolError("bad_field", f"version 2 episode {i} is not a map with an obs map")
+        for name in ("success", "truncated"):
+            protocol.require(ep, name, bool, f"version 2 episode {i}")
+    try:
+        packed = protocol.pack_episodes(episodes)
+    except (KeyError, TypeError, ValueError) as e:
+        raise protocol.ProtocolError("bad_field", f"version 2 episodes that do not pack: {e!r}") from e
+    return {**msg, "v": protocol.PROTOCOL_VERSION, "episodes": packed}
 
 
 def load_episodes(path: Path, model: ModelConfig) -> list[protocol.Episode]:

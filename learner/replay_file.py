@@ -2,11 +2,13 @@
 
 The file is a trajectory file (common/trajectory_file.py), records in this order:
     header  {v, kind: "REPLAY", format, model: ModelConfig dict, max_steps, episodes: n, newest_version}
-    TRAJ    messages of up to 64 episodes (protocol.episode_fields), the stored episodes oldest first
+    TRAJ    messages of up to 64 episodes (protocol.Traj packs them), the stored episodes oldest first
     state   {v, kind: "REPLAY_STATE", format, **PrioritizedReplay.state_dict()}: slots, versions,
             priorities, tree leaves, generations, free stack (wire arrays), counts, rng state as JSON, ...
 Loading validates every episode exactly as the learner validates an actor's TRAJ (their policy versions
 against the header's newest_version) and fills the buffer only once the whole file has been read.
+Format 2 files hold protocol version 3 TRAJ records (packed episodes); format 1 files, version 2 ones,
+which are still read (common/trajectory_file.py).
 """
 
 from __future__ import annotations
@@ -28,7 +30,9 @@ from common.trajectory_file import (
 )
 from learner.replay import PrioritizedReplay
 
-FORMAT = 1
+FORMAT = 2
+"""Written: 2 (TRAJ records of protocol version 3). Read: READABLE_FORMATS."""
+READABLE_FORMATS = (1, 2)
 REPLAY, REPLAY_STATE = "REPLAY", "REPLAY_STATE"
 EPISODES_PER_MESSAGE = 64
 BYTES_PER_MESSAGE = 16 << 20  # well under wire.MAX_MESSAGE_BYTES
@@ -67,7 +71,7 @@ def _write(f: BinaryIO, header: dict[str, Any], items: list[protocol.Episode], s
         fields = [
             protocol.episode_fields(ep.task, ep.success, ep.truncated, ep.obs, ep.steps) for ep in chunk
         ]
-        write_record(f, wire.encode(protocol.message(protocol.TRAJ, actor_id=0, seq=seq, episodes=fields)))
+        write_record(f, wire.encode(protocol.Traj(actor_id=0, seq=seq, episodes=fields).to_msg()))
     write_record(f, wire.encode(protocol.message(REPLAY_STATE, format=FORMAT, **state)))
     f.flush()
     os.fsync(f.fileno())
@@ -86,13 +90,14 @@ def load_replay(
     path = Path(path)
     records = read_records(path)
     header = read_header(path, records, REPLAY)
-    if header.get("format") != FORMAT:
-        raise ValueError(f"{path}: replay file format {header.get('format')!r}, this learner reads {FORMAT}")
+    fmt = header.get("format")
+    if fmt not in READABLE_FORMATS or type(fmt) is not int:
+        raise ValueError(f"{path}: replay file format {fmt!r}, this learner reads {READABLE_FORMATS}")
     check_model(path, header, model_cfg)
     limit = header_int(path, header, "max_steps", minimum=1)
     limit = limit if max_steps is None else min(limit, max_steps)
     episodes = _read_all_episodes(path, records, header, model_cfg, limit)
-    state = _read_state(path, records)
+    state = _read_state(path, records, fmt)
     try:
         replay.load_state_dict(episodes, state)
     except ValueError as e:
@@ -141,7 +146,7 @@ def _read_all_episodes(
     return episodes
 
 
-def _read_state(path: Path, records: Iterator[bytes]) -> dict[str, Any]:
+def _read_state(path: Path, records: Iterator[bytes], fmt: int) -> dict[str, Any]:
     record = next(records, None)
     if record is None:
         raise ValueError(f"{path}: truncated: the replay state record is missing")
@@ -149,8 +154,8 @@ def _read_state(path: Path, records: Iterator[bytes]) -> dict[str, Any]:
         state = wire.decode(record)
     except wire.WireError as e:
         raise ValueError(f"{path}: unreadable replay state record: {e}") from e
-    if not isinstance(state, dict) or state.get("kind") != REPLAY_STATE or state.get("format") != FORMAT:
-        raise ValueError(f"{path}: the record after the episodes is not a {REPLAY_STATE} of format {FORMAT}")
+    if not isinstance(state, dict) or state.get("kind") != REPLAY_STATE or state.get("format") != fmt:
+        raise ValueError(f"{path}: the record after the episodes is not a {REPLAY_STATE} of format {fmt}")
     if next(records, None) is not None:
         raise ValueError(f"{path}: unexpected records after the replay state")
     return state

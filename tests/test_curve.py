@@ -96,12 +96,7 @@ def test_only_authorized_actors_can_send_or_receive(learner_process, keys):
         assert protocol.parse_params(frames)[0] == 0
         model = welcome["model"]
         rng = np.random.default_rng(0)
-        traj = protocol.message(
-            protocol.TRAJ,
-            actor_id=welcome["actor_id"],
-            seq=1,
-            episodes=[make_episode(model, 3, rng) for _ in range(2)],
-        )
+        traj = protocol.Traj(welcome["actor_id"], 1, [make_episode(model, 3, rng) for _ in range(2)]).to_msg()
         ack = protocol.parse(good.request(traj, timeout=REPLY_S)[0])
         assert (ack["kind"], ack["accepted"]) == (protocol.ACK, 2)
         assert good.sub.poll(int(START_S * 1000)), "no snapshot reached the authorized subscriber"
@@ -196,7 +191,7 @@ def test_a_relay_with_keys_forwards_a_curve_learners_snapshots(learner_process, 
     try:
         welcome = protocol.parse(actor.request(_hello(), timeout=REPLY_S)[0])
         episodes = [make_episode(welcome["model"], 3, np.random.default_rng(1)) for _ in range(2)]
-        traj = protocol.message(protocol.TRAJ, actor_id=welcome["actor_id"], seq=1, episodes=episodes)
+        traj = protocol.Traj(welcome["actor_id"], 1, episodes).to_msg()
         assert protocol.parse(actor.request(traj, timeout=REPLY_S)[0])["accepted"] == 2
         assert sub.poll(int(START_S * 1000)), "the relay forwarded nothing from the CURVE learner"
         assert protocol.parse_params(sub.recv_multipart())[0] >= 1

@@ -1,8 +1,8 @@
 """A fake actor, written from docs/PROTOCOL.md alone, drives the real learner over real ZeroMQ sockets.
 
 Nothing here imports `actors`, `common` or `learner`: the few pieces of the wire format the fake actor
-needs (msgpack maps, the array ext type, PARAMS frames) are implemented below with msgpack, numpy and
-zmq, exactly as an actor in another language would have to. If the learner drifts from the document,
+needs (msgpack maps, packed episodes, the array ext type, PARAMS frames) are implemented below with
+msgpack, numpy and zmq, exactly as an actor in another language would have to. If the learner drifts from the document,
 these tests fail.
 """
 
@@ -25,8 +25,9 @@ import zmq
 pytestmark = pytest.mark.timeout(600)
 
 # ---- the wire format, from docs/PROTOCOL.md ------------------------------------------------------------
-PROTOCOL_VERSION = 2
+PROTOCOL_VERSION = 3
 ARRAY_EXT_CODE = 1
+PACK_ALIGN = 8  # §3.5: each packed array starts at the next multiple of 8 bytes
 NUM_ACTION_TYPES = 7  # TAP SWIPE TYPE PRESS_BACK PRESS_HOME PRESS_ENTER STATUS_COMPLETE
 NUM_SWIPE_DIRECTIONS = 4  # UP DOWN LEFT RIGHT
 NUM_ELEMENT_FEATURES = 10
@@ -111,6 +112,42 @@ def decode(data: bytes) -> Any:
 
 def message(kind: str, **fields: Any) -> dict[str, Any]:
     return {"v": PROTOCOL_VERSION, "kind": kind, **fields}
+
+
+def pack_arrays(arrays: dict[str, np.ndarray]) -> tuple[list[list], bytes]:
+    """§3.5: the array table ([name, dtype, shape, offset] each) and the bin: every array's C-order
+    little-endian bytes, in table order, each after zero bytes up to the next multiple of 8."""
+    table, data = [], bytearray()
+    for name, array in arrays.items():
+        array = np.ascontiguousarray(array)
+        data += bytes(-len(data) % PACK_ALIGN)
+        table.append([name, array.dtype.str, list(array.shape), len(data)])
+        data += array.tobytes()
+    return table, bytes(data)
+
+
+def pack_episodes(episodes: list[dict[str, Any]]) -> dict[str, Any]:
+    """§6: TRAJ `episodes` as a map of the task names, the array table and its bin. The arrays: the
+    per-episode `success`, `truncated`, `length` [n], then each per-step array and each `obs/<key>` array
+    of all the episodes concatenated along their first axis, episode 0's rows first. (A key whose value
+    is None is left out, so that tests can send a batch without it.)"""
+    arrays = {
+        "success": np.array([ep["success"] for ep in episodes]),
+        "truncated": np.array([ep["truncated"] for ep in episodes]),
+        "length": np.array([len(ep["reward"]) for ep in episodes], "<i4"),
+    }
+    for name in [*STEP_DTYPES, "value", "entropy"]:
+        if all(ep.get(name) is not None for ep in episodes):
+            arrays[name] = np.concatenate([ep[name] for ep in episodes])
+    for key in episodes[0]["obs"]:
+        if all(ep["obs"].get(key) is not None for ep in episodes):
+            arrays[f"obs/{key}"] = np.concatenate([ep["obs"][key] for ep in episodes])
+    table, data = pack_arrays(arrays)
+    return {"task": [ep["task"] for ep in episodes], "arrays": table, "data": data}
+
+
+def traj_message(actor_id: int, seq: int, episodes: list[dict[str, Any]]) -> dict[str, Any]:
+    return message("TRAJ", actor_id=actor_id, seq=seq, episodes=pack_episodes(episodes))
 
 
 def parse_params(frames: list[bytes]) -> tuple[int, dict[str, np.ndarray]]:
@@ -247,7 +284,7 @@ class FakeActor:
         """Send one TRAJ and return (seq, reply)."""
         self.seq += 1
         aid = self.actor_id if actor_id is None else actor_id
-        return self.seq, self.request(message("TRAJ", actor_id=aid, seq=self.seq, episodes=episodes))
+        return self.seq, self.request(traj_message(aid, self.seq, episodes))
 
     def params_reply(self, have_version: int = -1) -> tuple[int, dict[str, np.ndarray]]:
         self.send(message("PARAM_REQ", actor_id=self.actor_id, have_version=have_version))
@@ -422,9 +459,9 @@ def test_traj_is_acked_and_trained_on(learner_process, fake_actor):
     sent = [*actor.episodes(3, rng, success=True), *actor.episodes(5, rng)]
 
     _, ack = actor.traj(sent[:3])
-    assert ack == {"v": 2, "kind": "ACK", "seq": 1, "accepted": 3, "duplicate": False, "grant": 9}
+    assert ack == {"v": 3, "kind": "ACK", "seq": 1, "accepted": 3, "duplicate": False, "grant": 9}
     _, ack = actor.traj(sent[3:])  # each stored batch raises the grant (credit 8 past the watermark)
-    assert ack == {"v": 2, "kind": "ACK", "seq": 2, "accepted": 5, "duplicate": False, "grant": 10}
+    assert ack == {"v": 3, "kind": "ACK", "seq": 2, "accepted": 5, "duplicate": False, "grant": 10}
 
     line = wait_for_metrics(learner, lambda m: m["update"] >= 2, what="update >= 2")
     assert (
@@ -443,7 +480,7 @@ def test_traj_is_acked_and_trained_on(learner_process, fake_actor):
     # A heartbeat reports the newest version and counts the actor as connected again.
     beat = actor.request(message("HEARTBEAT", actor_id=actor.actor_id))
     assert beat == {
-        "v": 2,
+        "v": 3,
         "kind": "HEARTBEAT",
         "policy_version": 2,
         "run_id": actor.welcome["run_id"],
@@ -462,10 +499,26 @@ def _bad_traj(actor_id_offset: int = 0, length: int = 3, obs: dict | None = None
         for container, changes in ((ep, change), (ep["obs"], obs or {})):
             for key, value in changes.items():
                 container[key] = value(container[key]) if callable(value) else value
-        msg = message("TRAJ", actor_id=bad.actor_id + actor_id_offset, seq=1, episodes=[ep])
+        return [encode(traj_message(bad.actor_id + actor_id_offset, 1, [ep]))]
+
+    return build
+
+
+def _bad_packing(edit):
+    """A builder of a TRAJ of two valid episodes whose packed `episodes` map `edit` then changes."""
+
+    def build(bad: FakeActor, rng: np.random.Generator) -> list[bytes]:
+        msg = traj_message(
+            bad.actor_id, 1, [make_episode(bad.model, 3, rng), make_episode(bad.model, 2, rng)]
+        )
+        edit(msg["episodes"])
         return [encode(msg)]
 
     return build
+
+
+def _move_second_array(packed: dict[str, Any]) -> None:
+    packed["arrays"][1][3] += PACK_ALIGN  # a gap before it (and it would run past the end)
 
 
 def _frames(msg: Any, copies: int = 1):
@@ -480,7 +533,7 @@ def _with_nan(a: np.ndarray) -> np.ndarray:
 
 def _too_long(bad: FakeActor, rng: np.random.Generator) -> list[bytes]:
     ep = make_episode(bad.model, bad.welcome["max_steps"] + 1, rng)
-    return [encode(message("TRAJ", actor_id=bad.actor_id, seq=1, episodes=[ep]))]
+    return [encode(traj_message(bad.actor_id, 1, [ep]))]
 
 
 def _with_actor_id(kind: str, **fields: Any):
@@ -491,7 +544,11 @@ BAD_CASES = [
     ("undecodable bytes", "bad_encoding", lambda bad, rng: [b"\xc1\x00garbage"]),
     ("truncated msgpack", "bad_encoding", lambda bad, rng: [encode(message("HEARTBEAT", actor_id=1))[:-2]]),
     ("unknown ext code", "bad_encoding", _frames({"v": 1, "kind": msgpack.ExtType(7, b"")})),
-    ("array ext of a disallowed dtype", "bad_encoding", _bad_traj(reward=lambda r: r.astype("<c8"))),
+    ("packed array of a disallowed dtype", "bad_encoding", _bad_traj(reward=lambda r: r.astype("<c8"))),
+    ("packed array out of place", "bad_encoding", _bad_packing(_move_second_array)),
+    ("packed data a byte short", "bad_encoding", _bad_packing(lambda p: p.update(data=p["data"][:-1]))),
+    ("packed data a byte long", "bad_encoding", _bad_packing(lambda p: p.update(data=p["data"] + b"\0"))),
+    ("array table not an array", "bad_field", _bad_packing(lambda p: p.update(arrays={}))),
     ("non-map message", "bad_envelope", _frames([1, "HELLO"])),
     ("multi-frame message", "bad_envelope", _frames(message("HEARTBEAT", actor_id=1), copies=2)),
     (
@@ -500,6 +557,11 @@ BAD_CASES = [
         _frames({"v": 1, "kind": "HELLO", "actor": "x", "num_envs": 1}),
     ),
     ("missing protocol version", "bad_version", _frames({"kind": "HELLO", "actor": "x", "num_envs": 1})),
+    (
+        "a version 2 actor's HELLO",
+        "bad_version",
+        _frames({"v": 2, "kind": "HELLO", "actor": "x", "num_envs": 1, "instance": "i", "first_unacked": 1}),
+    ),
     (
         "protocol version true",
         "bad_version",
@@ -529,8 +591,18 @@ BAD_CASES = [
     ("TRAJ without actor_id", "bad_field", _frames(message("TRAJ", seq=1, episodes=[]))),
     ("TRAJ without seq", "bad_field", _with_actor_id("TRAJ", episodes=[])),
     ("TRAJ with no episodes", "bad_field", _with_actor_id("TRAJ", seq=1, episodes=[])),
+    (
+        "TRAJ with version 2 episodes (a list of maps)",
+        "bad_field",
+        lambda bad, rng: [
+            encode(message("TRAJ", actor_id=bad.actor_id, seq=1, episodes=[make_episode(bad.model, 2, rng)]))
+        ],
+    ),
+    ("TRAJ with no task names", "bad_field", _bad_packing(lambda p: p.update(task=[]))),
     ("TRAJ with a wrong actor_id", "not_welcomed", _bad_traj(actor_id_offset=1000)),
-    ("success as an integer", "bad_field", _bad_traj(success=1)),
+    ("task name not a str", "bad_field", _bad_traj(task=5)),
+    ("success as an integer", "bad_array", _bad_traj(success=1)),  # a `success` array of dtype <i8
+    ("per-step array missing", "bad_field", _bad_traj(direction=None)),
     ("obs value that is not an array", "bad_field", _bad_traj(obs={"elem_feats": None})),
     ("array of the wrong dtype", "bad_array", _bad_traj(reward=lambda r: r.astype("<f8"))),
     ("obs array of the wrong dtype", "bad_array", _bad_traj(obs={"instr_mask": lambda m: m.astype("|u1")})),
@@ -618,7 +690,7 @@ def test_metrics_lines_hold_the_contract_fields(learner_process, fake_actor):
 def test_unhashable_kind_is_refused(learner_process, fake_actor):
     learner = learner_process()
     actor = fake_actor(learner)
-    actor.send({"v": 2, "kind": ["HELLO"]})
+    actor.send({"v": PROTOCOL_VERSION, "kind": ["HELLO"]})
     reply = actor.recv(timeout=10)
     assert reply["kind"] == "ERROR" and reply["code"] == "unknown_kind"
     assert actor.hello()["kind"] == "WELCOME"
@@ -642,7 +714,7 @@ def test_batches_are_stored_once_across_resends_reconnects_and_a_learner_restart
     rng = np.random.default_rng(5)
 
     def send(seq: int, episodes: list) -> dict[str, Any]:
-        return a.request(message("TRAJ", actor_id=a.actor_id, seq=seq, episodes=episodes))
+        return a.request(traj_message(a.actor_id, seq, episodes))
 
     batch = {seq: a.episodes(2, rng) for seq in (1, 2, 3, 4)}
     assert send(1, batch[1])["accepted"] == 2
@@ -687,7 +759,7 @@ def test_an_actor_that_never_reads_costs_only_its_own_replies(learner_process, f
         slow.send(message("PARAM_REQ", actor_id=slow.actor_id))
     rng = np.random.default_rng(4)
     for seq in range(1, 4):
-        reply = good.request(message("TRAJ", actor_id=good.actor_id, seq=seq, episodes=good.episodes(1, rng)))
+        reply = good.request(traj_message(good.actor_id, seq, good.episodes(1, rng)))
         assert (reply["kind"], reply["accepted"]) == ("ACK", 1), reply
     line = wait_for_metrics(
         learner, lambda m: m["dropped_replies"].get("queue_full", 0) > 0 and m["episodes"] == 3, what="drops"

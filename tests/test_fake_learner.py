@@ -236,7 +236,9 @@ def test_actor_survives_error_replies_and_bad_snapshots(fake_learner, actor_proc
     # The ACK with a bool grant was malformed: ignored (its batch was refused after all), counted, logged.
     assert "'bad_replies': 1" in out and "ignoring a malformed ACK" in out, out
     refused = int(re.search(r"'episodes_refused': (\d+)", out)[1])
-    assert refused == len(traj["episodes"]), out  # the refused batch is given up, counted, not re-sent
+    assert refused == len(traj["episodes"]["task"]), (
+        out
+    )  # the refused batch is given up, counted, not re-sent
 
 
 def test_actor_joins_again_when_the_learner_forgets_it(fake_learner, actor_procs):
@@ -263,7 +265,7 @@ def test_actor_joins_again_when_the_learner_forgets_it(fake_learner, actor_procs
     assert req["actor_id"] == 8
     _, resent = fake_learner.recv_kind(protocol.TRAJ)
     assert resent["actor_id"] == 8 and resent["seq"] == 1
-    assert len(resent["episodes"]) == len(traj["episodes"])
+    assert len(resent["episodes"]["task"]) == len(traj["episodes"]["task"])
     spec = featurize.feature_spec(TINY)
     eps = protocol.validate_episodes(resent, spec, MAX_STEPS, 0, TINY.vocab_size)
     assert all((ep.steps["policy_version"] == 0).all() for ep in eps), "old-run versions leaked"

@@ -345,12 +345,9 @@ def test_collate_of_validated_wire_episodes():
     rng = np.random.default_rng(2)
     observations = _env_observations(8)
     eps = [_episode(rng, observations[:4], False), _episode(rng, observations[4:], True)]
-    msg = protocol.message(
-        protocol.TRAJ,
-        actor_id=1,
-        seq=1,
-        episodes=[protocol.episode_fields(e.task, e.success, e.truncated, e.obs, e.steps) for e in eps],
-    )
+    msg = protocol.Traj(
+        1, 1, [protocol.episode_fields(e.task, e.success, e.truncated, e.obs, e.steps) for e in eps]
+    ).to_msg()
     valid = protocol.validate_episodes(
         protocol.parse(wire.encode(msg)), featurize.feature_spec(CFG), 4, 10, vocab_size=CFG.vocab_size
     )

@@ -87,8 +87,7 @@ class Peer:
 
     def traj(self, episodes: list[dict]) -> dict:
         self.seq += 1
-        msg = protocol.message(protocol.TRAJ, actor_id=self.actor_id, seq=self.seq, episodes=episodes)
-        return self.request([wire.encode(msg)])
+        return self.request([wire.encode(protocol.Traj(self.actor_id, self.seq, episodes).to_msg())])
 
     def close(self) -> None:
         self.sock.close(0)
@@ -103,7 +102,7 @@ def world():
     before = [make_episode(MODEL.to_dict(), int(rng.integers(1, MAX_STEPS + 1)), rng) for _ in range(6)]
     assert good.traj(before)["accepted"] == 6
     snapshot = [(ep.task, {k: v.copy() for k, v in {**ep.obs, **ep.steps}.items()}) for ep in ingest.stored]
-    template = protocol.message(protocol.TRAJ, actor_id=fuzzer.actor_id, seq=1, episodes=before[:2])
+    template = protocol.Traj(fuzzer.actor_id, 1, before[:2]).to_msg()
     yield {"ingest": ingest, "good": good, "fuzzer": fuzzer, "snapshot": snapshot, "template": template,
            "replies": Counter()}  # fmt: skip
     good.close()
@@ -117,24 +116,31 @@ msgpack_values = st.recursive(
     lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=6), inner, max_size=4),
     max_leaves=12,
 )  # fmt: skip
-ARRAY_FIELDS = sorted(protocol.STEP_ARRAYS) + sorted(featurize.feature_spec(MODEL))
-FIELDS = ["v", "kind", "actor_id", "seq", "episodes", "task", "success", "truncated", "obs", "reward",
-          "policy_version", "behavior_logp", "instr_tokens", "instance", "first_unacked", "num_envs", "actor"]  # fmt: skip
+ARRAY_FIELDS = (
+    sorted(protocol.EPISODE_ARRAYS) + sorted(protocol.STEP_ARRAYS) + sorted(protocol.ESTIMATE_ARRAYS)
+    + [protocol.OBS_PREFIX + key for key in sorted(featurize.feature_spec(MODEL))]
+)  # fmt: skip
+FIELDS = ["v", "kind", "actor_id", "seq", "episodes", "task", "arrays", "data", "success", "truncated",
+          "length", "reward", "obs/instr_tokens", "instance", "first_unacked", "num_envs", "actor"]  # fmt: skip
 
 
 @st.composite
 def hostile_frames(draw) -> list[bytes]:
-    """One hostile multipart message: random bytes, a mutated valid TRAJ, or a valid envelope whose
-    fields are replaced by arbitrary values (structure that decodes but lies)."""
-    kind = draw(st.sampled_from(["bytes", "flip", "cut", "fields", "episode", "frames", "array", "array"]))
+    """One hostile multipart message: random bytes, a mutated valid TRAJ (its bytes, one of its packed
+    arrays, or an entry of its array table), or a valid envelope whose fields are replaced by arbitrary
+    values (structure that decodes but lies)."""
+    kinds = ["bytes", "flip", "cut", "fields", "episode", "frames", "array", "array", "table", "table"]
+    kind = draw(st.sampled_from(kinds))
     if kind == "bytes":
         return [draw(st.binary(max_size=256))]
     if kind == "frames":
         return [draw(st.binary(max_size=16)) for _ in range(draw(st.integers(0, 4)))] or [b""]
-    if kind == "array":  # one array of a valid episode replaced: wrong dtype, shape, range or NaN
+    if kind == "array":  # one packed array of a valid batch replaced: wrong dtype, shape, range or NaN
         dtype = draw(st.sampled_from(["<i4", "<f4", "|b1", "<i8", "<f8", "<u1"]))
         arr = draw(npst.arrays(dtype, npst.array_shapes(min_dims=0, max_dims=3, min_side=0, max_side=6)))
         return [("array", draw(st.sampled_from(ARRAY_FIELDS)), arr)]
+    if kind == "table":  # one value of one entry of the array table (name, dtype, shape, offset) replaced
+        return [("table", draw(st.integers(0, 63)), draw(st.integers(0, 3)), draw(msgpack_values))]
     if kind in ("flip", "cut"):
         return [("flip" if kind == "flip" else "cut", draw(st.integers(0, 10**6)), draw(st.integers(1, 255)))]
     base = protocol.message(draw(st.sampled_from(sorted(protocol.KINDS))), actor_id=0, seq=0)
@@ -142,7 +148,8 @@ def hostile_frames(draw) -> list[bytes]:
         base[draw(st.sampled_from(FIELDS))] = draw(msgpack_values)
     if kind == "episode":
         base["kind"] = protocol.TRAJ
-        base["episodes"] = [{draw(st.sampled_from(FIELDS)): draw(msgpack_values) for _ in range(3)}]
+        episodes = {draw(st.sampled_from(FIELDS)): draw(msgpack_values) for _ in range(3)}
+        base["episodes"] = draw(st.sampled_from([episodes, [episodes]]))  # packed, or a version 2 list
     return [("fields", base)]
 
 
@@ -164,12 +171,14 @@ def _realize(frames, world) -> list[bytes]:
     msg = {**world["template"], "seq": fuzzer.seq}
     if op[0] == "array":
         _, name, arr = op
-        episodes = [dict(ep) for ep in msg["episodes"]]
-        if name in protocol.STEP_ARRAYS:
-            episodes[0][name] = arr
-        else:
-            episodes[0]["obs"] = {**episodes[0]["obs"], name: arr}
-        return [wire.encode({**msg, "episodes": episodes})]
+        arrays = {**protocol.unpack_episodes(msg["episodes"]).arrays, name: arr}
+        table, data = wire.pack_arrays(arrays)
+        return [wire.encode({**msg, "episodes": {**msg["episodes"], "arrays": table, "data": data}})]
+    if op[0] == "table":
+        _, entry, field, value = op
+        table = [list(e) for e in msg["episodes"]["arrays"]]
+        table[entry % len(table)][field] = value
+        return [wire.encode({**msg, "episodes": {**msg["episodes"], "arrays": table}})]
     data = bytearray(wire.encode(msg))
     pos = op[1] % len(data)
     if op[0] == "flip":

@@ -43,9 +43,9 @@ def test_pre_encoded_traj_is_what_wire_encode_writes_and_validates():
     rng = np.random.default_rng(0)
     episodes = [ingest.random_episode(rng, cfg, ingest.STEPS) for _ in range(ingest.EPISODES_PER_BATCH)]
     blob = ingest.episode_blobs(cfg)[0]
-    assert blob == wire.encode(episodes)
+    assert blob == wire.encode(protocol.pack_episodes(episodes))
     data = ingest.traj_bytes(ingest.traj_head(70_000), 2**33, blob)
-    assert data == wire.encode(protocol.message(protocol.TRAJ, actor_id=70_000, seq=2**33, episodes=episodes))
+    assert data == wire.encode(protocol.Traj(70_000, 2**33, episodes).to_msg())
     stored = protocol.validate_episodes(
         protocol.parse(data), featurize.feature_spec(cfg), ingest.MAX_STEPS, 0, cfg.vocab_size
     )
@@ -79,13 +79,21 @@ def test_ingest_benchmark_smoke(tmp_path):
         assert row["sent"] > 0 and row["msgs_per_s"] > 0, row
         assert 0 < row["rss_start_mb"] <= row["rss_peak_mb"], row
 
-    for mode in ("credit", "ignore credit"):
+    for mode in ("credit", "credit, log os", "credit, log fsync", "ignore credit"):
         row = rows[mode]
         assert row["acked"] == row["sent"] and row["rejected"] == 0, row
         assert row["stored"] == row["sent"] * ingest.EPISODES_PER_BATCH, row
         assert row["steps_per_s"] > 0 and row["ratio"] > 0, row
         assert row["detail"]["stored_steps"] == row["stored"] * ingest.STEPS
         assert row["detail"]["errors"] == {}, row  # consecutive seqs stay within the moving grant
+
+    for mode in ("credit", "credit, log os", "credit, log fsync"):  # every batch's ACK latency was taken
+        assert 0 < rows[mode]["ack_p50_ms"] <= rows[mode]["ack_p99_ms"], rows[mode]
+        assert rows[mode]["vs_none"] > 0, rows[mode]
+    log = rows["credit, log fsync"]["detail"]["log"]
+    assert log["records"] == rows["credit, log fsync"]["sent"] > 0, log  # every batch went into the log, once
+    assert 0 < log["syncs"] <= log["records"], log  # grouped: at most one sync per batch
+    assert rows["credit, log os"]["detail"]["log"].get("syncs", 0) == 0
 
     closed = rows["ignore credit, tap closed"]
     assert closed["stored"] == 0 and closed["acked"] == 0, closed

@@ -117,7 +117,7 @@ def _traj(**estimates) -> dict:
     cfg = ModelConfig(vocab_size=64, max_instruction_tokens=4, max_elements=5, max_element_tokens=2)
     ep = make_episode(cfg.to_dict(), 3, np.random.default_rng(0))
     ep.update(estimates)
-    return protocol.message(protocol.TRAJ, actor_id=1, seq=1, episodes=[ep]), featurize.feature_spec(cfg), cfg
+    return protocol.Traj(1, 1, [ep]).to_msg(), featurize.feature_spec(cfg), cfg
 
 
 def _validate(**estimates):

@@ -196,12 +196,12 @@ def test_out_of_vocabulary_ids_are_refused_because_they_make_nan(net):
     _, value = to_np(apply(params, f))
     assert np.isnan(value[0]) and np.isfinite(value[1:]).all()
     steps = {k: np.zeros(N - 1, np.dtype(dt)) for k, dt in protocol.STEP_ARRAYS.items()}
-    msg = protocol.message(protocol.TRAJ, episodes=[protocol.episode_fields("t", True, False, f, steps)])
+    msg = protocol.Traj(1, 1, [protocol.episode_fields("t", True, False, f, steps)]).to_msg()
     with pytest.raises(protocol.ProtocolError) as e:
         protocol.validate_episodes(msg, SPEC, max_steps=10, newest_version=0, vocab_size=CFG.vocab_size)
     assert e.value.code == "bad_array"
     f["instr_tokens"][0, 0] = CFG.vocab_size - 1
-    msg["episodes"] = [protocol.episode_fields("t", True, False, f, steps)]
+    msg = protocol.Traj(1, 1, [protocol.episode_fields("t", True, False, f, steps)]).to_msg()
     (ep,) = protocol.validate_episodes(msg, SPEC, max_steps=10, newest_version=0, vocab_size=CFG.vocab_size)
     assert np.isfinite(to_np(apply(params, dict(ep.obs)))[1]).all()
 

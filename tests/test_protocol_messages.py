@@ -209,6 +209,23 @@ def test_traj_checks_its_episodes_only_when_asked():
     assert ep.length == 3
 
 
+def test_traj_packs_episode_lists_and_keeps_a_packed_map_as_it_came():
+    """A sender's list of episode maps is packed by `to_msg` (PROTOCOL.md 6); a parsed TRAJ keeps its packed
+    map untouched until `validate`, which never packs: a list on the wire is a version 2 sender's."""
+    spec, rng = featurize.feature_spec(MODEL), np.random.default_rng(4)
+    episodes = [make_episode(MODEL.to_dict(), n, rng) for n in (1, 3)]
+    msg = protocol.Traj(1, 2, episodes).to_msg()
+    assert set(msg["episodes"]) == {"task", "arrays", "data"} and msg["episodes"]["task"] == ["fake_task"] * 2
+    parsed = protocol.Traj.from_msg(protocol.parse(wire.encode(msg)))
+    assert parsed.episodes["arrays"] == msg["episodes"]["arrays"]
+    assert bytes(parsed.episodes["data"]) == bytes(msg["episodes"]["data"])
+    assert protocol.Traj(1, 2, parsed.episodes).to_msg()["episodes"] is parsed.episodes  # not packed again
+    assert [ep.length for ep in parsed.validate(spec, 4, 0, MODEL.vocab_size)] == [1, 3]
+    with pytest.raises(ProtocolError) as e:
+        protocol.Traj(1, 2, episodes).validate(spec, 4, 0, MODEL.vocab_size)
+    assert e.value.code == "bad_field"
+
+
 # ---- the learner: same checks in the same order, so the same `rejected` codes --------------------------
 def ask(peer: Peer, msg: dict) -> dict:
     """Send one message; the first reply that is not a HEARTBEAT (the learner beats every second)."""
@@ -265,6 +282,50 @@ def test_a_duplicate_is_acknowledged_without_checking_its_episodes_again(ingest)
         assert (refusal.code, refusal.seq) == ("bad_field", 2)
         assert len(ingest.stored) == 1 and ingest.server.duplicates == 1
         assert ingest.server.rejected == {"bad_field": 1}
+    finally:
+        peer.close()
+
+
+def test_the_learner_refuses_a_version_2_peer_and_broken_packing(ingest):
+    peer = Peer(ingest, "packing")
+    try:
+        rng = np.random.default_rng(5)
+        episodes = [make_episode(MODEL.to_dict(), n, rng) for n in (2, 1)]
+        old_hello = {
+            "v": 2,
+            "kind": "HELLO",
+            "actor": "old",
+            "num_envs": 1,
+            "instance": "old",
+            "first_unacked": 1,
+        }
+        old_traj = {"v": 2, "kind": "TRAJ", "actor_id": peer.actor_id, "seq": 1, "episodes": episodes}
+        v2_list = protocol.message(
+            "TRAJ", actor_id=peer.actor_id, seq=1, episodes=episodes
+        )  # v 3, old episodes
+        broken = protocol.Traj(peer.actor_id, 1, episodes).to_msg()
+        broken["episodes"]["arrays"][1][3] += 8  # the second array out of place
+        short = protocol.Traj(peer.actor_id, 1, episodes).to_msg()
+        short["episodes"]["data"] = bytes(short["episodes"]["data"])[:-1]
+        for msg, code in [
+            (old_hello, "bad_version"),
+            (old_traj, "bad_version"),
+            (v2_list, "bad_field"),
+            (broken, "bad_encoding"),
+            (short, "bad_encoding"),
+        ]:
+            reply = ask(peer, msg)
+            assert (reply["kind"], reply.get("code")) == ("ERROR", code), (msg.get("v"), reply)
+            assert reply.get("seq") == (1 if msg["v"] == 3 else None)  # a refused v3 TRAJ names its batch
+        ack = protocol.Ack.from_msg(ask(peer, protocol.Traj(peer.actor_id, 1, episodes).to_msg()))
+        assert (ack.seq, ack.accepted, ack.duplicate) == (1, 2, False)
+        assert ingest.server.rejected == {"bad_version": 2, "bad_field": 1, "bad_encoding": 2}
+        for ep, want in zip(ingest.stored, episodes, strict=True):
+            assert ep.length == len(want["reward"]) and ep.task == want["task"]
+            for name in protocol.STEP_ARRAYS:
+                np.testing.assert_array_equal(ep.steps[name], want[name])
+            for key, arr in want["obs"].items():
+                np.testing.assert_array_equal(ep.obs[key], arr)
     finally:
         peer.close()
 

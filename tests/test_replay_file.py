@@ -4,6 +4,7 @@ damaged or foreign files are refused by name and leave the target buffer empty."
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import re
 import struct
 
@@ -305,6 +306,60 @@ def test_damaged_episode_is_refused_by_name(saved, tmp_path):
     path = tmp_path / "newer.replay"
     path.write_bytes(struct.pack("<I", len(encoded)) + encoded + data[starts[1] :])
     assert_refused(path, "record 1: future_version")
+
+
+def as_version_2(data: bytes) -> bytes:
+    """The file as the learner wrote it before protocol version 3: format 1, each TRAJ a list of episode
+    maps of array ext values (what `episode_fields` gives, encoded as it is) under `v` 2."""
+    starts = [*record_offsets(data), len(data)]
+    records = [data[a + 4 : b] for a, b in itertools.pairwise(starts)]
+    out = []
+    for i, record in enumerate(records):
+        msg = wire.decode(record)
+        if msg["kind"] == protocol.TRAJ:
+            episodes = protocol.validate_episodes(
+                msg, featurize.feature_spec(CFG), MAX_STEPS, 10**6, CFG.vocab_size
+            )
+            fields = [
+                protocol.episode_fields(e.task, e.success, e.truncated, e.obs, e.steps) for e in episodes
+            ]
+            msg = {**msg, "episodes": fields}
+        msg = {**msg, "v": 2, **({"format": 1} if i in (0, len(records) - 1) else {})}
+        encoded = wire.encode(msg)
+        out.append(struct.pack("<I", len(encoded)) + encoded)
+    return b"".join(out)
+
+
+def test_files_of_protocol_version_2_still_load(saved, tmp_path):
+    """Replay files of format 1 and demonstration files written before TRAJ episodes were packed."""
+    path = tmp_path / "old.replay"
+    path.write_bytes(as_version_2(saved[0].read_bytes()))
+    assert b"\xc7" in path.read_bytes()  # array ext values: the old encoding indeed
+    restored = PrioritizedReplay[protocol.Episode](saved[1].capacity, **KW)
+    assert load_replay(path, restored, CFG) == len(saved[1])
+    for a, b in zip(saved[1].items(), restored.items(), strict=True):
+        assert_same_episode(a, b)
+    demos = tmp_path / "old_demos.msgpack"
+    with demos.open("wb") as f:
+        trajectory_file.write_record(
+            f, wire.encode({"v": 2, "kind": "DEMOS", "model": CFG.to_dict(), "max_steps": MAX_STEPS})
+        )
+        demo_episodes = [  # demonstrations: version 0
+            dataclasses.replace(e, steps={**e.steps, "policy_version": 0 * e.steps["policy_version"]})
+            for e in saved[1].items()
+        ]
+        fields = [
+            protocol.episode_fields(e.task, e.success, e.truncated, e.obs, e.steps) for e in demo_episodes
+        ]
+        trajectory_file.write_record(
+            f, wire.encode({"v": 2, "kind": "TRAJ", "actor_id": 0, "seq": 1, "episodes": fields})
+        )
+    for a, b in zip(demo_episodes, trajectory_file.load_episodes(demos, CFG), strict=True):
+        assert_same_episode(a, b)
+    broken = tmp_path / "broken_old.replay"
+    old = as_version_2(saved[0].read_bytes())
+    broken.write_bytes(old.replace(b"\xa7success\xc3", b"\xa7success\x01", 1))  # an int, not a bool
+    assert_refused(broken, "record 1: bad_field")
 
 
 def test_max_steps_limits_the_episodes_loaded(saved):

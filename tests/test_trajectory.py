@@ -36,9 +36,7 @@ def _played(seed: int) -> Trajectory:
 
 def test_trajectory_round_trips_through_traj_validation():
     trajs = [_played(seed) for seed in range(6)]
-    msg = protocol.message(
-        protocol.TRAJ, actor_id=1, seq=1, episodes=[protocol.trajectory_fields(t) for t in trajs]
-    )
+    msg = protocol.Traj(1, 1, [protocol.trajectory_fields(t) for t in trajs]).to_msg()
     got = protocol.validate_episodes(
         protocol.parse(wire.encode(msg)),
         featurize.feature_spec(CFG),

@@ -1,4 +1,5 @@
-"""The wire format (common.wire) and the protocol envelope and validators (common.protocol)."""
+"""The wire format (common.wire: msgpack, array ext values, packed arrays) and the protocol envelope and
+validators (common.protocol: packed TRAJ episodes among them)."""
 
 from __future__ import annotations
 
@@ -21,6 +22,7 @@ MAX_STEPS = 6
 NEWEST = 7
 
 SHAPES = [(), (0,), (3, 0, 2), (5,), (2, 3), (1, 2, 1, 2, 1, 2, 1, 2)]
+FUZZ = settings(derandomize=True, max_examples=300, deadline=None, suppress_health_check=list(HealthCheck))
 
 
 # ---- helpers ------------------------------------------------------------------------------------------
@@ -47,6 +49,9 @@ def assert_same(got, want, path="msg"):
         assert got.dtype == want.dtype, (path, got.dtype, want.dtype)
         assert got.shape == want.shape, (path, got.shape, want.shape)
         assert got.tobytes() == np.ascontiguousarray(want).tobytes(), path
+    elif isinstance(want, bytes | memoryview):  # a bin: a memoryview when decoded without a copy
+        assert isinstance(got, bytes | memoryview), (path, type(got))
+        assert bytes(got) == bytes(want), path
     elif isinstance(want, dict):
         assert isinstance(got, dict) and set(got) == set(want), (path, got)
         for k in want:
@@ -74,7 +79,7 @@ def assert_readonly_view(arr: np.ndarray) -> None:
 
 
 def make_episode(rng: np.random.Generator, length: int, *, truncated: bool = False) -> dict:
-    """A valid TRAJ episode (wire form) for CFG with `length` steps."""
+    """A valid episode for CFG with `length` steps, as a sender holds it (`protocol.episode_fields`)."""
     obs = {}
     for name, (shape, _) in SPEC.items():
         full = (length + 1, *shape)
@@ -97,7 +102,8 @@ def make_episode(rng: np.random.Generator, length: int, *, truncated: bool = Fal
 
 
 def traj(*episodes: dict) -> dict:
-    return protocol.message(protocol.TRAJ, actor_id=3, seq=11, episodes=list(episodes))
+    """A TRAJ of these episodes, packed (`Traj.to_msg`)."""
+    return protocol.Traj(3, 11, list(episodes)).to_msg()
 
 
 def via_wire(msg: dict) -> dict:
@@ -173,7 +179,7 @@ def test_traj_round_trip_validates_to_the_same_episodes():
 
 def test_error_helper_round_trip():
     got = protocol.parse(protocol.error("future_version", "too new"))
-    assert got == {"v": 2, "kind": "ERROR", "code": "future_version", "reason": "too new"}
+    assert got == {"v": 3, "kind": "ERROR", "code": "future_version", "reason": "too new"}
     # A refused TRAJ's seq rides along, so the actor knows which batch will never be taken.
     assert protocol.parse(protocol.error("bad_array", "x", seq=7))["seq"] == 7
 
@@ -197,7 +203,7 @@ def test_params_round_trip(as_bytes):
     # PROTOCOL.md 5: a header with sorted names, dtypes and shapes, then one raw C-order frame per array
     names = sorted(flat)
     assert wire.decode(frames[0]) == {
-        "v": 2,
+        "v": 3,
         "kind": "PARAMS",
         "version": 42,
         "names": names,
@@ -291,13 +297,13 @@ def test_array_round_trip(dtype, shape):
 def test_worked_examples_of_the_protocol_document():
     """docs/PROTOCOL.md section 9, byte for byte."""
     hello = bytes.fromhex(
-        "86 a176 02 a46b696e64 a548454c4c4f a56163746f72 a26131 a86e756d5f656e7673 10"
+        "86 a176 03 a46b696e64 a548454c4c4f a56163746f72 a26131 a86e756d5f656e7673 10"
         " a8696e7374616e6365 a26931 ad66697273745f756e61636b6564 01"
     )
     assert len(hello) == 61
     fields = {"actor": "a1", "num_envs": 16, "instance": "i1", "first_unacked": 1}
     assert wire.encode(protocol.message(protocol.HELLO, **fields)) == hello
-    assert protocol.parse(hello) == {"v": 2, "kind": "HELLO", **fields}
+    assert protocol.parse(hello) == {"v": 3, "kind": "HELLO", **fields}
     assert wire.encode(protocol.Hello(**fields).to_msg()) == hello  # the dataclass sends the same bytes
     assert protocol.Hello.from_msg(protocol.parse(hello)) == protocol.Hello(**fields)
     x = np.array([[1, 2, 3], [4, 5, 6]], np.int32)
@@ -368,6 +374,353 @@ def test_unknown_python_objects_are_refused_on_encode():
         wire.encode({"a": {1, 2}})
     with pytest.raises(TypeError):
         wire.encode({"a": np.complex64(1j)})
+
+
+# ---- packed arrays (PROTOCOL.md 3.5) ------------------------------------------------------------------
+def _all_kinds_of_arrays(rng: np.random.Generator) -> dict[str, np.ndarray]:
+    """Every allowed dtype in every test shape (0-d, empty, up to 8 dimensions)."""
+    return {
+        f"{dtype}{list(shape)}": random_array(rng, dtype, shape)
+        for dtype in sorted(wire.ALLOWED_DTYPES)
+        for shape in SHAPES
+    }
+
+
+@pytest.mark.parametrize("long", [False, True], ids=["short", "long (decoded without a copy)"])
+def test_packed_arrays_round_trip(long):
+    rng = np.random.default_rng(20)
+    arrays = _all_kinds_of_arrays(rng)
+    if long:  # a bin of 64 KiB or more: `encode` writes it first, `decode` takes it as a view
+        arrays = {"filler": np.arange(20_000, dtype="<i4"), **arrays}
+    table, data = wire.pack_arrays(arrays)
+    encoded = wire.encode({"v": 3, "kind": "X", "packed": {"arrays": table, "data": data}})
+    got = wire.decode(encoded)["packed"]
+    assert isinstance(got["data"], memoryview if long else bytes)
+    assert got["arrays"] == table
+    out = wire.unpack_arrays(got["arrays"], got["data"])
+    assert list(out) == list(arrays)
+    end = 0
+    for (name, want), (_, dtype, shape, offset) in zip(arrays.items(), table, strict=True):
+        assert offset == -(-end // 8) * 8  # each array at the next multiple of 8 (PROTOCOL.md 3.5)
+        assert (dtype, shape) == (want.dtype.str, list(want.shape))
+        end = offset + want.nbytes
+        assert_same(out[name], want, name)
+        assert_readonly_view(out[name])
+        if long and out[name].size:  # a view of the received message itself: nothing was copied
+            assert np.shares_memory(out[name], np.frombuffer(encoded, np.uint8))
+    assert end == len(got["data"])
+
+
+def test_pack_arrays_concatenates_parts_and_normalizes_them():
+    base = np.arange(24, dtype=np.float32).reshape(4, 6)
+    parts = [base[::2, 1::2], np.asfortranarray(base[:1, :3]), base[:2, :3].astype(">f4"), base[:0, :3]]
+    table, data = wire.pack_arrays({"rows": parts, "scalar": np.int16(-3), "big": np.arange(3, dtype=">i8")})
+    got = wire.unpack_arrays(table, data)
+    np.testing.assert_array_equal(got["rows"], np.concatenate([np.asarray(p, "<f4") for p in parts]))
+    assert got["rows"].dtype.str == "<f4" and got["rows"].shape == (5, 3)
+    assert got["scalar"].shape == () and got["scalar"] == -3
+    assert got["big"].dtype.str == "<i8" and got["big"].tolist() == [0, 1, 2]
+    assert bytes(data[got["rows"].nbytes : table[1][3]]) == b"\0" * (table[1][3] - got["rows"].nbytes)
+
+
+@pytest.mark.parametrize(
+    ("arrays", "error"),
+    [
+        ({"a": [np.zeros(2, "<i4"), np.zeros(2, "<i8")]}, TypeError),  # parts of two dtypes
+        ({"a": [np.zeros((2, 3), "<i4"), np.zeros((2, 4), "<i4")]}, TypeError),  # rows of two widths
+        ({"a": [np.zeros(2, "<i4"), np.int32(1)]}, TypeError),  # a 0-d part
+        ({"a": []}, ValueError),
+        ({"a": np.zeros(2, np.complex64)}, TypeError),
+        ({"a": np.zeros(2, np.uint64)}, TypeError),
+        ({"a": np.zeros((1,) * 9, np.float32)}, TypeError),
+        ({f"a{i}": np.zeros(0, np.uint8) for i in range(wire.MAX_PACKED_ARRAYS + 1)}, TypeError),
+    ],
+    ids=["dtypes", "widths", "0-d part", "no parts", "complex", "uint64", "9 dims", "257 arrays"],
+)
+def test_pack_arrays_refuses_what_the_wire_cannot_carry(arrays, error):
+    with pytest.raises(error):
+        wire.pack_arrays(arrays)
+
+
+def test_packed_layout_of_the_protocol_document():
+    """PROTOCOL.md 3.5, the example, in both orders, byte for byte."""
+    a = np.array([[1, 2, 3], [4, 5, 6]], np.int32)
+    b = np.array([True, False, True])
+    table, data = wire.pack_arrays({"a": a, "b": b})
+    assert table == [["a", "<i4", [2, 3], 0], ["b", "|b1", [3], 24]]
+    assert bytes(data) == a.tobytes() + b"\x01\x00\x01" and len(data) == 27
+    table, data = wire.pack_arrays({"b": b, "a": a})
+    assert table == [["b", "|b1", [3], 0], ["a", "<i4", [2, 3], 8]]
+    assert bytes(data) == b"\x01\x00\x01" + b"\0" * 5 + a.tobytes() and len(data) == 32
+
+
+GOOD_TABLE, GOOD_DATA = wire.pack_arrays(
+    {"a": np.arange(6, dtype="<i4").reshape(2, 3), "b": np.array([1, 0, 1], bool), "c": np.ones(2, "<f8")}
+)
+"""a at 0 (24 bytes), b at 24 (3 bytes), c at 32 (16 bytes): 48 bytes."""
+
+
+def _table(**changes) -> list:
+    """GOOD_TABLE with entry values replaced: changes like a_offset=8 or c_shape=[3]."""
+    fields = {"name": 0, "dtype": 1, "shape": 2, "offset": 3}
+    table = [list(entry) for entry in GOOD_TABLE]
+    for key, value in changes.items():
+        array, field = key.split("_", 1)
+        table["abc".index(array)][fields[field]] = value
+    return table
+
+
+MALFORMED_TABLES = {
+    "data one byte short": (GOOD_TABLE, bytes(GOOD_DATA)[:-1]),
+    "data one byte long": (GOOD_TABLE, bytes(GOOD_DATA) + b"\0"),
+    "data empty": (GOOD_TABLE, b""),
+    "data padded to 56": (GOOD_TABLE, bytes(GOOD_DATA) + b"\0" * 8),
+    "offset out of range": (_table(c_offset=4096), GOOD_DATA),
+    "offset negative": (_table(a_offset=-8), GOOD_DATA),
+    "first array not at 0": (_table(a_offset=8), GOOD_DATA),
+    "overlapping arrays": (_table(b_offset=16), GOOD_DATA),
+    "a gap between arrays": (_table(b_offset=32), GOOD_DATA),
+    "unaligned offset": (_table(c_offset=27), GOOD_DATA),
+    "offsets out of order": (_table(b_offset=32, c_offset=24), GOOD_DATA),
+    "offset a float": (_table(b_offset=24.0), GOOD_DATA),
+    "offset a bool": (_table(a_offset=False), GOOD_DATA),
+    "more bytes than the next offset": (_table(a_shape=[2, 4]), GOOD_DATA),
+    "fewer bytes than the next offset": (_table(a_shape=[2, 2]), GOOD_DATA),
+    "last array short of the data": (_table(c_shape=[1]), GOOD_DATA),
+    "last array past the data": (_table(c_shape=[3]), GOOD_DATA),
+    "huge dims": (_table(c_shape=[2**63, 2**63]), GOOD_DATA),
+    "huge dim, zero elements": (_table(c_shape=[0, 2**64 - 1]), bytes(GOOD_DATA)[:32]),
+    "negative dim": (_table(b_shape=[-3]), GOOD_DATA),
+    "bool dim": (_table(b_shape=[True, 3]), GOOD_DATA),
+    "float dim": (_table(b_shape=[3.0]), GOOD_DATA),
+    "9 dims": (_table(b_shape=[1] * 8 + [3]), GOOD_DATA),
+    "shape an int": (_table(b_shape=3), GOOD_DATA),
+    "shape a map": (_table(b_shape={"0": 3}), GOOD_DATA),
+    "dtype complex": (_table(c_dtype="<c8"), GOOD_DATA),
+    "dtype big-endian": (_table(a_dtype=">i4"), GOOD_DATA),
+    "dtype f8 (must be <f8)": (_table(c_dtype="f8"), GOOD_DATA),
+    "dtype <b1 (must be |b1)": (_table(b_dtype="<b1"), GOOD_DATA),
+    "dtype uint64": (_table(c_dtype="<u8"), GOOD_DATA),
+    "dtype object": (_table(c_dtype="|O"), GOOD_DATA),
+    "dtype an int": (_table(a_dtype=4), GOOD_DATA),
+    "dtype bin": (_table(a_dtype=b"<i4"), GOOD_DATA),
+    "dtype a list": (_table(a_dtype=["<i4"]), GOOD_DATA),
+    "name an int": (_table(b_name=7), GOOD_DATA),
+    "name bin": (_table(b_name=b"b"), GOOD_DATA),
+    "name twice": (_table(c_name="a"), GOOD_DATA),
+    "entry of 3 values": ([*_table()[:2], _table()[2][:3]], GOOD_DATA),
+    "entry of 5 values": ([*_table()[:2], [*_table()[2], 0]], GOOD_DATA),
+    "entry a map": ([*_table()[:2], {"name": "c"}], GOOD_DATA),
+    "entry a str": ([*_table()[:2], "cdef"], GOOD_DATA),
+    "entry nil": ([*_table()[:2], None], GOOD_DATA),
+    "257 entries": ([[f"e{i}", "|u1", [0], 0] for i in range(wire.MAX_PACKED_ARRAYS + 1)], b""),
+}
+
+
+@pytest.mark.parametrize("name", list(MALFORMED_TABLES))
+def test_malformed_packed_arrays_raise_wire_error_and_bad_encoding(name):
+    table, data = MALFORMED_TABLES[name]
+    table, data = wire.decode(wire.encode({"arrays": table, "data": bytes(data)})).values()  # off the wire
+    with pytest.raises(wire.WireError):
+        wire.unpack_arrays(table, data)
+    with pytest.raises(ProtocolError) as e:
+        protocol.unpack_episodes({"task": ["t"], "arrays": table, "data": data})
+    assert e.value.code == "bad_encoding", e.value
+    with pytest.raises(ProtocolError) as e:  # what the learner does with such a TRAJ
+        validate(
+            via_wire(protocol.message(protocol.TRAJ, episodes={"task": ["t"], "arrays": table, "data": data}))
+        )
+    assert e.value.code == "bad_encoding", e.value
+
+
+def test_the_malformed_tables_are_near_misses_of_a_valid_one():
+    got = wire.unpack_arrays(GOOD_TABLE, bytes(GOOD_DATA))
+    assert [(k, v.shape) for k, v in got.items()] == [("a", (2, 3)), ("b", (3,)), ("c", (2,))]
+    assert wire.unpack_arrays([], b"") == {}
+    zero = wire.unpack_arrays(
+        [["z", "<f4", [0, 5], 0], ["s", "<i2", [], 0]], b"\x07\x00"
+    )  # 0-d after an empty one
+    assert zero["z"].shape == (0, 5) and zero["s"].shape == () and zero["s"] == 7
+
+
+@pytest.mark.parametrize(
+    ("table", "data"),
+    [(GOOD_TABLE, "x" * len(GOOD_DATA)), (GOOD_TABLE, list(GOOD_DATA)), ({"a": GOOD_TABLE[0]}, GOOD_DATA)],
+    ids=["data a str", "data a list", "table a map"],
+)
+def test_a_table_that_is_not_an_array_or_data_that_is_not_bin_is_refused(table, data):
+    with pytest.raises(wire.WireError):
+        wire.unpack_arrays(table, data)
+    with pytest.raises(ProtocolError) as e:  # a field of the wrong type (PROTOCOL.md 7)
+        protocol.unpack_episodes({"task": ["t"], "arrays": table, "data": data})
+    assert e.value.code == "bad_field"
+
+
+table_values = st.one_of(
+    st.text(max_size=6),
+    st.sampled_from([*sorted(wire.ALLOWED_DTYPES), "<c8", ">i4", "f4"]),
+    st.integers(-(2**63), 2**64 - 1),
+    st.lists(st.integers(-2, 2**64 - 1), max_size=10),
+    st.lists(st.integers(0, 9), max_size=4),
+    st.none(),
+    st.booleans(),
+    st.floats(),
+    st.binary(max_size=4),
+)
+table_entries = st.one_of(
+    st.tuples(
+        st.text(max_size=3),
+        st.sampled_from(sorted(wire.ALLOWED_DTYPES)),
+        st.lists(st.integers(0, 4), max_size=3),
+        st.integers(0, 80),
+    ).map(list),
+    st.lists(table_values, max_size=5),
+    table_values,
+)
+
+
+@FUZZ
+@given(st.lists(table_entries, max_size=6), st.binary(max_size=96))
+def test_random_packed_tables_raise_only_wire_error(table, data):
+    try:
+        arrays = wire.unpack_arrays(table, data)
+    except wire.WireError:
+        return
+    end = 0  # a table that happens to be valid: consistent views of `data`, laid out as 3.5 says
+    for (_, dtype, shape, offset), arr in zip(table, arrays.values(), strict=True):
+        assert arr.dtype.str == dtype and list(arr.shape) == shape and offset == -(-end // 8) * 8
+        assert arr.tobytes() == data[offset : offset + arr.nbytes]
+        end = offset + arr.nbytes
+    assert end == len(data)
+
+
+def test_long_bins_go_first_and_come_back_without_a_copy():
+    rng = np.random.default_rng(21)
+    eps = [make_episode(rng, MAX_STEPS) for _ in range(40)]
+    msg = traj(*eps)
+    assert msg["episodes"]["data"].nbytes >= wire.BY_REFERENCE_BYTES
+    encoded = wire.encode(msg)
+    # episodes first in the message, data first in episodes: a map of 5, "episodes", a map of 3, "data", bin 32
+    assert encoded.startswith(b"\x85\xa8episodes\x83\xa4data\xc6")
+    assert_same(msgpack.unpackb(encoded), msg)  # plain msgpack: the same message
+    got = wire.decode(encoded)
+    assert isinstance(got["episodes"]["data"], memoryview) and got["episodes"]["data"].readonly
+    assert_same(got, msg)
+    frame = np.frombuffer(encoded, np.uint8)
+    for ep in validate(protocol.check_envelope(got)):
+        assert all(np.shares_memory(a, frame) for a in (*ep.obs.values(), *ep.steps.values()))
+    short = traj(*eps[:1])  # under 64 KiB: msgpack's own bytes, in the map's order
+    assert wire.encode(short) == msgpack.packb(short, use_bin_type=True)
+
+
+def _leading_bin_frame(*after: tuple[str, bytes]) -> bytes:
+    """A map whose first entry is a long bin `data`, followed by raw msgpack entries `after`."""
+    long = bytes(range(256)) * 300
+    head = bytes([0x81 + len(after)]) + msgpack.packb("data") + b"\xc6" + struct.pack(">I", len(long))
+    return head + long + b"".join(msgpack.packb(k) + v for k, v in after)
+
+
+def test_decoding_a_leading_bin_without_a_copy_is_still_plain_msgpack():
+    frame = _leading_bin_frame(("n", msgpack.packb(1)))
+    got = wire.decode(frame)
+    assert bytes(got["data"]) == msgpack.unpackb(frame)["data"] and got["n"] == 1
+    assert isinstance(got["data"], memoryview) and got["data"].obj is frame
+    assert isinstance(wire.decode(bytearray(frame))["data"], bytes)  # mutable input: copied
+    duplicate = _leading_bin_frame(("data", msgpack.packb(b"short")))  # a later duplicate key wins, as ever
+    assert wire.decode(duplicate) == msgpack.unpackb(duplicate) == {"data": b"short"}
+    refused = {
+        "timestamp after it": _leading_bin_frame(("t", msgpack.packb(msgpack.Timestamp(1, 0)))),
+        "ext 127 after it": _leading_bin_frame(("e", msgpack.packb(msgpack.ExtType(127, bytes(16))))),
+        "cut inside it": _leading_bin_frame()[:-1],
+        "trailing bytes": _leading_bin_frame() + b"\x01",
+    }
+    for name, data in refused.items():
+        with pytest.raises(wire.WireError):
+            wire.decode(data)
+        with pytest.raises(ProtocolError) as e:
+            protocol.parse(data)
+        assert e.value.code == "bad_encoding", name
+
+
+LONG_TRAJ = wire.encode(traj(*[make_episode(np.random.default_rng(30), MAX_STEPS) for _ in range(40)]))
+
+
+def _decoded_or_none(data) -> object:
+    try:
+        return wire.decode(data)
+    except wire.WireError:
+        return None
+
+
+@FUZZ
+@given(st.lists(st.tuples(st.integers(0, 47), st.integers(0, 255)), min_size=1, max_size=3), st.booleans())
+def test_mutated_long_messages_decode_as_when_copied(flips, at_end):
+    """Bytes flipped where the leading bin is found (the maps and keys before it, its header, its first
+    bytes) or in the msgpack after it: decoding without a copy gives what decoding with one (a bytearray
+    input) gives, or the same WireError."""
+    data = bytearray(LONG_TRAJ)
+    for pos, value in flips:
+        data[len(data) - 1 - pos if at_end else pos] = value
+    fast, slow = _decoded_or_none(bytes(data)), _decoded_or_none(data)
+    if slow is None:
+        assert fast is None
+    else:
+        assert_same(fast, slow)
+
+
+# ---- packed episodes (PROTOCOL.md 6) ------------------------------------------------------------------
+def test_packed_episodes_layout():
+    rng = np.random.default_rng(22)
+    eps = [make_episode(rng, 2), make_episode(rng, 1, truncated=True)]
+    packed = protocol.pack_episodes(eps)
+    assert set(packed) == {"task", "arrays", "data"} and packed["task"] == ["toggle", "toggle"]
+    arrays = wire.unpack_arrays(packed["arrays"], packed["data"])
+    assert arrays["length"].tolist() == [2, 1] and arrays["length"].dtype.str == "<i4"
+    assert arrays["success"].tolist() == [True, False] and arrays["truncated"].tolist() == [False, True]
+    for name, dtype in protocol.STEP_ARRAYS.items():  # episode 0's steps, then episode 1's
+        assert_same(arrays[name], np.concatenate([eps[0][name], eps[1][name]]).astype(dtype), name)
+    for key in SPEC:
+        assert_same(arrays["obs/" + key], np.concatenate([eps[0]["obs"][key], eps[1]["obs"][key]]), key)
+    assert not set(protocol.ESTIMATE_ARRAYS) & set(arrays)
+
+
+def test_estimates_travel_only_with_every_episode():
+    rng = np.random.default_rng(23)
+    eps = [make_episode(rng, n) for n in (3, 1, 2)]
+    with_estimates = [
+        {
+            **ep,
+            "value": np.full(len(ep["reward"]), 0.5, np.float32),
+            "entropy": np.ones(len(ep["reward"]), np.float32),
+        }
+        for ep in eps
+    ]
+    got = validate(via_wire(traj(*with_estimates)))
+    for ep, want in zip(got, with_estimates, strict=True):
+        assert_same(ep.estimates["value"], want["value"])
+        assert_same(ep.estimates["entropy"], want["entropy"])
+        assert_readonly_view(ep.estimates["value"])
+    mixed = validate(via_wire(traj(with_estimates[0], eps[1])))  # one without: the batch carries none
+    assert [ep.estimates for ep in mixed] == [{}, {}]
+
+
+@pytest.mark.parametrize("count", [1, 2, protocol.MAX_EPISODES_PER_BATCH])
+def test_multi_episode_round_trip_keeps_order_and_lengths(count):
+    rng = np.random.default_rng(count)
+    eps = [
+        make_episode(rng, int(rng.integers(1, MAX_STEPS + 1)), truncated=bool(i % 3)) for i in range(count)
+    ]
+    eps = [{**ep, "task": f"task-{i}"} for i, ep in enumerate(eps)]
+    got = validate(via_wire(traj(*eps)))
+    assert [(ep.task, ep.length, ep.truncated, ep.success) for ep in got] == [
+        (want["task"], len(want["reward"]), want["truncated"], want["success"]) for want in eps
+    ]
+    for ep, want in zip(got, eps, strict=True):
+        assert type(ep.success) is bool and type(ep.truncated) is bool
+        for key in SPEC:
+            assert_same(ep.obs[key], want["obs"][key], key)
+        for name in protocol.STEP_ARRAYS:
+            assert_same(ep.steps[name], want[name], name)
 
 
 # ---- malformed input ----------------------------------------------------------------------------------
@@ -445,7 +798,7 @@ def test_limits_are_inclusive():
 
 def test_timestamp_ext_is_refused():
     with pytest.raises(wire.WireError):
-        wire.decode(msgpack.packb({"v": 2, "kind": "HEARTBEAT", "t": msgpack.Timestamp(1, 0)}))
+        wire.decode(msgpack.packb({"v": 3, "kind": "HEARTBEAT", "t": msgpack.Timestamp(1, 0)}))
 
 
 def test_size_limit():
@@ -467,9 +820,8 @@ def _decode_or_wire_error(data: bytes):
         return None
 
 
-FUZZ = settings(derandomize=True, max_examples=300, deadline=None, suppress_health_check=list(HealthCheck))
 VALID_MESSAGE = wire.encode(
-    {"v": 2, "kind": "TRAJ", "x": [np.arange(4, dtype=np.float32), np.ones((2, 2), bool)], "s": "hi"}
+    {"v": 3, "kind": "TRAJ", "x": [np.arange(4, dtype=np.float32), np.ones((2, 2), bool)], "s": "hi"}
 )
 
 
@@ -513,12 +865,14 @@ def test_mutated_messages_raise_only_wire_error(flips, cut):
         ({"kind": "HELLO"}, "bad_version"),
         ({"v": 1, "kind": "HELLO"}, "bad_version"),
         ({"v": 0, "kind": "HELLO"}, "bad_version"),
-        ({"v": "2", "kind": "HELLO"}, "bad_version"),
-        ({"v": 2}, "unknown_kind"),
-        ({"v": 2, "kind": "NOPE"}, "unknown_kind"),
-        ({"v": 2, "kind": "hello"}, "unknown_kind"),
-        ({"v": 2, "kind": 3}, "unknown_kind"),
-        ({"v": 2, "kind": None}, "unknown_kind"),
+        ({"v": 2, "kind": "HELLO"}, "bad_version"),  # a version 2 peer
+        ({"v": "3", "kind": "HELLO"}, "bad_version"),
+        ({"v": 4, "kind": "HELLO"}, "bad_version"),
+        ({"v": 3}, "unknown_kind"),
+        ({"v": 3, "kind": "NOPE"}, "unknown_kind"),
+        ({"v": 3, "kind": "hello"}, "unknown_kind"),
+        ({"v": 3, "kind": 3}, "unknown_kind"),
+        ({"v": 3, "kind": None}, "unknown_kind"),
     ],
 )
 def test_parse_refuses_bad_envelopes(obj, code):
@@ -529,20 +883,22 @@ def test_parse_refuses_bad_envelopes(obj, code):
 
 @pytest.mark.parametrize("kind", sorted(protocol.KINDS))
 def test_parse_accepts_every_kind(kind):
-    assert protocol.parse(msgpack.packb({"v": 2, "kind": kind}))["kind"] == kind
+    assert protocol.parse(msgpack.packb({"v": 3, "kind": kind}))["kind"] == kind
 
 
 @pytest.mark.parametrize("kind", [[1], {"a": 1}, b"HELLO", 1.5], ids=["list", "map", "bin", "float"])
 def test_parse_kind_of_another_type_is_unknown(kind):
     """(At commit 48dd261 an unhashable kind raised TypeError out of parse, and out of IngestServer.poll.)"""
     with pytest.raises(ProtocolError) as e:
-        protocol.parse(msgpack.packb({"v": 2, "kind": kind}))
+        protocol.parse(msgpack.packb({"v": 3, "kind": kind}))
     assert e.value.code == "unknown_kind"
 
 
-@pytest.mark.parametrize("v", [True, 1.0, [1], 2.0, [2], 1], ids=["bool", "float", "list", "2.0", "[2]", "1"])
-def test_parse_version_must_be_the_integer_two(v):
-    """PROTOCOL.md 3.1/3.2: v is the int 2 and true/false are never integers (48dd261 let True and 1.0 in)."""
+@pytest.mark.parametrize(
+    "v", [True, 1.0, [1], 3.0, [3], 1, 2], ids=["bool", "float", "list", "3.0", "[3]", "1", "2 (older)"]
+)
+def test_parse_version_must_be_the_integer_three(v):
+    """PROTOCOL.md 3.1/3.2: v is the int 3 and true/false are never integers (48dd261 let True and 1.0 in)."""
     with pytest.raises(ProtocolError) as e:
         protocol.parse(msgpack.packb({"v": v, "kind": "HELLO"}))
     assert e.value.code == "bad_version"
@@ -565,101 +921,205 @@ def test_validate_accepts_boundary_values():
     assert len(many) == protocol.MAX_EPISODES_PER_BATCH
 
 
-def _set(ep: dict, key: str, value) -> dict:
-    """A copy of the episode with one (possibly obs/<name>) field replaced; None deletes it."""
-    ep = {**ep, "obs": dict(ep["obs"])}
-    container, name = (ep["obs"], key[4:]) if key.startswith("obs/") else (ep, key)
-    if value is None:
-        del container[name]
-    else:
-        container[name] = value
-    return ep
+def packed_columns(*episodes: dict) -> tuple[list, dict[str, np.ndarray]]:
+    """The task names and the packed arrays of a TRAJ of these episodes, as writable copies to break."""
+    packed = protocol.pack_episodes(list(episodes))
+    arrays = wire.unpack_arrays(packed["arrays"], packed["data"])
+    return list(packed["task"]), {name: arr.copy() for name, arr in arrays.items()}
 
 
-def _bad_episodes() -> dict[str, tuple[dict, str | tuple[str, ...]]]:
-    rng = np.random.default_rng(5)
+def traj_of(task: list, arrays: dict[str, np.ndarray]) -> dict:
+    """A TRAJ whose packed episodes are `task` and `arrays`, whatever they hold (packed as they are)."""
+    table, data = wire.pack_arrays(arrays)
+    return protocol.message(
+        protocol.TRAJ, actor_id=3, seq=11, episodes={"task": task, "arrays": table, "data": data}
+    )
+
+
+def spans(lengths: list[int], i: int) -> tuple[slice, slice]:
+    """Episode i's rows in the per-step arrays and in the observation arrays of a packed batch."""
+    first = sum(lengths[:i])
+    return slice(first, first + lengths[i]), slice(first + i, first + i + lengths[i] + 1)
+
+
+BROKEN = make_episode(np.random.default_rng(5), 3)
+"""The episode each case of BAD breaks (3 steps, 4 observation rows)."""
+
+
+def _bad_batches() -> dict[str, tuple[object, str]]:
+    """name -> (change, code): `change` is an episode to send in place of BROKEN, or an edit of the packed
+    task names and arrays given the broken episode's rows (steps, observations)."""
     n = 3
-    ep = make_episode(rng, n)
+    e, li, vocab = CFG.max_elements, CFG.max_instruction_tokens, CFG.vocab_size
 
-    def edit(key, fn):
-        arr = (ep["obs"][key[4:]] if key.startswith("obs/") else ep[key]).copy()
-        fn(arr)
-        return _set(ep, key, arr)
+    def retype(name, dtype):
+        return lambda task, a, steps, rows: a.__setitem__(name, a[name].astype(dtype))
 
-    def setval(key, index, value):
-        return edit(key, lambda a: a.__setitem__(index, value))
+    def replace(name, fn):  # fn(the whole array) -> its replacement (None: removed)
+        def edit(task, a, steps, rows):
+            new = fn(a.pop(name))
+            if new is not None:
+                a[name] = new
+
+        return edit
+
+    def setval(name, index, value):  # one value in the broken episode's rows
+        def edit(task, a, steps, rows):
+            a[name][rows if name.startswith("obs/") else steps][index] = value
+
+        return edit
+
+    def set_length(value):  # the broken episode's `length` entry (its index: rows.start - steps.start)
+        return lambda task, a, steps, rows: a["length"].__setitem__(rows.start - steps.start, value)
 
     return {
-        "reward f8": (_set(ep, "reward", ep["reward"].astype("<f8")), "bad_array"),
-        "action_type i8": (_set(ep, "action_type", ep["action_type"].astype("<i8")), "bad_array"),
-        "element u4": (_set(ep, "element", ep["element"].astype("<u4")), "bad_array"),
-        "obs instr_tokens i8": (
-            _set(ep, "obs/instr_tokens", ep["obs"]["instr_tokens"].astype("<i8")),
+        "reward f8": (retype("reward", "<f8"), "bad_array"),
+        "action_type i8": (retype("action_type", "<i8"), "bad_array"),
+        "element u4": (retype("element", "<u4"), "bad_array"),
+        "obs instr_tokens i8": (retype("obs/instr_tokens", "<i8"), "bad_array"),
+        "obs elem_mask u1": (retype("obs/elem_mask", "|u1"), "bad_array"),
+        "obs elem_feats f2": (retype("obs/elem_feats", "<f2"), "bad_array"),
+        "success i8": (retype("success", "<i8"), "bad_array"),
+        "truncated u1": (retype("truncated", "|u1"), "bad_array"),
+        "length i8": (retype("length", "<i8"), "bad_array"),
+        "reward 2-d": (replace("reward", lambda r: r[:, None]), "bad_array"),
+        "reward 0-d": (replace("reward", lambda r: r[0]), "bad_array"),
+        "word one step short": (replace("word", lambda w: w[:-1]), "bad_array"),
+        "direction one step long": (replace("direction", lambda d: np.append(d, d[:1])), "bad_array"),
+        "length one entry short": (replace("length", lambda x: x[:-1]), "bad_array"),
+        "success one entry long": (replace("success", lambda x: np.append(x, x[:1])), "bad_array"),
+        "obs one row short": (replace("obs/elem_feats", lambda f: f[:-1]), "bad_array"),
+        "obs wrong width": (
+            replace("obs/elem_tokens", lambda t: np.zeros((len(t), 4, 2), np.int32)),
             "bad_array",
         ),
-        "obs elem_mask u1": (_set(ep, "obs/elem_mask", ep["obs"]["elem_mask"].astype("|u1")), "bad_array"),
-        "obs elem_feats f2": (_set(ep, "obs/elem_feats", ep["obs"]["elem_feats"].astype("<f2")), "bad_array"),
-        "reward 2-d": (_set(ep, "reward", ep["reward"][:, None]), "bad_array"),
-        "reward 0-d": (_set(ep, "reward", ep["reward"][0]), "bad_field"),  # a scalar is not an array
-        "word one step short": (_set(ep, "word", ep["word"][:-1]), "bad_array"),
-        "direction one step long": (_set(ep, "direction", np.zeros(n + 1, np.int32)), "bad_array"),
-        "obs one row short": (_set(ep, "obs/elem_feats", ep["obs"]["elem_feats"][:-1]), "bad_array"),
-        "obs wrong width": (_set(ep, "obs/elem_tokens", np.zeros((n + 1, 4, 2), np.int32)), "bad_array"),
+        "length one step more than sent": (set_length(n + 1), "bad_array"),
+        "length 0": (set_length(0), "bad_array"),
+        "length -1": (set_length(-1), "bad_array"),
+        "length over max_steps": (set_length(MAX_STEPS + 1), "bad_array"),
         "reward NaN": (setval("reward", 1, np.nan), "non_finite"),
         "reward inf": (setval("reward", 0, np.inf), "non_finite"),
         "behavior_logp -inf": (setval("behavior_logp", 2, -np.inf), "non_finite"),
         "behavior_logp NaN": (setval("behavior_logp", 2, np.nan), "non_finite"),
-        "obs elem_feats NaN": (
-            edit("obs/elem_feats", lambda a: a.__setitem__((1, 2, 3), np.nan)),
-            "non_finite",
-        ),
-        "obs instr_feats inf": (
-            edit("obs/instr_feats", lambda a: a.__setitem__((0, 0, 0), np.inf)),
-            "non_finite",
-        ),
+        "obs elem_feats NaN": (setval("obs/elem_feats", (1, 2, 3), np.nan), "non_finite"),
+        "obs instr_feats inf": (setval("obs/instr_feats", (0, 0, 0), np.inf), "non_finite"),
         "policy_version future": (setval("policy_version", 0, NEWEST + 1), "future_version"),
         "policy_version negative": (setval("policy_version", 0, -1), "bad_array"),
         "action_type 7": (setval("action_type", 0, 7), "bad_array"),
         "action_type -1": (setval("action_type", 2, -1), "bad_array"),
-        "element = max_elements": (setval("element", 1, CFG.max_elements), "bad_array"),
+        "element = max_elements": (setval("element", 1, e), "bad_array"),
         "element -1": (setval("element", 1, -1), "bad_array"),
-        "word = max_instruction_tokens": (setval("word", 1, CFG.max_instruction_tokens), "bad_array"),
+        "word = max_instruction_tokens": (setval("word", 1, li), "bad_array"),
         "direction 4": (setval("direction", 1, 4), "bad_array"),
         "behavior_logp positive": (setval("behavior_logp", 0, 0.5), "bad_array"),
-        "negative instr token": (edit("obs/instr_tokens", lambda a: a.__setitem__((0, 0), -1)), "bad_array"),
-        "negative elem token": (edit("obs/elem_tokens", lambda a: a.__setitem__((n, 1, 2), -5)), "bad_array"),
-        "instr token = vocab_size": (
-            edit("obs/instr_tokens", lambda a: a.__setitem__((0, 1), CFG.vocab_size)),
+        "negative instr token": (setval("obs/instr_tokens", (0, 0), -1), "bad_array"),
+        "negative elem token": (setval("obs/elem_tokens", (n, 1, 2), -5), "bad_array"),
+        "instr token = vocab_size": (setval("obs/instr_tokens", (0, 1), vocab), "bad_array"),
+        "elem token = vocab_size": (setval("obs/elem_tokens", (1, 0, 0), vocab), "bad_array"),
+        "too many steps": (make_episode(np.random.default_rng(10), MAX_STEPS + 1), "bad_array"),
+        "zero steps": (
+            {
+                **BROKEN,
+                **{k: BROKEN[k][:0] for k in protocol.STEP_ARRAYS},
+                "obs": {k: v[:1] for k, v in BROKEN["obs"].items()},
+            },
             "bad_array",
         ),
-        "elem token = vocab_size": (
-            edit("obs/elem_tokens", lambda a: a.__setitem__((1, 0, 0), CFG.vocab_size)),
+        "task not str": (lambda task, a, steps, rows: task.__setitem__(-1, 5), "bad_field"),
+        "task list one long": (
+            lambda task, a, steps, rows: task.append("t"),
+            "bad_array",
+        ),  # [n] arrays disagree
+        "missing success": (replace("success", lambda x: None), "bad_field"),
+        "missing truncated": (replace("truncated", lambda x: None), "bad_field"),
+        "missing length": (replace("length", lambda x: None), "bad_field"),
+        "missing reward": (replace("reward", lambda x: None), "bad_field"),
+        "obs missing key": (replace("obs/elem_feats", lambda x: None), "bad_field"),
+        "obs key without its prefix": (
+            lambda task, a, steps, rows: a.__setitem__("elem_feats", a.pop("obs/elem_feats")),
+            "bad_field",
+        ),
+        "obs extra key": (
+            lambda task, a, steps, rows: a.__setitem__(
+                "obs/screenshot", np.zeros((len(a["obs/elem_mask"]), 2), np.uint8)
+            ),
+            "bad_field",
+        ),
+        "value without entropy": (
+            lambda task, a, steps, rows: a.__setitem__("value", a["reward"].copy()),
+            "bad_field",
+        ),
+        "estimates one step short": (
+            lambda task, a, steps, rows: a.update(
+                value=a["reward"][:-1].copy(), entropy=a["reward"][:-1] * 0
+            ),
             "bad_array",
         ),
-        "too many steps": (make_episode(rng, MAX_STEPS + 1), "bad_array"),
-        "missing task": (_set(ep, "task", None), "bad_field"),
-        "task not str": (_set(ep, "task", 5), "bad_field"),
-        "success int": (_set(ep, "success", 1), "bad_field"),
-        "truncated missing": (_set(ep, "truncated", None), "bad_field"),
-        "missing reward": (_set(ep, "reward", None), "bad_field"),
-        "reward as list": (_set(ep, "reward", [0.0] * n), "bad_field"),
-        "obs not a map": (_set(ep, "obs", [1]), "bad_field"),
-        "obs missing key": (_set(ep, "obs/elem_feats", None), "bad_field"),
-        "obs extra key": (_set(ep, "obs/screenshot", np.zeros((n + 1, 2), np.uint8)), "bad_field"),
+        "value NaN": (
+            lambda task, a, steps, rows: a.update(
+                value=np.where(np.arange(len(a["reward"])) == steps.start, np.float32(np.nan), a["reward"]),
+                entropy=a["reward"] * 0,
+            ),
+            "non_finite",
+        ),
+        "entropy negative": (
+            lambda task, a, steps, rows: a.update(
+                value=a["reward"].copy(),
+                entropy=np.where(
+                    np.arange(len(a["reward"])) == steps.stop - 1, np.float32(-1), a["reward"] * 0
+                ),
+            ),
+            "bad_array",
+        ),
     }
 
 
-BAD = _bad_episodes()
+BAD = _bad_batches()
+NAMES_THE_EPISODE = {
+    *(name for name, (_, code) in BAD.items() if code in ("non_finite", "future_version")),
+    *("action_type 7", "action_type -1", "element = max_elements", "element -1", "direction 4"),
+    *("word = max_instruction_tokens", "behavior_logp positive", "policy_version negative"),
+    *("negative instr token", "negative elem token", "instr token = vocab_size", "elem token = vocab_size"),
+    *("too many steps", "zero steps", "length 0", "length -1", "length over max_steps", "entropy negative"),
+}
+"""Range faults: their reason names the episode they are in."""
 
 
 @pytest.mark.parametrize("name", list(BAD))
 def test_validate_refuses(name):
-    ep, code = BAD[name]
-    good = make_episode(np.random.default_rng(6), 2)
-    for episodes in ([ep], [good, ep]):  # the fault is found in any position
+    change, code = BAD[name]
+    rng = np.random.default_rng(6)
+    good = [make_episode(rng, 2), make_episode(rng, 4)]
+    for position, others in ((0, []), (1, good[:1]), (1, good)):  # the fault is found in any position
+        broken = change if isinstance(change, dict) else BROKEN
+        episodes = [*others[:position], broken, *others[position:]]
+        if isinstance(change, dict):
+            msg = traj(*episodes)
+        else:
+            task, arrays = packed_columns(*episodes)
+            change(task, arrays, *spans([len(ep["reward"]) for ep in episodes], position))
+            msg = traj_of(task, arrays)
         with pytest.raises(ProtocolError) as e:
-            validate(via_wire(traj(*episodes)))
-        assert e.value.code in ((code,) if isinstance(code, str) else code), e.value
+            validate(via_wire(msg))
+        assert e.value.code == code, (position, e.value)
+        if name in NAMES_THE_EPISODE:
+            assert f"episode {position} " in e.value.reason, (position, e.value)
+
+
+def test_the_unchanged_batches_of_test_validate_refuses_are_valid():
+    """The near misses above break only what each case says."""
+    rng = np.random.default_rng(6)
+    good = [make_episode(rng, 2), make_episode(rng, 4)]
+    for position, others in ((0, []), (1, good[:1]), (1, good)):
+        episodes = [*others[:position], BROKEN, *others[position:]]
+        assert len(validate(via_wire(traj_of(*packed_columns(*episodes))))) == len(episodes)
+
+
+def test_unknown_arrays_outside_obs_are_ignored():
+    task, arrays = packed_columns(make_episode(np.random.default_rng(11), 2))
+    arrays["screenshot"] = np.zeros((2, 3), np.uint8)  # a field this side does not know (§3.1)
+    (ep,) = validate(via_wire(traj_of(task, arrays)))
+    assert set(ep.obs) == set(SPEC) and set(ep.steps) == set(protocol.STEP_ARRAYS)
 
 
 def test_validate_cuts_the_task_name():
@@ -677,18 +1137,55 @@ def test_validate_refuses_zero_step_episode():
     assert e.value.code == "bad_array"
 
 
-@pytest.mark.parametrize(
-    "episodes",
-    [None, "x", [], [1], [make_episode(np.random.default_rng(8), 1)] * (protocol.MAX_EPISODES_PER_BATCH + 1)],
-    ids=["missing", "str", "empty", "not a map", "too many"],
-)
-def test_validate_refuses_bad_episode_lists(episodes):
+def _malformed_episode_maps() -> dict[str, object]:
+    rng = np.random.default_rng(8)
+    good = protocol.pack_episodes([make_episode(rng, 1)])
+    return {
+        "missing": None,
+        "str": "x",
+        "empty list": [],
+        "list of ints": [1],
+        "a version 2 list of episode maps": [make_episode(rng, 1)],
+        "empty map": {},
+        "task not a list": {**good, "task": "toggle"},
+        "no task": {**good, "task": []},
+        "too many tasks": {**good, "task": ["t"] * (protocol.MAX_EPISODES_PER_BATCH + 1)},
+        "task of another type": {**good, "task": [b"toggle"]},
+        "task missing": {k: v for k, v in good.items() if k != "task"},
+        "arrays missing": {k: v for k, v in good.items() if k != "arrays"},
+        "arrays a map": {**good, "arrays": {"reward": good["arrays"][0]}},
+        "data missing": {k: v for k, v in good.items() if k != "data"},
+        "data a str": {**good, "data": "\0" * len(good["data"])},
+        "data a list": {**good, "data": list(bytes(good["data"]))},
+    }
+
+
+MALFORMED_EPISODES = _malformed_episode_maps()
+
+
+@pytest.mark.parametrize("name", list(MALFORMED_EPISODES))
+def test_validate_refuses_malformed_episode_maps(name):
     msg = protocol.message(protocol.TRAJ, actor_id=1, seq=1)
-    if episodes is not None:
-        msg["episodes"] = episodes
+    if MALFORMED_EPISODES[name] is not None:
+        msg["episodes"] = MALFORMED_EPISODES[name]
     with pytest.raises(ProtocolError) as e:
         validate(via_wire(msg))
-    assert e.value.code == "bad_field"
+    assert e.value.code == "bad_field", e.value
+
+
+def test_a_version_2_traj_is_refused_as_a_version():
+    """An older actor's TRAJ (episodes a list of maps of array ext values, v 2) never reaches validation."""
+    old = {
+        "v": 2,
+        "kind": "TRAJ",
+        "actor_id": 3,
+        "seq": 1,
+        "episodes": [make_episode(np.random.default_rng(9), 2)],
+    }
+    with pytest.raises(ProtocolError) as e:
+        protocol.parse(wire.encode(old))
+    assert e.value.code == "bad_version"
+    assert "speaks 3" in e.value.reason
 
 
 def test_require_never_takes_bool_for_int():
