@@ -1,0 +1,250 @@
+"""Nothing acknowledged is ever lost: a real learner process under load from two actors, killed with
+SIGKILL at 20 seeded random moments and restarted each time on the same run dir and ports.
+
+The actors are the test's side: threads speaking the protocol (docs/PROTOCOL.md §2) with the reference
+actor's delivery rules (keep every batch until its ACK or a WELCOME's `acked_upto` covers it, send it
+again under the same seq after every new handshake, join again on silence or a new run_id). Each
+episode has random content, so its digest names it. Half the kills land in the first seconds after
+the learner's sockets are up (start-up, recovery, compile), half after its train step is compiled
+(training, checkpoints). At the end the actors deliver what they still hold, the learner stops
+cleanly, and the test reads what a restart would: the newest complete checkpoint's replay plus the
+log's batches after it that its ledger lacks (read here by a slow reference, not by the learner's
+code). Every episode any ACK covered is there exactly once (the replay is big enough that training
+evicts nothing, and --max-policy-lag 0 drops nothing as stale), and no learner ever counted a batch
+lost.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+import signal
+import threading
+import time
+from collections import Counter, OrderedDict
+
+import numpy as np
+import pytest
+import zmq
+
+from benchmarks.ingest import random_arrays
+from common import featurize, protocol, wire
+from common.config import ModelConfig
+from learner.checkpoint import Checkpointer
+from learner.replay import PrioritizedReplay
+from learner.replay_file import load_replay
+from learner.wal import WriteAheadLog, unpack_batch
+from tests.conftest import START_S
+from tests.test_faults import FAST_LEARNER, free_ports, wait_for
+
+KILLS = 20
+MAX_STEPS = 8
+CAPACITY = 50_000
+WINDOW = 4
+"""Batches an actor keeps in flight (below the learner's credit of 8)."""
+RECOVERED = re.compile(r"write-ahead log: (\d+) batches \((\d+) episodes\)")
+
+
+def digest(obs: dict[str, np.ndarray], steps: dict[str, np.ndarray]) -> str:
+    """An episode's name: its content, without the policy versions (a restarted learner may cap those)."""
+    h = hashlib.blake2b(digest_size=16)
+    for name in sorted(obs):
+        h.update(np.ascontiguousarray(obs[name]).tobytes())
+    for name in ("action_type", "element", "word", "direction", "behavior_logp", "reward"):
+        h.update(np.ascontiguousarray(steps[name]).tobytes())
+    return h.hexdigest()
+
+
+class CrashActor(threading.Thread):
+    """An actor instance that keeps every batch until it is acknowledged, whatever the learner does."""
+
+    def __init__(self, index: int, ingest_port: int):
+        super().__init__(name=f"crash-actor-{index}", daemon=True)
+        self.instance, self.port = f"crash-actor-{index}", ingest_port
+        self.rng = np.random.default_rng(1000 + index)
+        self.unacked: OrderedDict[int, tuple[list[str], list[dict]]] = OrderedDict()
+        self.acked: list[str] = []
+        self.next_seq = 1
+        self.refused: Counter[str] = Counter()
+        self.sessions = 0
+        self.failure = ""
+        self.producing = threading.Event()
+        self.producing.set()
+        self.done = threading.Event()
+
+    def run(self) -> None:
+        ctx = zmq.Context()
+        try:
+            while not self.done.is_set():
+                self._session(ctx)
+        except Exception as e:  # surfaced by the test
+            self.failure = f"{type(e).__name__}: {e}"
+        finally:
+            ctx.destroy(0)
+
+    def settled(self) -> bool:
+        return not self.unacked
+
+    def _ack(self, seq: int) -> None:
+        hashes, _ = self.unacked.pop(seq)
+        self.acked.extend(hashes)
+
+    def _session(self, ctx: zmq.Context) -> None:
+        sock = ctx.socket(zmq.DEALER)
+        sock.setsockopt(zmq.LINGER, 0)
+        sock.connect(f"tcp://127.0.0.1:{self.port}")
+        try:
+            first_unacked = next(iter(self.unacked), self.next_seq)
+            sock.send(wire.encode(protocol.Hello(self.instance, 1, self.instance, first_unacked).to_msg()))
+            if not sock.poll(2000):
+                return  # Lazy Pirate: a new socket, HELLO again
+            msg = protocol.parse(sock.recv())
+            if msg["kind"] != protocol.WELCOME:
+                return
+            welcome = protocol.Welcome.from_msg(msg)
+            self.sessions += 1
+            for seq in [s for s in self.unacked if s <= welcome.acked_upto]:
+                self._ack(seq)
+            model, grant, actor_id = welcome.model, welcome.grant, welcome.actor_id
+            for seq, (_, episodes) in self.unacked.items():
+                sock.send(wire.encode(protocol.Traj(actor_id, seq, episodes).to_msg()))
+            heard = beat = time.monotonic()
+            while not self.done.is_set():
+                while self.producing.is_set() and self.next_seq <= grant and len(self.unacked) < WINDOW:
+                    self._send_new(sock, actor_id, model)
+                now = time.monotonic()
+                if now - beat > 1.0:
+                    sock.send(wire.encode(protocol.ActorHeartbeat(actor_id).to_msg()))
+                    beat = now
+                if not sock.poll(100):
+                    if time.monotonic() - heard > 3.0:
+                        return  # the learner is gone: join again
+                    continue
+                heard = time.monotonic()
+                msg = protocol.parse(sock.recv())
+                if msg["kind"] == protocol.ACK:
+                    ack = protocol.Ack.from_msg(msg)
+                    grant = max(grant, ack.grant)
+                    if ack.seq in self.unacked:
+                        self._ack(ack.seq)
+                elif msg["kind"] == protocol.HEARTBEAT:
+                    beat_msg = protocol.Heartbeat.from_msg(msg)
+                    if beat_msg.run_id != welcome.run_id:
+                        return  # a restarted learner
+                    grant = max(grant, beat_msg.grant)
+                elif msg["kind"] == protocol.ERROR:
+                    error = protocol.Error.from_msg(msg)
+                    self.refused[error.code] += 1
+                    if error.code not in ("not_welcomed", "no_credit", "unavailable"):
+                        raise AssertionError(f"the learner refused a valid batch: {error}")
+                    return  # join again and send everything held
+        finally:
+            sock.close(0)
+
+    def _send_new(self, sock: zmq.Socket, actor_id: int, model: ModelConfig) -> None:
+        episodes, hashes = [], []
+        for _ in range(2):
+            obs, steps = random_arrays(self.rng, model, int(self.rng.integers(1, MAX_STEPS + 1)))
+            hashes.append(digest(obs, steps))
+            episodes.append(
+                protocol.episode_fields("crash", bool(self.rng.random() < 0.5), False, obs, steps)
+            )
+        seq, self.next_seq = self.next_seq, self.next_seq + 1
+        self.unacked[seq] = (hashes, episodes)
+        sock.send(wire.encode(protocol.Traj(actor_id, seq, episodes).to_msg()))
+
+
+@pytest.mark.long
+@pytest.mark.timeout(1200)
+def test_twenty_kill9s_lose_no_acknowledged_episode(learner_process, tmp_path):
+    ingest, params = free_ports(2)
+    run_dir = tmp_path / "crashing"
+    args = (*FAST_LEARNER, "--checkpoint-every", "3", "--batch-size", "4", "--max-steps", str(MAX_STEPS))
+    args += ("--max-policy-lag", "0", "--replay-capacity", str(CAPACITY), "--actor-timeout", "5")
+    args += ("--ingest-port", str(ingest), "--params-port", str(params))
+    rng = np.random.default_rng(17)
+    actors = [CrashActor(i, ingest) for i in range(2)]
+    learners = []
+    try:
+        for actor in actors:
+            actor.start()
+        for kill in range(KILLS):
+            learner = learner_process(*args, run_dir=run_dir)  # returns once its sockets are bound
+            learners.append(learner)
+            if kill % 2:  # in training: updates, publishes, checkpoints
+                wait_for(
+                    lambda p=learner: "train step compiled" in p.log(), START_S, "the compiled step", 0.05
+                )
+            time.sleep(rng.uniform(0.0, 2.0))
+            learner.proc.send_signal(signal.SIGKILL)
+            learner.proc.wait()
+            assert not any(a.failure for a in actors), [a.failure for a in actors]
+        last = learner_process(*args, run_dir=run_dir)
+        learners.append(last)
+        for actor in actors:
+            actor.producing.clear()
+        wait_for(
+            lambda: all(a.settled() for a in actors), START_S, "the actors' held batches to be acknowledged"
+        )
+        assert last.stop() == 0, last.log()[-4000:]
+    finally:
+        for actor in actors:
+            actor.done.set()
+            actor.join(10)
+
+    assert not any(a.failure for a in actors), [a.failure for a in actors]
+    acked = Counter(h for a in actors for h in a.acked)
+    assert len(acked) == sum(len(a.acked) for a in actors), "an episode was acknowledged twice"
+    assert len(acked) > 100, f"too little load to mean anything: {len(acked)} episodes"
+
+    # Every learner process, killed or not, counted no batch lost in its restart.
+    lost = [m["batches_lost_in_restart"] for learner in learners for m in learner.metrics()]
+    assert lost and max(lost) == 0, Counter(lost)
+    recovered = [sum(int(b) for b, _ in RECOVERED.findall(learner.log())) for learner in learners]
+    assert sum(recovered) > 0, "no restart recovered anything from the log: the kills never hit unsaved data"
+
+    stored = Counter(digest(ep.obs, ep.steps) for ep in _what_a_restart_reads(run_dir))
+    twice = [h for h, n in stored.items() if n > 1]
+    assert not twice, f"{len(twice)} episodes are stored more than once"
+    missing = set(acked) - set(stored)
+    assert not missing, f"{len(missing)} of {len(acked)} acknowledged episodes are not in the replay"
+    assert set(stored) == set(acked), "the replay holds episodes no actor sent"
+    print(
+        f"{KILLS} kills: {len(acked)} episodes acknowledged, all in the final replay once; "
+        f"{sum(recovered)} batches recovered from the log over {len(learners)} starts; "
+        f"actor sessions {[a.sessions for a in actors]}, refusals {sum((a.refused for a in actors), Counter())}"
+    )
+
+
+def _what_a_restart_reads(run_dir) -> list[protocol.Episode]:
+    """The newest complete checkpoint's replay, then the log's batches after its position that its ledger
+    does not hold: the replay a learner started on `run_dir` now would have."""
+    model = ModelConfig.from_dict(json.loads((run_dir / "config.json").read_text())["model"])
+    ckpt = Checkpointer(run_dir / "checkpoints")
+    try:
+        update = ckpt.latest_update()
+        episodes: list[protocol.Episode] = []
+        stored: dict[str, tuple[int, set[int]]] = {}
+        start = 0
+        if update is not None:
+            replay: PrioritizedReplay = PrioritizedReplay(CAPACITY)
+            load_replay(ckpt.replay_path(update), replay, model, max_steps=MAX_STEPS)
+            assert replay.counts.get("evicted_fifo", 0) == 0 == replay.counts.get("dropped_stale", 0)
+            episodes = replay.items()
+            ledger = ckpt.restore_delivery(update)
+            stored = {k: (w, set(above)) for k, (w, above, _) in ledger["streams"].items()}
+            start = ledger["wal_next_lsn"]
+    finally:
+        ckpt.close()
+    wal = WriteAheadLog(run_dir / "wal", "os")
+    for record in wal.recover(start):
+        instance, seq, raw = unpack_batch(record.payload)
+        watermark, above = stored.setdefault(instance, (0, set()))
+        if seq <= watermark or seq in above:
+            continue
+        above.add(seq)
+        traj = protocol.Traj.from_msg(protocol.parse(raw))
+        episodes += traj.validate(featurize.feature_spec(model), MAX_STEPS, 2**31 - 1, model.vocab_size)
+    wal.close()
+    return episodes
