@@ -5,11 +5,21 @@ actors) -> compile the update while serving actors -> repeat:
     ask the schedule (learner/schedule.py) whether to stop, imitate or train
     take in messages: trajectories go into the prioritized replay, ACKed once stored
     when an update is ready: a batch (demonstrations, or sampled from the replay) -> one jitted,
-        sharded update (learner/trainer.py) -> refresh the sampled priorities -> publish a new
-        version when due (async: every few updates; sync: when the round's data is used up)
+        sharded update (learner/trainer.py) while serving actors -> refresh the sampled priorities ->
+        publish a new version when due (async: every few updates; sync: when the round's data is used
+        up) -> a checkpoint when due
     every few seconds: a metrics.jsonl line, the dashboards and the console
 until the time limit, the update limit, the success target, or Ctrl-C / SIGTERM; then save a checkpoint,
 write the last record, stop the local actors and close the sockets.
+
+Liveness: the main thread owns the sockets, the replay and the statistics. The compile, and each update
+from collating its batch to fetching its metrics, run on a helper thread while the main thread keeps
+serving (learner/trainer.py `run_while_serving`, `_serve_while_busy`), so actors are answered within about
+10 ms plus one poll however long a step takes. Still on the main thread, between polls: drawing a sample,
+publishing (the parameters' host copy and the PUB send) and a checkpoint save (Session.save: the training
+state, the replay file, the delivery ledger; 0.3 s for the default 2048-episode replay on a 2-core CPU,
+more for a larger one). Actors wait that long for replies, which is why --actor-timeout counts silence
+only once the learner has read what waited (learner/ingest.py).
 """
 
 from __future__ import annotations
@@ -21,11 +31,11 @@ import numpy as np
 from rich.console import Console
 
 from learner import multihost
-from learner.algorithm import step_mask
 from learner.augment import piece_table, rename_batch
 from learner.batch import Batch, collate
 from learner.config import LearnerConfig
 from learner.setup import Session, open_session
+from learner.trainer import StepResult, run_while_serving
 
 
 class _Stop:
@@ -98,25 +108,35 @@ def _train(s: Session, stop: _Stop) -> str:
 
 def _update(s: Session, imitation: bool) -> None:
     """One update: a batch of demonstrations (imitation) or from the replay, the jitted step, and the
-    sampled trajectories' new priorities (DPER); a non-finite update is skipped and counted."""
+    sampled trajectories' new priorities (DPER); a non-finite update is skipped and counted. The batch is
+    drawn here; a helper thread collates, renames and trains on it while this one keeps serving."""
     t0 = time.monotonic()
-    sample = None
+    sample, weights, keep = None, None, None
     if imitation:  # behavior cloning on demonstrations; actors keep acting meanwhile
         picks = s.trainer.demo_rng.integers(len(s.demos), size=s.trainer.local_batch)
-        batch = collate([s.demos[i] for i in picks], s.cfg.max_steps)
+        episodes = [s.demos[i] for i in picks]
         s.stats.totals["imitation_updates"] += 1
     else:
         sample = s.replay.sample(s.trainer.local_batch, s.trainer.version, progress=s.trainer.update)
-        batch = _replay_batch(s, sample.items, sample.weights)
+        episodes, weights = sample.items, sample.weights
+        keep = _instruction_filter(s, episodes)
+        _observe_lag(s, episodes)
         s.schedule.rl_updates += 1
-    result = s.trainer.step(_renamed(s, batch), imitation)
+
+    def update() -> StepResult:  # on the helper thread: reads the drawn episodes, changes only the Trainer
+        batch = collate(episodes, s.cfg.max_steps, weights)
+        if keep is not None:
+            batch = batch._replace(keep=keep)
+        return s.trainer.step(_renamed(s, batch), imitation)
+
+    result = run_while_serving(update, lambda: _serve_while_busy(s, log=False), "train")
     s.stats.train_metrics = result.metrics
     if result.skipped:
         s.stats.totals["skipped_nonfinite"] += 1
         s.console.print(f"learner: update {s.trainer.update} had a non-finite loss or gradient; skipped")
     elif result.priorities and sample is not None:
         p = result.priorities
-        s.replay.update_priorities(
+        s.replay.update_priorities(  # slots refilled during the step (their generation moved on) are skipped
             sample.indices,
             sample.generations,
             p["priority_delta"],
@@ -126,17 +146,21 @@ def _update(s: Session, imitation: bool) -> None:
     s.stats.timing["train_s"] += time.monotonic() - t0
 
 
-def _replay_batch(s: Session, episodes: list, weights: np.ndarray) -> Batch:
-    """A replay sample as a Batch: importance weights, the instruction-level filter (--instruction-filter)
-    on the actor loss, and the policy lag of its steps logged."""
-    batch = collate(episodes, s.cfg.max_steps, weights)
+def _instruction_filter(s: Session, episodes: list) -> np.ndarray | None:
+    """The instruction-level filter (--instruction-filter) on the actor loss: which episodes' tasks have a
+    recent success rate in range (Batch.keep); None without the filter."""
     bounds = s.cfg.loss.instruction_filter
-    if bounds is not None:
-        batch = batch._replace(keep=s.stats.tasks.keep([ep.task for ep in episodes], *bounds))
-        s.stats.totals["instruction_filtered"] += int((~batch.keep).sum())
-    mask = np.asarray(step_mask(batch.length, s.cfg.max_steps))
-    s.stats.observe_lag(s.trainer.version, batch.policy_version, mask)
-    return batch
+    if bounds is None:
+        return None
+    keep = s.stats.tasks.keep([ep.task for ep in episodes], *bounds)
+    s.stats.totals["instruction_filtered"] += int((~keep).sum())
+    return keep
+
+
+def _observe_lag(s: Session, episodes: list) -> None:
+    """The policy lag of a replay sample's steps, for the metrics."""
+    versions = np.concatenate([ep.steps["policy_version"] for ep in episodes])
+    s.stats.observe_lag(s.trainer.version, versions, np.ones(versions.shape, bool))
 
 
 def _renamed(s: Session, batch: Batch) -> Batch:
@@ -150,10 +174,18 @@ def _renamed(s: Session, batch: Batch) -> Batch:
     )
 
 
-def _serve_while_busy(s: Session) -> None:
-    """What the main thread does while a helper thread compiles: answer actors, log."""
-    s.server.poll(50)
-    s.log_if_due()
+def _serve_while_busy(s: Session, log: bool = True) -> None:
+    """What the main thread does while a helper thread compiles or trains (learner/trainer.py,
+    `run_while_serving`, which waits for it between calls): answer actors and take in their episodes
+    (into the replay; an update's sampled slots that get refilled meanwhile keep their new content's
+    priority), and log. Nothing here reads the parameters, which the step owns, or calls a collective
+    (the processes of a multi-host run serve different numbers of times). Its time counts as the
+    update's (train_s) or the compile's, not as ingest_s. During an update it does not log: train_s
+    grows by a whole update once it is done, so a record written during one would leave the update's
+    seconds out of its interval and give them all to the next (time/train_share above 1)."""
+    s.server.poll(0)
+    if log:
+        s.log_if_due()
 
 
 def _restore_handlers(handlers: dict) -> None:

@@ -10,10 +10,11 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+import sys
 import time
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
-from typing import Any
+from concurrent.futures import ThreadPoolExecutor, wait
+from typing import Any, TypeVar
 
 import jax
 import numpy as np
@@ -33,6 +34,44 @@ from learner.mesh import (
     param_specs,
 )
 from learner.train_step import make_optimizer
+
+R = TypeVar("R")
+
+SERVE_EVERY_S = 0.01
+"""While a helper thread compiles or trains, the caller's thread calls `serve()` after waiting at most this
+long for it: an actor's message waits at most this plus one `serve()` (and the end of the work is seen at
+once, not at the next serve)."""
+GIL_SWITCH_S = 0.0005
+"""Meanwhile the interpreter hands the GIL from one running thread to another waiting one after this
+long (Python's default: 5 ms). Each blocking call of `serve()` (a socket poll, a large numpy copy) gives
+the GIL up, and getting it back from a helper running Python (tracing and lowering a compile, the host
+side of a step) took up to the whole interval every time: a batch of episodes that takes 50 ms to store
+took up to 0.8 s during a compile."""
+
+
+def run_while_serving(fn: Callable[[], R], serve: Callable[[], None] | None, name: str = "busy") -> R:
+    """`fn()` on a helper thread while this thread calls `serve()` every SERVE_EVERY_S until it is done;
+    returns what it returned (or raises what it raised, once it is done). Without `serve`, `fn()` here.
+
+    The learner's sockets stay on its main thread (ZeroMQ sockets are not thread-safe), which keeps
+    answering handshakes and heartbeats and taking in episodes while `fn` compiles or trains. So `fn`
+    and `serve` must share nothing that either changes: `fn` changes only the Trainer (see `step`) and
+    reads nothing else that changes (a drawn batch's episodes do not change), `serve` owns the sockets,
+    the replay and the statistics. And `serve` must call no collective: with several learner processes
+    every process must issue the same collectives in the same order, and `serve` runs a different
+    number of times on each. While both threads run, the GIL changes hands more often (GIL_SWITCH_S)."""
+    if serve is None:
+        return fn()
+    switch = sys.getswitchinterval()
+    sys.setswitchinterval(min(switch, GIL_SWITCH_S))
+    try:
+        with ThreadPoolExecutor(1, thread_name_prefix=name) as pool:
+            future = pool.submit(fn)
+            while not wait([future], timeout=SERVE_EVERY_S).done:
+                serve()
+            return future.result()
+    finally:
+        sys.setswitchinterval(switch)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -101,10 +140,11 @@ class Trainer:
         """The frozen text encoder and its cache: its states are added to each batch on the host. None
         without an encoder, and with a fine-tuned one, which the policy runs inside the step."""
 
-    def compile(self, imitation: bool, serve: Callable[[], None]) -> float:
-        """Compile the update(s) ahead of data on a helper thread, calling `serve()` meanwhile (the learner
-        keeps answering handshakes and taking in data: a first compile can take longer than an actor
-        waits); the imitation update only when it will be used. Returns the seconds it took."""
+    def compile(self, imitation: bool, serve: Callable[[], None] | None = None) -> float:
+        """Compile the update(s) ahead of data on a helper thread, calling `serve()` meanwhile
+        (`run_while_serving`: the learner keeps answering handshakes and taking in data, a first compile
+        can take longer than an actor waits); the imitation update only when it will be used. Returns the
+        seconds it took."""
         t0 = time.monotonic()
         spec = featurize.input_spec(self.cfg.model) if self.text else featurize.feature_spec(self.cfg.model)
         sharding = batch_sharding(self.mesh)
@@ -122,23 +162,24 @@ class Trainer:
             )
             return rl, bc
 
-        with ThreadPoolExecutor(1, thread_name_prefix="compile") as pool:
-            compiling = pool.submit(compile_both)
-            while not compiling.done():
-                serve()
-            self._rl_step, self._imitation_step = compiling.result()
+        self._rl_step, self._imitation_step = run_while_serving(compile_both, serve, "compile")
         return time.monotonic() - t0
 
     def step(self, batch: Batch, imitation: bool) -> StepResult:
-        """One update on this process's rows of a batch (every process calls it together)."""
+        """One update on this process's rows of a batch (every process calls it together).
+
+        The learner calls it on a helper thread while its main thread keeps serving actors (learner/loop.py,
+        `run_while_serving`). The step is given (donated) the parameters and optimizer state, so nothing
+        may read them until it returns; the serving thread reads of the Trainer only the counts `update`
+        and `version`, and answers PARAM_REQ from the snapshot it published."""
         batch = self.with_text_states(batch, imitation)
         batch = multihost.global_batch(batch, batch_sharding(self.mesh), self.cfg.batch_size)
         step_fn = self._imitation_step if imitation else self._rl_step
         self.params, self.opt_state, metrics = step_fn(self.params, self.opt_state, batch)
+        self.update += 1  # with the parameters it counts, whatever happens next
         metrics = jax.device_get(multihost.host_copy(metrics))
         priorities = {k: metrics.pop(k)[self.rows] for k in list(metrics) if k.startswith("priority_")}
         skipped = bool(metrics.pop("skipped_nonfinite"))
-        self.update += 1
         return StepResult({k: float(v) for k, v in metrics.items()}, priorities, skipped)
 
     def with_text_states(self, batch: Batch, imitation: bool) -> Batch:

@@ -1,8 +1,10 @@
 """The learner forgets an actor only for the actor's own silence, never for its own busy spells.
 
-A learner compiling or taking a long step reads no messages for a while; the actor's heartbeats wait in
-the socket meanwhile. Those must count as heard once the learner reads them, however long the learner was
-away, while an actor that really went silent is still forgotten after `actor_timeout` of listening."""
+A learner that is busy on its main thread (a checkpoint save, a publish, a large batch sampled and
+collated; it compiles and trains on a helper thread while serving, tests/test_learner_liveness.py) reads
+no messages for a while; the actor's heartbeats wait in the socket meanwhile. Those must count as heard
+once the learner reads them, however long the learner was away, while an actor that really went silent is
+still forgotten after `actor_timeout` of listening."""
 
 from __future__ import annotations
 
@@ -62,7 +64,7 @@ def test_heartbeats_that_waited_while_the_learner_was_busy_keep_the_actor():
             sock.send(wire.encode(protocol.ActorHeartbeat(actor_id).to_msg()))
             beats += 1
             time.sleep(TIMEOUT_S / 5)
-        # Back from the long step, the loop logs (asks the count) before it polls: nobody is forgotten.
+        # Back from the long spell, the loop logs (asks the count) before it polls: nobody is forgotten.
         assert server.connected_actors() == 1
         server.poll(0)
         assert server.connected_actors() == 1, "an actor whose heartbeats waited in the socket was forgotten"
