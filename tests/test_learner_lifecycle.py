@@ -102,6 +102,7 @@ def test_restart_resumes_from_the_checkpoint(learner_process, tmp_path):
         (("--word-rename-rate", "1.5"), "--word-rename-rate must be in [0, 1], got 1.5"),
         (("--demo-update-every", "-1"), "--demo-update-every must be >= 0, got -1"),
         (("--actor-credit", "0"), "--actor-credit must be at least 1, got 0"),
+        (("--durability", "fsync", "--checkpoint-every", "0"), "--durability fsync needs checkpoints"),
         (("--curve-secret-key", "k.key_secret"), "--curve-secret-key and --curve-authorized go together"),
     ],
 )
