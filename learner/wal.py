@@ -107,26 +107,19 @@ def scan_segment(data: bytes, stats: Counter) -> tuple[list[Record], int]:
     pos, last_lsn = 0, -1
     while pos < len(data):
         header = _valid_header(data, pos)
-        if header is None:
-            nxt = _next_header(data, pos + 1)
-            if nxt is None:
-                return records, pos
-            stats["corrupt_records"] += 1
-            pos = nxt
-            continue
-        length, lsn, pcrc = header
-        end = pos + HEADER.size + length
-        payload = data[pos + HEADER.size : end]
-        if end > len(data) or zlib.crc32(payload) != pcrc or lsn <= last_lsn:
-            nxt = _next_header(data, pos + 1)
-            if nxt is None:
-                return records, pos
-            stats["corrupt_records"] += 1
-            pos = nxt
-            continue
-        records.append(Record(lsn, payload))
-        last_lsn = lsn
-        pos = end
+        if header is not None:
+            length, lsn, pcrc = header
+            end = pos + HEADER.size + length
+            payload = data[pos + HEADER.size : end]
+            if end <= len(data) and zlib.crc32(payload) == pcrc and lsn > last_lsn:
+                records.append(Record(lsn, payload))
+                last_lsn, pos = lsn, end
+                continue
+        nxt = _next_header(data, pos + 1)  # a damaged record: skip to the next valid header, if any
+        if nxt is None:
+            return records, pos
+        stats["corrupt_records"] += 1
+        pos = nxt
     return records, pos
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import atexit
 import json
 import os
+import resource
 import shutil
 import signal
 import subprocess
@@ -110,6 +111,21 @@ def learner_process(tmp_path):
     yield start
     for proc in started:
         proc.stop()
+
+
+@pytest.fixture
+def file_size_limit():
+    """Set this process's file size limit (RLIMIT_FSIZE): writes past it fail with EFBIG, a real write
+    error (what a full disk does to a writer), undone at teardown."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_FSIZE)
+    old_handler = signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+
+    def limit(nbytes: int | None) -> None:
+        resource.setrlimit(resource.RLIMIT_FSIZE, (soft if nbytes is None else nbytes, hard))
+
+    yield limit
+    resource.setrlimit(resource.RLIMIT_FSIZE, (soft, hard))
+    signal.signal(signal.SIGXFSZ, old_handler)
 
 
 def one_line(text: str) -> str:

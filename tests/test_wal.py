@@ -3,8 +3,6 @@ full disks, segment rolling and pruning. Every check reads the log back from rea
 
 from __future__ import annotations
 
-import resource
-import signal
 from collections import Counter
 from pathlib import Path
 
@@ -116,20 +114,6 @@ def test_fsync_mode_syncs_once_per_group(tmp_path):
     assert wal.stats["syncs"] == 3 and wal.stats["records"] == 15
     wal.close()
     assert len(_read(tmp_path)[0]) == 15
-
-
-@pytest.fixture
-def file_size_limit():
-    """Set the process's file size limit (RLIMIT_FSIZE): writes past it fail with EFBIG, a real write error."""
-    soft, hard = resource.getrlimit(resource.RLIMIT_FSIZE)
-    old_handler = signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
-
-    def limit(nbytes: int | None) -> None:
-        resource.setrlimit(resource.RLIMIT_FSIZE, (soft if nbytes is None else nbytes, hard))
-
-    yield limit
-    resource.setrlimit(resource.RLIMIT_FSIZE, (soft, hard))
-    signal.signal(signal.SIGXFSZ, old_handler)
 
 
 def test_a_failed_write_leaves_whole_records_and_writing_resumes(tmp_path, file_size_limit):

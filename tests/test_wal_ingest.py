@@ -9,8 +9,6 @@ limit, RLIMIT_FSIZE), not a mock."""
 from __future__ import annotations
 
 import copy
-import resource
-import signal
 import time
 
 import numpy as np
@@ -122,116 +120,99 @@ def _same_replay(a: PrioritizedReplay, b: PrioritizedReplay) -> None:
     assert state_a["counts"] == state_b["counts"]
 
 
+@pytest.fixture
+def world(tmp_path):
+    """Factories for learners on one log directory and actors, all closed at teardown."""
+
+    class World:
+        def __init__(self):
+            self.ctx, self.learners = zmq.Context(), []
+
+        def learner(self, durability: str, *checkpoint) -> _Learner:
+            self.learners.append(_Learner(tmp_path, durability, *checkpoint))
+            return self.learners[-1]
+
+        def actor(self, learner: _Learner, seed: int = 0) -> _Actor:
+            return _Actor(learner, self.ctx, seed=seed)
+
+    w = World()
+    yield w
+    for learner in w.learners:
+        learner.server.close()
+    w.ctx.destroy(0)
+
+
 @pytest.mark.parametrize("durability", ["os", "fsync"])
-def test_a_crashed_learner_recovers_every_acknowledged_batch_from_its_checkpoint_and_log(
-    tmp_path, durability
-):
-    ctx = zmq.Context()
-    first = _Learner(tmp_path, durability)
-    try:
-        actor = _Actor(first, ctx)
-        for _ in range(5):
-            assert actor.send()["kind"] == protocol.ACK
-        saved = first.checkpoint()
-        acked = 0
-        for i in range(9):
-            reply = actor.send(episodes=1 + i % 3)
-            assert reply["kind"] == protocol.ACK and reply["accepted"] == 1 + i % 3
-            acked += reply["accepted"]
-        assert first.server.wal.stats["records"] == 14
-        if durability == "fsync":
-            assert first.server.wal.stats["syncs"] == 14  # one batch per loop turn here: one sync each
-        # The learner dies here (no close, nothing flushed by Python); a new process starts from the checkpoint.
-        second = _Learner(tmp_path, durability, saved[0], saved[1], start_lsn=saved[2])
-        try:
-            assert second.recovered["batches"] == 9 and second.recovered["episodes"] == acked
-            assert second.recovered["skipped"] == 0 == second.recovered["unreadable"]
-            _same_replay(first.replay, second.replay)
-            assert _stored(second) == _stored(first)  # the grants are each process's own
-            assert second.server.wal.next_lsn == first.server.wal.next_lsn
-            # A batch the dead learner had stored comes again from the actor: acknowledged, stored once.
-            again = _Actor(second, ctx, seed=99)
-            assert again.grant >= 14
-            again.seq = 14
-            assert again.resend()["duplicate"] is True
-            assert len(second.replay) == len(first.replay)
-        finally:
-            second.server.close()
-    finally:
-        first.server.close()
-        ctx.destroy(0)
+def test_a_crashed_learner_recovers_every_acknowledged_batch_from_its_checkpoint_and_log(world, durability):
+    first = world.learner(durability)
+    actor = world.actor(first)
+    for _ in range(5):
+        assert actor.send()["kind"] == protocol.ACK
+    saved = first.checkpoint()
+    acked = 0
+    for i in range(9):
+        reply = actor.send(episodes=1 + i % 3)
+        assert reply["kind"] == protocol.ACK and reply["accepted"] == 1 + i % 3
+        acked += reply["accepted"]
+    assert first.server.wal.stats["records"] == 14
+    if durability == "fsync":
+        assert first.server.wal.stats["syncs"] == 14  # one batch per loop turn here: one sync each
+    # The learner dies here (no close, nothing flushed by Python); a new process starts from the checkpoint.
+    second = world.learner(durability, *saved)
+    assert second.recovered["batches"] == 9 and second.recovered["episodes"] == acked
+    assert second.recovered["skipped"] == 0 == second.recovered["unreadable"]
+    _same_replay(first.replay, second.replay)
+    assert _stored(second) == _stored(first)  # the grants are each process's own
+    assert second.server.wal.next_lsn == first.server.wal.next_lsn
+    # A batch the dead learner had stored comes again from the actor: acknowledged, stored once.
+    again = world.actor(second, seed=99)
+    assert again.grant >= 14
+    again.seq = 14
+    assert again.resend()["duplicate"] is True
+    assert len(second.replay) == len(first.replay)
 
 
-def test_a_log_record_already_in_the_checkpoint_is_skipped_on_recovery(tmp_path):
+def test_a_log_record_already_in_the_checkpoint_is_skipped_on_recovery(world):
     """The ledger decides: a record below the checkpoint's ledger (e.g. a checkpoint without a log position)
     is not stored twice."""
-    ctx = zmq.Context()
-    first = _Learner(tmp_path, "os")
-    try:
-        actor = _Actor(first, ctx)
-        for _ in range(4):
-            actor.send()
-        replay_state, ledger, _ = first.checkpoint()
-        second = _Learner(tmp_path, "os", replay_state, ledger, start_lsn=0)
-        try:
-            assert second.recovered["skipped"] == 4 and second.recovered["batches"] == 0
-            assert len(second.replay) == len(first.replay)
-        finally:
-            second.server.close()
-    finally:
-        first.server.close()
-        ctx.destroy(0)
-
-
-@pytest.fixture
-def file_size_limit():
-    soft, hard = resource.getrlimit(resource.RLIMIT_FSIZE)
-    old_handler = signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
-
-    def limit(nbytes: int | None) -> None:
-        resource.setrlimit(resource.RLIMIT_FSIZE, (soft if nbytes is None else nbytes, hard))
-
-    yield limit
-    resource.setrlimit(resource.RLIMIT_FSIZE, (soft, hard))
-    signal.signal(signal.SIGXFSZ, old_handler)
+    first = world.learner("os")
+    actor = world.actor(first)
+    for _ in range(4):
+        actor.send()
+    replay_state, ledger, _ = first.checkpoint()
+    second = world.learner("os", replay_state, ledger, 0)
+    assert second.recovered["skipped"] == 4 and second.recovered["batches"] == 0
+    assert len(second.replay) == len(first.replay)
 
 
 @pytest.mark.parametrize("durability", ["os", "fsync"])
 def test_a_full_disk_stops_acknowledging_and_writing_again_resumes(
-    tmp_path, durability, file_size_limit, monkeypatch
+    world, durability, file_size_limit, monkeypatch
 ):
     monkeypatch.setattr(ingest, "STORAGE_RETRY_S", 0.2)
-    ctx = zmq.Context()
-    learner = _Learner(tmp_path, durability)
-    try:
-        actor = _Actor(learner, ctx)
-        assert actor.send()["kind"] == protocol.ACK
-        stored = len(learner.replay)
-        size = sum(p.stat().st_size for _, p in learner.server.wal.segments())
-        file_size_limit(size + 10)  # the disk is "full": no further record fits
-        refused = actor.send()
-        assert refused["kind"] == protocol.ERROR and refused["code"] == "unavailable"
-        assert refused["seq"] == actor.seq  # the actor keeps that batch (actors/actor.py KEEP_ON_ERROR)
-        assert learner.server.rejected["unavailable"] == 1
-        assert len(learner.replay) == stored and not learner.server.ledger.stored("inst-a", actor.seq)
-        assert learner.server.storage_error
-        grant = learner.server.ledger.grant("inst-a", learner.server._open())
-        assert grant == actor.grant, "grants must not grow while nothing can be stored"
-        again = actor.resend()  # within the retry pause: refused without touching the disk
-        assert again["code"] == "unavailable" and learner.server.wal.stats["write_errors"] == 1
-        assert len(learner.logged) == 1 and "cannot write the log" in learner.logged[0]
-        file_size_limit(None)  # space again
-        time.sleep(0.25)
-        ack = actor.resend()
-        assert ack["kind"] == protocol.ACK and ack["accepted"] == 2 and not ack["duplicate"]
-        assert learner.server.storage_error == "" and "again" in learner.logged[-1]
-        assert len(learner.replay) == stored + 2
-        # What the log holds is exactly what was acknowledged: a restart recovers both batches once.
-        again = _Learner(tmp_path, durability)
-        try:
-            assert again.recovered["batches"] == 2 and again.server.wal.stats["corrupt_records"] == 0
-        finally:
-            again.server.close()
-    finally:
-        learner.server.close()
-        ctx.destroy(0)
+    learner = world.learner(durability)
+    actor = world.actor(learner)
+    assert actor.send()["kind"] == protocol.ACK
+    stored = len(learner.replay)
+    size = sum(p.stat().st_size for _, p in learner.server.wal.segments())
+    file_size_limit(size + 10)  # the disk is "full": no further record fits
+    refused = actor.send()
+    assert refused["kind"] == protocol.ERROR and refused["code"] == "unavailable"
+    assert refused["seq"] == actor.seq  # the actor keeps that batch (actors/actor.py KEEP_ON_ERROR)
+    assert learner.server.rejected["unavailable"] == 1
+    assert len(learner.replay) == stored and not learner.server.ledger.stored("inst-a", actor.seq)
+    assert learner.server.storage_error
+    grant = learner.server.ledger.grant("inst-a", learner.server._open())
+    assert grant == actor.grant, "grants must not grow while nothing can be stored"
+    again = actor.resend()  # within the retry pause: refused without touching the disk
+    assert again["code"] == "unavailable" and learner.server.wal.stats["write_errors"] == 1
+    assert len(learner.logged) == 1 and "cannot write the log" in learner.logged[0]
+    file_size_limit(None)  # space again
+    time.sleep(0.25)
+    ack = actor.resend()
+    assert ack["kind"] == protocol.ACK and ack["accepted"] == 2 and not ack["duplicate"]
+    assert learner.server.storage_error == "" and "again" in learner.logged[-1]
+    assert len(learner.replay) == stored + 2
+    # What the log holds is exactly what was acknowledged: a restart recovers both batches once.
+    restarted = world.learner(durability)
+    assert restarted.recovered["batches"] == 2 and restarted.server.wal.stats["corrupt_records"] == 0
