@@ -12,14 +12,14 @@ actors) -> compile the update while serving actors -> repeat:
 until the time limit, the update limit, the success target, or Ctrl-C / SIGTERM; then save a checkpoint,
 write the last record, stop the local actors and close the sockets.
 
-Liveness: the main thread owns the sockets, the replay and the statistics. The compile, and each update
-from collating its batch to fetching its metrics, run on a helper thread while the main thread keeps
-serving (learner/trainer.py `run_while_serving`, `_serve_while_busy`), so actors are answered within about
-10 ms plus one poll however long a step takes. Still on the main thread, between polls: drawing a sample,
-publishing (the parameters' host copy and the PUB send) and a checkpoint save (Session.save: the training
-state, the replay file, the delivery ledger; 0.3 s for the default 2048-episode replay on a 2-core CPU,
-more for a larger one). Actors wait that long for replies, which is why --actor-timeout counts silence
-only once the learner has read what waited (learner/ingest.py).
+Liveness: the main thread owns the sockets, the replay and the statistics. The compile, each update
+from collating its batch to fetching its metrics, and the host copy of each published snapshot run on a
+helper thread while the main thread keeps serving (learner/trainer.py `run_while_serving`,
+`_serve_while_busy`), so actors are answered within about 10 ms plus one poll however long a step takes.
+Still on the main thread, between polls: drawing a sample, the PUB send of a snapshot, and a checkpoint
+save (Session.save: the training state, the replay file, the delivery ledger; 0.3 s for the default
+2048-episode replay on a 2-core CPU, more for a larger one). Actors wait that long for replies, which is
+why --actor-timeout counts silence only once the learner has read what waited (learner/ingest.py).
 """
 
 from __future__ import annotations
@@ -89,7 +89,7 @@ def _train(s: Session, stop: _Stop) -> str:
         if round_done and not in_warmup and not can_train:
             # The round's data is used up (as much as --samples-per-insert allows): the next round
             # starts on a new version. Warm-up imitation happens before the first round ends.
-            s.publish()
+            s.publish(serve=lambda: _serve_while_busy(s, log=False))
             schedule.next_round()
             round_done = False
         ready = imitation or (can_train and (round_done or not schedule.sync))
@@ -100,7 +100,7 @@ def _train(s: Session, stop: _Stop) -> str:
         if ready:
             _update(s, imitation)
             if schedule.publishes_after(trainer.update):
-                s.publish()
+                s.publish(serve=lambda: _serve_while_busy(s, log=False))
             if s.checkpointer is not None and trainer.update % s.cfg.checkpoint_every == 0:
                 s.save()
         s.log_if_due()

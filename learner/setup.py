@@ -15,6 +15,7 @@ import os
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -40,7 +41,7 @@ from learner.replay import PrioritizedReplay, initial_priority_terms, oldest_ver
 from learner.run_stats import RunStats
 from learner.schedule import Schedule
 from learner.tensorboard import Dashboards, require_wandb
-from learner.trainer import Trainer
+from learner.trainer import Trainer, run_while_serving
 from learner.wal import WriteAheadLog
 
 
@@ -73,11 +74,13 @@ class Session:
     """The write-ahead log position of the newest checkpoint on disk: every record below it is in it."""
     _last_log: float = 0.0
 
-    def publish(self) -> None:
-        """A new policy version: its snapshot goes to every actor (and answers PARAM_REQ from now on)."""
+    def publish(self, serve: Callable[[], None] | None = None) -> None:
+        """A new policy version: its snapshot goes to every actor (and answers PARAM_REQ from now on). With
+        `serve`, the parameters' host copy (seconds for a large model) is made on a helper thread while
+        this one keeps serving; every process publishes at the same point, so its collectives line up."""
         t0 = time.monotonic()
         version = self.trainer.new_version()
-        self.server.publish(version, self.trainer.snapshot())
+        self.server.publish(version, run_while_serving(self.trainer.snapshot, serve, "publish"))
         self.stats.timing["publish_s"] += time.monotonic() - t0
 
     def save(self) -> None:

@@ -35,11 +35,12 @@ HEAVY = (
 exactly one batch, so every batch that arrives during an update refills slots it sampled."""
 ACTOR_TIMEOUT_S = 1.0
 """--actor-timeout: shorter than one update."""
-REPLY_BOUND_S = 0.75
-"""The longest any reply may take, and at most half an update: the learner polls every 10 ms while it
-compiles or trains (which includes collating the batch); between updates its main thread only draws a
-sample and publishes; the rest is slack for a machine shared with other work. A learner that trained on
-its main thread would keep a heartbeat sent as an update starts waiting for all of it."""
+REPLY_SHARE = 0.5
+"""The longest any reply may take, as a share of the measured update: the learner polls every 10 ms while
+it compiles, trains (collating the batch included) or copies a snapshot to the host; between updates its
+main thread only draws a sample and sends the snapshot. A ratio, not a fixed time, so a machine shared
+with other work (which slows the update as much as the replies) does not fail it; a learner that trained
+on its main thread keeps a heartbeat sent as an update starts waiting for all of it (a share near 1)."""
 BEAT_EVERY_S = 0.1
 TRAJ_EVERY_S = 1.0
 TRAJ_EPISODES = 32
@@ -155,7 +156,7 @@ def test_actors_are_answered_on_time_while_the_learner_compiles_and_trains(learn
     )
     print(summary)
     assert step_s > ACTOR_TIMEOUT_S, f"HEAVY is too light for this machine: {summary}"
-    bound = min(REPLY_BOUND_S, step_s / 2)
+    bound = REPLY_SHARE * step_s
     assert len(beats) >= UPDATES * step_s / (BEAT_EVERY_S + bound), summary
     assert beats.max() < bound and acks.max() < bound, summary
     assert actor.beat_sent is None and not actor.traj_sent, "a reply never came"
