@@ -77,6 +77,10 @@ class Checkpointer:
             "config": config,
             "features": _features(config["model"]),
         }
+        if state.update in self.manager.all_steps():
+            # Left by a learner killed before it wrote this checkpoint's ledger (so never resumed from):
+            # this run resumed from an older one and reached the same update again. Replace it.
+            self.manager.delete(state.update)
         self.manager.save(
             state.update,
             args=ocp.args.Composite(state=ocp.args.StandardSave(tree), meta=ocp.args.JsonSave(meta)),

@@ -336,7 +336,14 @@ def _restore(
     except ValueError as e:
         raise SystemExit(str(e)) from e
     try:
-        kept = checkpointer.restore_replay(trainer.update, replay, cfg.model, rank, max_steps=cfg.max_steps)
+        # A replay is resumed only with the ledger saved after it (a learner killed in between left it
+        # alone): without the ledger the write-ahead log, replayed from its start, would store it twice.
+        with_ledger = checkpointer.delivery_path(trainer.update, rank).is_file()
+        kept = (
+            checkpointer.restore_replay(trainer.update, replay, cfg.model, rank, max_steps=cfg.max_steps)
+            if with_ledger
+            else None
+        )
     except (OSError, ValueError) as e:
         raise SystemExit(f"cannot resume the replay: {e}") from e
     console.print(

@@ -24,7 +24,7 @@ def test_wire_benchmark_writes_json(tmp_path):
     report = json.loads(out.read_text())
     assert report["benchmark"] == "wire"
     payloads = {row["payload"]: row for row in report["rows"]}
-    assert set(payloads) == {"traj_batch", "params_snapshot"}
+    assert set(payloads) == {"traj_batch", "traj_batch_full", "params_snapshot"}
     for row in payloads.values():
         assert row["bytes"] > 0
         for key in ("encode_gbps", "decode_gbps", "memcpy_gbps"):

@@ -133,3 +133,32 @@ def test_replay_files_follow_their_checkpoints(tmp_path):
         reopened.restore_replay(4, empty, model_cfg)
     assert len(empty) == 0
     reopened.close()
+
+
+def test_a_checkpoint_a_killed_learner_left_without_its_ledger_is_skipped_then_replaced(tmp_path):
+    """Save order is checkpoint, replay, ledger: a learner killed before the ledger leaves a checkpoint
+    that is never resumed from; the run resumes from the one before and, reaching that update again,
+    replaces it instead of failing on a step that already exists."""
+    model_cfg = ModelConfig()
+    state = TrainState({"w": np.zeros(2, np.float32)}, {}, 0, 0, rng_state(np.random.default_rng()))
+    ckpt = Checkpointer(tmp_path / "ckpt")
+    ckpt.save(dataclasses.replace(state, update=3), {"model": model_cfg.to_dict()})
+    ckpt.save_replay(3, PrioritizedReplay(4), model_cfg, MAX_STEPS)
+    ckpt.save_delivery(3, {"credit": 8, "streams": {}})
+    ckpt.save(
+        dataclasses.replace(state, update=6, params={"w": np.ones(2, np.float32)}),
+        {"model": model_cfg.to_dict()},
+    )
+    ckpt.close()  # killed here: no replay, no ledger for update 6
+
+    resumed = Checkpointer(tmp_path / "ckpt")
+    assert resumed.latest_update() == 3
+    assert resumed.restore(state, model_cfg.to_dict()).update == 3
+    again = {"w": np.full(2, 7.0, np.float32)}
+    resumed.save(dataclasses.replace(state, update=6, params=again), {"model": model_cfg.to_dict()})
+    resumed.save_delivery(6, {"credit": 8, "streams": {}})
+    resumed.close()
+    reopened = Checkpointer(tmp_path / "ckpt")
+    assert reopened.latest_update() == 6
+    np.testing.assert_array_equal(reopened.restore(state, model_cfg.to_dict()).params["w"], again["w"])
+    reopened.close()
