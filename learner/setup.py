@@ -3,8 +3,9 @@
 open_session: join the other learner processes -> device mesh -> Trainer (model, optimizer, compiled
 updates) -> replay -> restore from the newest checkpoint (state, replay, delivery ledger) ->
 demonstrations -> ingest and params sockets -> the write-ahead log's batches after the checkpoint ->
-dashboards, config.json, endpoints.json -> publish the current version -> start the local actors. What only the machine can refuse (the mesh, key files, a
-checkpoint for another model, ports in use) stops the run here with one message naming the flag or file.
+dashboards, config.json, endpoints.json -> publish the current version -> start the local actors. What
+only the machine can refuse (the mesh, key files, a checkpoint for another model, ports in use) stops the
+run here with one message naming the flag or file.
 """
 
 from __future__ import annotations
