@@ -1,5 +1,6 @@
 """`python -m learner`: train from actors over ZeroMQ. Subcommands: `eval` evaluates a checkpoint, `keys`
-writes CURVE key pairs, `report` plots and summarizes runs from their metrics.jsonl (each has --help)."""
+writes CURVE key pairs, `report` plots and summarizes runs from their metrics.jsonl, `launch` places the
+learner and its actors on a running Ray cluster (each has --help)."""
 
 from __future__ import annotations
 
@@ -26,6 +27,10 @@ def main() -> None:
 
         report(tyro.cli(ReportConfig, args=sys.argv[2:], prog="python -m learner report"))
         return
+    if len(sys.argv) > 1 and sys.argv[1] == "launch":
+        from learner.launch import LaunchConfig, launch
+
+        sys.exit(launch(tyro.cli(LaunchConfig, args=sys.argv[2:], prog="python -m learner launch")))
     from learner.loop import run
 
     run(tyro.cli(LearnerConfig))
