@@ -4,14 +4,15 @@ SIGKILL at 20 seeded random moments and restarted each time on the same run dir 
 The actors are the test's side: threads speaking the protocol (docs/PROTOCOL.md §2) with the reference
 actor's delivery rules (keep every batch until its ACK or a WELCOME's `acked_upto` covers it, send it
 again under the same seq after every new handshake, join again on silence or a new run_id). Each
-episode has random content, so its digest names it. Half the kills land in the first seconds after
-the learner's sockets are up (start-up, recovery, compile), half after its train step is compiled
-(training, checkpoints). At the end the actors deliver what they still hold, the learner stops
-cleanly, and the test reads what a restart would: the newest complete checkpoint's replay plus the
-log's batches after it that its ledger lacks (read here by a slow reference, not by the learner's
-code). Every episode any ACK covered is there exactly once (the replay is big enough that training
-evicts nothing, and --max-policy-lag 0 drops nothing as stale), and no learner ever counted a batch
-lost.
+episode has random content, so its digest names it. Half the kills land in the first seconds after the
+learner's sockets are up (start-up, recovery, compile), half after its train step is compiled (training,
+checkpoints), and every fourth only once that learner has completed a checkpoint, so that restarts
+resume from a checkpoint's replay however slow the machine. At the end the actors deliver what they
+still hold, the learner stops cleanly, and the test reads what a restart would: the newest complete
+checkpoint's replay plus the log's batches after it that its ledger lacks (read here by a slow
+reference, not by the learner's code). Every episode any ACK covered is there exactly once (the replay
+is big enough that training evicts nothing, and --max-policy-lag 0 drops nothing as stale), and no
+learner ever counted a batch lost.
 """
 
 from __future__ import annotations
@@ -179,12 +180,15 @@ def test_twenty_kill9s_lose_no_acknowledged_episode(learner_process, tmp_path):
         for actor in actors:
             actor.start()
         for kill in range(KILLS):
+            before = _ledgers(run_dir)
             learner = learner_process(*args, run_dir=run_dir)  # returns once its sockets are bound
             learners.append(learner)
             if kill % 2:  # in training: updates, publishes, checkpoints
                 wait_for(
                     lambda p=learner: "train step compiled" in p.log(), START_S, "the compiled step", 0.05
                 )
+            if kill % 4 == 3:  # after a checkpoint this learner completed, however slow the machine
+                wait_for(lambda b=before: _ledgers(run_dir) - b, START_S, "a completed checkpoint", 0.05)
             time.sleep(rng.uniform(0.0, 2.0))
             learner.proc.send_signal(signal.SIGKILL)
             learner.proc.wait()
@@ -229,6 +233,11 @@ def test_twenty_kill9s_lose_no_acknowledged_episode(learner_process, tmp_path):
         f"{sum(r > 0 for r in resumed)} of them on a checkpoint's replay; "
         f"actor sessions {[a.sessions for a in actors]}, refusals {sum((a.refused for a in actors), Counter())}"
     )
+
+
+def _ledgers(run_dir) -> set[str]:
+    """The delivery ledgers in `run_dir`: one per complete checkpoint (the last file a save writes)."""
+    return {p.name for p in (run_dir / "checkpoints" / "replay").glob("*.delivery.json")}
 
 
 def _what_a_restart_reads(run_dir) -> list[protocol.Episode]:
