@@ -56,7 +56,7 @@ class LearnerConnection:
         self.curve = curve
         self.dealer: zmq.Socket | None = None
         self.sub = self.ctx.socket(zmq.SUB)
-        if curve is not None:
+        if curve is not None and not params_addr:  # a relay's local side is plain (actors/relay.py)
             curve.apply(self.sub)
         self.sub.setsockopt(zmq.LINGER, 0)
         self.sub.setsockopt(zmq.RCVHWM, 2)

@@ -203,3 +203,27 @@ def test_a_relay_with_keys_forwards_a_curve_learners_snapshots(learner_process, 
         local.term()
     with pytest.raises(SystemExit, match="--insecure"):
         Relay(RelayConfig(bind="0.0.0.0", port=0), log=lambda _line: None)
+
+
+def test_an_actor_with_keys_takes_snapshots_from_a_plain_local_relay(keys):
+    """The actor's SUB speaks CURVE only to the learner: a relay's local side (--params-endpoint) is plain,
+    and a CURVE handshake with it would never complete, so the actor would get no snapshot at all."""
+    from actors.connection import LearnerConnection
+
+    k = keys / "keys"
+    ctx = zmq.Context()
+    pub = ctx.socket(zmq.PUB)  # stands in for the relay's loopback side
+    pub.setsockopt(zmq.LINGER, 0)
+    port = pub.bind_to_random_port("tcp://127.0.0.1")
+    client = curve.CurveClient(k / "actor-0.key_secret", k / "learner.key")
+    conn = LearnerConnection("127.0.0.1", 1, 1, lambda _line: None, f"tcp://127.0.0.1:{port}", client)
+    try:
+        deadline = time.monotonic() + START_S
+        while not conn.sub.poll(50):  # a SUB gets only what is published after it has joined
+            pub.send(b"snapshot")
+            assert time.monotonic() < deadline, "the actor's SUB never joined the plain relay"
+        assert conn.sub.recv() == b"snapshot"
+    finally:
+        conn.close()
+        pub.close(0)
+        ctx.term()
