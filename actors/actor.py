@@ -75,6 +75,8 @@ class Actor:
         self.instance = uuid.uuid4().hex
         self.outbox = Outbox(cfg.max_pending_episodes, cfg.max_batch_episodes, cfg.when_blocked, self.stats)
         self._stop_reason = ""
+        self._hurry = False
+        """A second stop request: skip the flush."""
         self._rejoin = ""
         """Why the session ended (not_welcomed, a silent learner, an overdue ACK): handshake again."""
         self._run_id = ""
@@ -85,7 +87,12 @@ class Actor:
         """Environments built before joining (devices: booting takes minutes, a bad setup stops us first)."""
 
     def request_stop(self, reason: str) -> None:
-        self._stop_reason = reason
+        """Stop taking steps, then deliver what is held (up to --flush-timeout); a second request means
+        now (what is held is counted in episodes_unacked_at_exit)."""
+        if self._stop_reason:
+            self._hurry = True
+        else:
+            self._stop_reason = reason
 
     def _should_stop(self) -> bool:
         if not self._stop_reason and self.cfg.parent_pid and os.getppid() != self.cfg.parent_pid:
@@ -109,8 +116,8 @@ class Actor:
                 world = self._join(conn, welcome, world)
                 if world is not None:
                     self._loop(conn, world)  # returns on stop, or when the session must start again
-            if world is not None and self._stop_reason == "episode limit":
-                self._flush(conn, world)  # a signal means now: what is held is counted instead
+            if world is not None and not self._hurry:
+                self._flush(conn, world)
         finally:
             self.stats["episodes_unacked_at_exit"] = self.outbox.held()
             conn.close()
@@ -322,15 +329,16 @@ class Actor:
                 self.stats["send_queue_full"] += 1
 
     def _flush(self, conn: LearnerConnection, world: _World) -> None:
-        """After the episode limit, up to --flush-timeout seconds for the learner to acknowledge what is
-        held: still heartbeating, and joining again (a restarted learner too) when the session breaks."""
+        """On stop (episode limit, signal, parent gone), up to --flush-timeout seconds for the learner to
+        acknowledge what is held: still heartbeating, and joining again (a restarted learner too) when the
+        session breaks."""
         cfg = self.cfg
         deadline = time.monotonic() + cfg.flush_timeout
-        while self.outbox.held() and time.monotonic() < deadline:
+        while self.outbox.held() and time.monotonic() < deadline and not self._hurry:
             self._check_session(conn)
             if self._rejoin:
                 self.log(f"actor {conn.actor_id}: {self._rejoin}; joining again to deliver what is held")
-                welcome = self._handshake(conn, lambda: time.monotonic() >= deadline)
+                welcome = self._handshake(conn, lambda: time.monotonic() >= deadline or self._hurry)
                 if welcome is None:
                     break
                 self._join(conn, welcome, world)

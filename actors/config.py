@@ -78,7 +78,8 @@ class ActorConfig:
     max_batch_episodes: int = 32
     """Most episodes in one TRAJ message."""
     flush_timeout: float = 5.0
-    """On stop, seconds to wait for the learner to acknowledge what is still held."""
+    """On stop (--max-episodes reached, SIGINT/SIGTERM, parent gone), seconds to wait for the learner to
+    acknowledge what is still held; a second SIGINT/SIGTERM stops at once."""
     status_every: float = 10.0
     """Seconds between status lines on the console."""
     emulator: EmulatorModelConfig = field(default_factory=EmulatorModelConfig)

@@ -248,6 +248,43 @@ def test_killed_actor_is_forgotten_and_a_new_one_streams(learner_process, start_
     refusals_explained(final, a, b)
 
 
+# ---- 3b. an actor stopped with a signal ---------------------------------------------------------------
+HELD = re.compile(r"held ([1-9]\d*), faults")
+
+
+@pytest.mark.long
+@pytest.mark.timeout(900)
+def test_sigterm_delivers_what_is_held_and_a_second_signal_stops_at_once(learner_process, start_actor):
+    """A launcher or scheduler stops actors with SIGTERM: the first one still delivers what is held (up
+    to --flush-timeout), a second one means now and counts what is held as unacknowledged at exit. The
+    learner is frozen (SIGSTOP) while the signal arrives, so that the actor surely holds episodes."""
+    learner = learner_process(*FAST_LEARNER)
+    ingest, params = ports_of(learner)
+    results = []
+    for signals in (1, 2):
+        actor = start_actor(ingest, params, "--seed", str(10 + signals), "--flush-timeout", "120")
+        wait_for(
+            lambda a=actor: "acked" in a.log() and latest(learner).get("episodes", 0) > 0, START_S, "acks"
+        )
+        learner.proc.send_signal(signal.SIGSTOP)
+        try:
+            mark = len(actor.log())
+            wait_for(lambda a=actor, m=mark: HELD.search(a.log()[m:]), START_S, "episodes held by the actor")
+            for _ in range(signals):
+                actor.proc.send_signal(signal.SIGTERM)
+                time.sleep(0.5)
+        finally:
+            learner.proc.send_signal(signal.SIGCONT)
+        assert actor.wait(START_S) == 0, actor.log()
+        results.append(actor.result())
+    (reason, stats), (reason2, stats2) = results
+    assert reason == "SIGTERM", stats
+    assert_all_delivered(stats)  # the first signal delivered everything it held once the learner woke
+    assert reason2 == "SIGTERM" and stats2["episodes_unacked_at_exit"] > 0, stats2  # the second: at once
+    final = final_metrics(learner)
+    assert final["duplicates"] == 0 and final["batches_lost_in_restart"] == 0
+
+
 # ---- 4. the learner killed and restarted under a running actor -------------------------------------
 RESUMED = re.compile(
     r"resuming from the checkpoint at update (\d+) \(policy v(\d+)\), (?:(\d+) episodes|no saved)"
