@@ -16,28 +16,41 @@ output lines prefixed with its name, and:
 - on Ctrl-C or SIGTERM, stops the actors (SIGTERM: they flush what the learner has not acknowledged),
   then the learner, then leaves the cluster.
 
+With `--relays`, one `python -m actors relay` per actor host (pinned there, restarted like an actor)
+serves that host's actors their snapshots on loopback port `--relay-port`; the actors are then pinned
+to hosts by learner/launch_plan.py. With `--secure`, the launcher makes fresh CURVE key pairs (the
+learner's, and one per actor and relay) and hands each process only its own files, written 0600 on its
+node by learner/process_host.py.
+
 Delivery is unchanged: a restarted actor is a new actor process, which the learner's acks, resends and
 rejoin already cover. Needs Ray (`pip install -e '.[ray]'`) on every node, with this package installed
-in the same Python as the cluster's workers. Not built yet: CURVE keys (`--secure`) and per-host relays.
+in the same Python as the cluster's workers.
 """
 
 from __future__ import annotations
 
 import json
-import os
 import re
 import shlex
 import signal
 import socket
-import subprocess
-import sys
 import threading
 import time
+import uuid
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from common.curve import is_loopback
+from learner.launch_plan import (
+    ActorHost,
+    actor_hosts,
+    assign,
+    client_curve_flags,
+    curve_files,
+    learner_curve_flags,
+)
+from learner.process_host import ProcessHost, files_dir
 
 ACTOR_ENV = {
     "JAX_PLATFORMS": "cpu",
@@ -78,9 +91,19 @@ class LaunchConfig:
     run_dir: Path = Path("runs/ray")
     """The learner's run directory on the learner's node (relative paths: to this directory's absolute
     path, which must make sense on that node)."""
+    secure: bool = False
+    """Encrypt and authenticate all traffic with CURVE: the launcher makes a fresh key pair for the
+    learner and for every actor and relay, and each process gets its own files on its node (BUILD.md,
+    "Running on a cluster: Ray", says where the secret keys travel)."""
     insecure: bool = False
     """Pass --insecure to the learner: it then binds its node's LAN address without CURVE keys (anyone who
-    reaches its ports can send episodes). Needed on a multi-node cluster until --secure exists."""
+    reaches its ports can send episodes). Use --secure instead unless the network is yours alone."""
+    relays: bool = False
+    """Start one parameter relay (`python -m actors relay`) on each actor host, so the host's actors share
+    one network copy of each snapshot. Actors are then pinned to their host (a dead node's actors stay
+    down) and spread over the hosts by --actor-resource."""
+    relay_port: int = 7557
+    """Loopback port each relay serves its host's actors on (outside adb's 5037 and 5554-5682)."""
     max_restarts: int = 3
     """Times Ray restarts each actor process after it exits (or its node dies); then it stays down."""
     start_timeout: float = 600.0
@@ -97,6 +120,10 @@ class LaunchConfig:
             raise ValueError(
                 f"--actor-resource-per-actor must be positive, got {self.actor_resource_per_actor}"
             )
+        if self.secure and self.insecure:
+            raise ValueError("--secure and --insecure contradict each other: pick one")
+        if not 1 <= self.relay_port <= 65535:
+            raise ValueError(f"--relay-port must be in [1, 65535], got {self.relay_port}")
         if self.max_restarts < 0:
             raise ValueError(f"--max-restarts must be >= 0, got {self.max_restarts}")
         for name in ("start_timeout", "stop_grace", "connect_timeout"):
@@ -123,93 +150,6 @@ def parse_resources(items: tuple[str, ...]) -> dict[str, float]:
             raise ValueError(f"--learner-resources takes NAME=AMOUNT with a positive amount, got {item!r}")
         out[name] = value
     return out
-
-
-def _die_with_parent() -> None:
-    """In the child before exec (Linux): SIGTERM when the ProcessHost that started it dies."""
-    try:
-        import ctypes
-
-        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
-    except OSError:
-        pass
-
-
-class ProcessHost:
-    """One `python -m ...` subprocess on the node Ray placed this actor on; its output lines are queued
-    for the launcher. Made a Ray actor by `launch` (ray.remote), so Ray restarts it (a new subprocess)."""
-
-    def __init__(self, name: str, argv: list[str], env: dict[str, str], remove_first: list[str]):
-        import ray
-
-        self.name = name
-        self.node_ip = ray.util.get_node_ip_address()
-        self.node_id = ray.get_runtime_context().get_node_id()
-        self.restarted = ray.get_runtime_context().was_current_actor_reconstructed
-        for path in remove_first:  # a reused run dir: wait for this run's file, not the last one's
-            Path(path).unlink(missing_ok=True)
-        argv = [a.replace("{node_ip}", self.node_ip).replace("{pid}", str(os.getpid())) for a in argv]
-        self.argv = argv
-        self.lines: list[str] = []
-        self.cond = threading.Condition()
-        self.eof = False
-        self.proc = subprocess.Popen(
-            [sys.executable, *argv],
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            stdin=subprocess.DEVNULL,
-            env={**os.environ, **env, "PYTHONUNBUFFERED": "1"},
-            preexec_fn=_die_with_parent,
-        )
-        threading.Thread(target=self._read, daemon=True).start()
-
-    def _read(self) -> None:
-        assert self.proc.stdout is not None
-        for raw in self.proc.stdout:
-            with self.cond:
-                self.lines.append(raw.decode(errors="replace").rstrip("\n"))
-                self.cond.notify_all()
-        with self.cond:
-            self.eof = True
-            self.cond.notify_all()
-
-    def info(self) -> dict[str, Any]:
-        return {
-            "pid": self.proc.pid,
-            "node_ip": self.node_ip,
-            "node_id": self.node_id,
-            "restarted": self.restarted,
-        }
-
-    def drain(self, wait: float) -> tuple[list[str], int | None]:
-        """Output lines since the last call (waiting up to `wait` s for one), and the exit status once the
-        process has exited and all its output is in those lines (else None)."""
-        with self.cond:
-            if not self.lines and not self.eof:
-                self.cond.wait(wait)
-            lines, self.lines = self.lines, []
-            eof = self.eof
-        return lines, (self.proc.wait() if eof else None)
-
-    def read_text(self, path: str) -> str | None:
-        try:
-            return Path(path).read_text()
-        except OSError:
-            return None
-
-    def stop(self, grace: float) -> tuple[list[str], int]:
-        """SIGTERM, SIGKILL after `grace` s; the remaining output and the exit status."""
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-        try:
-            rc = self.proc.wait(timeout=grace)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            rc = self.proc.wait()
-        with self.cond:
-            self.cond.wait_for(lambda: self.eof, timeout=5)
-            lines, self.lines = self.lines, []
-        return lines, rc
 
 
 def _say(message: str) -> None:
@@ -277,6 +217,39 @@ def _options(resources: dict[str, float]) -> dict[str, Any]:
     return opts
 
 
+@dataclass(frozen=True)
+class _Plan:
+    """Decided before anything is placed: where actors go (with relays) and who gets which key files."""
+
+    launch_id: str
+    actor_hosts: list[ActorHost | None]
+    """Each actor's host when relays pin them; None: wherever Ray's SPREAD puts it."""
+    relay_hosts: list[ActorHost]
+    learner_files: dict[str, bytes]
+    client_files: dict[str, dict[str, bytes]]
+    """CURVE files by actor or relay name (empty without --secure)."""
+
+
+def _plan(ray: Any, cfg: LaunchConfig) -> _Plan:
+    hosts: list[ActorHost | None] = [None] * cfg.actors
+    relays: list[ActorHost] = []
+    if cfg.relays and cfg.actors:
+        try:
+            pinned = assign(
+                actor_hosts(ray.nodes(), cfg.actor_resource, cfg.actor_resource_per_actor), cfg.actors
+            )
+        except ValueError as e:
+            raise LaunchError(f"{e} ({cfg.actor_resource_per_actor:g} {cfg.actor_resource} each)") from None
+        hosts = list(pinned)
+        relays = list({h.node_id: h for h in pinned}.values())
+    learner_files: dict[str, bytes] = {}
+    client_files: dict[str, dict[str, bytes]] = {}
+    if cfg.secure:
+        names = [f"actor-{i}" for i in range(cfg.actors)] + [f"relay-{j}" for j in range(len(relays))]
+        learner_files, client_files = curve_files(names)
+    return _Plan(uuid.uuid4().hex[:12], hosts, relays, learner_files, client_files)
+
+
 class _Proc:
     """The launcher's view of one placed process."""
 
@@ -302,16 +275,18 @@ def launch(cfg: LaunchConfig) -> int:
     try:
         _connect(ray, cfg)
         _check_resources(ray.cluster_resources(), cfg)
+        plan = _plan(ray, cfg)
     except LaunchError as e:
         _say(str(e))
+        ray.shutdown()
         return 2
     try:
-        return _run(ray, cfg)
+        return _run(ray, cfg, plan)
     finally:
         ray.shutdown()
 
 
-def _run(ray: Any, cfg: LaunchConfig) -> int:
+def _run(ray: Any, cfg: LaunchConfig, plan: _Plan) -> int:
     started = time.monotonic()
     stop = threading.Event()
 
@@ -326,12 +301,18 @@ def _run(ray: Any, cfg: LaunchConfig) -> int:
     run_dir = cfg.run_dir.expanduser().absolute()
     learner_argv = [
         "-m", "learner", "--run-dir", str(run_dir), "--bind", "{node_ip}",
-        *(["--insecure"] if cfg.insecure else []), *shlex.split(cfg.learner_args),
+        *(["--insecure"] if cfg.insecure else []), *(learner_curve_flags() if cfg.secure else []),
+        *shlex.split(cfg.learner_args),
     ]  # fmt: skip
+    if cfg.secure:
+        _say(
+            f"CURVE: fresh key pairs for the learner and {len(plan.client_files)} actors/relays; each process's "
+            f"own keys are written to {files_dir(plan.launch_id, '<name>')} on its node, deleted when it stops"
+        )
     learner = _Proc(
         "learner",
         host_cls.options(max_restarts=0, **_options(parse_resources(cfg.learner_resources))).remote(
-            "learner", learner_argv, {}, [str(run_dir / "endpoints.json")]
+            "learner", learner_argv, {}, [str(run_dir / "endpoints.json")], plan.learner_files, plan.launch_id
         ),
     )
     procs = [learner]
@@ -343,10 +324,8 @@ def _run(ray: Any, cfg: LaunchConfig) -> int:
         _say(
             f"learner: pid {info['pid']} on {info['node_ip']} (node {info['node_id'][:8]}), run dir {run_dir}"
         )
-        if not is_loopback(info["node_ip"]) and not cfg.insecure:
-            _say(
-                "the learner's node is not on loopback: without --insecure (or, later, --secure) it refuses to bind"
-            )
+        if not is_loopback(info["node_ip"]) and not (cfg.insecure or cfg.secure):
+            _say("the learner's node is not on loopback: without --secure or --insecure it refuses to bind")
         endpoints = None
         deadline = time.monotonic() + cfg.start_timeout
         while endpoints is None and not stop.is_set():
@@ -372,20 +351,9 @@ def _run(ray: Any, cfg: LaunchConfig) -> int:
             f"learner ready after {time.monotonic() - started:.1f} s: ingest {host}:{endpoints['ingest_port']}, "
             f"params {host}:{endpoints['params_port']}"
         )
-        for i in range(cfg.actors):
-            argv = [
-                "-m", "actors", "--host", host,
-                "--ingest-port", str(endpoints["ingest_port"]), "--params-port", str(endpoints["params_port"]),
-                "--name", f"ray-actor-{i}", "--seed", str(i), "--parent-pid", "{pid}",
-                *shlex.split(cfg.actor_args),
-            ]  # fmt: skip
-            handle = host_cls.options(
-                num_cpus=0,
-                resources={cfg.actor_resource: cfg.actor_resource_per_actor},
-                scheduling_strategy="SPREAD",
-                max_restarts=cfg.max_restarts,
-            ).remote(f"actor-{i}", argv, ACTOR_ENV, [])
-            procs.append(_Proc(f"actor-{i}", handle))
+        relays = _start_relays(host_cls, cfg, plan, host, endpoints["params_port"])
+        actors = _start_actors(host_cls, cfg, plan, host, endpoints)
+        procs += relays + actors
         learner.waiting_info = False
         while not stop.is_set():
             for p in procs:
@@ -442,7 +410,7 @@ def _run(ray: Any, cfg: LaunchConfig) -> int:
                     learner.done = True
                     return status
                 _actor_exited(ray, p, rc, cfg)
-            if all(p.done for p in procs[1:]) and cfg.actors:
+            if all(p.done for p in actors) and cfg.actors:
                 _say("no actor is left running; stopping the learner")
                 return 1
         return status
@@ -455,6 +423,54 @@ def _run(ray: Any, cfg: LaunchConfig) -> int:
         _stop_all(ray, procs, cfg)
         for s, handler in old.items():
             signal.signal(s, handler)
+
+
+def _start_relays(host_cls: Any, cfg: LaunchConfig, plan: _Plan, host: str, params_port: int) -> list[_Proc]:
+    """One relay per actor host, pinned to it, subscribed to the learner at `host`."""
+    out = []
+    for j, node in enumerate(plan.relay_hosts):
+        name = f"relay-{j}"
+        argv = [
+            "-m", "actors", "relay", "--host", host, "--params-port", str(params_port),
+            "--port", str(cfg.relay_port), "--status-every", "10",
+            *(client_curve_flags() if cfg.secure else []),
+        ]  # fmt: skip
+        handle = host_cls.options(
+            num_cpus=0,
+            scheduling_strategy=_pinned(node.node_id),
+            max_restarts=cfg.max_restarts,
+        ).remote(name, argv, {}, [], plan.client_files.get(name), plan.launch_id)
+        out.append(_Proc(name, handle))
+    return out
+
+
+def _start_actors(host_cls: Any, cfg: LaunchConfig, plan: _Plan, host: str, endpoints: dict) -> list[_Proc]:
+    """N actors on nodes with the actor resource: pinned beside their host's relay, or spread by Ray."""
+    out = []
+    for i, node in enumerate(plan.actor_hosts):
+        name = f"actor-{i}"
+        argv = [
+            "-m", "actors", "--host", host,
+            "--ingest-port", str(endpoints["ingest_port"]), "--params-port", str(endpoints["params_port"]),
+            "--name", f"ray-actor-{i}", "--seed", str(i), "--parent-pid", "{pid}",
+            *(["--params-endpoint", f"tcp://127.0.0.1:{cfg.relay_port}"] if node is not None else []),
+            *(client_curve_flags() if cfg.secure else []),
+            *shlex.split(cfg.actor_args),
+        ]  # fmt: skip
+        handle = host_cls.options(
+            num_cpus=0,
+            resources={cfg.actor_resource: cfg.actor_resource_per_actor},
+            scheduling_strategy="SPREAD" if node is None else _pinned(node.node_id),
+            max_restarts=cfg.max_restarts,
+        ).remote(name, argv, ACTOR_ENV, [], plan.client_files.get(name), plan.launch_id)
+        out.append(_Proc(name, handle))
+    return out
+
+
+def _pinned(node_id: str) -> Any:
+    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+    return NodeAffinitySchedulingStrategy(node_id=node_id, soft=False)
 
 
 def _actor_exited(ray: Any, p: _Proc, rc: int, cfg: LaunchConfig) -> None:

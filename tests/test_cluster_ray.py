@@ -1,10 +1,16 @@
 """`python -m learner launch` on a real local Ray cluster: two nodes on this machine, the head with a
 `learner` resource, the other with `{"emulator": 2}`. The learner and two actors are placed on the right
-nodes and train; an actor process killed with SIGKILL is restarted by Ray and trains again; a missing
-resource or no cluster gets one clear message. Skipped where Ray is not installed (`pip install -e '.[ray]'`)."""
+nodes and train; an actor process killed with SIGKILL is restarted by Ray and trains again, and no
+acknowledged episode is lost (the learner stored every episode every actor process was told was
+acknowledged, once); with --secure and --relays the traffic is CURVE-only, snapshots reach the actors
+through their host's relay, and each process's keys exist only while it runs; a missing resource or no
+cluster gets one clear message. Skipped where Ray is not installed (`pip install -e '.[ray]'`, which
+`.ci/run` does)."""
 
 from __future__ import annotations
 
+import ast
+import json
 import os
 import re
 import signal
@@ -16,8 +22,11 @@ import time
 from pathlib import Path
 
 import pytest
+import zmq
 
+from common import protocol, wire
 from tests.conftest import ACTOR_ENV, ROOT, START_S
+from tests.test_faults import assert_all_delivered, free_ports
 
 # Every Ray process of these tests (this one's, the cluster's nodes, the launcher it starts) takes
 # 127.0.0.1 as its node address instead of this machine's LAN address: Ray reads this variable when it is
@@ -32,7 +41,9 @@ LEARNER_ARGS = (
     "--env standin --warmup-updates 0 --max-steps 8 --samples-per-insert 1 --model.text-encoder none "
     "--ingest-port 0 --params-port 0 --log-every 1 --console lines --no-tensorboard"
 )
-ACTOR_ARGS = "--env standin --num-envs 2 --status-every 2"
+ACTOR_ARGS = "--env standin --num-envs 2 --status-every 1"
+STOPPED = re.compile(r"^\[(actor-\d)\] actor: stopped \((.+?)\); (\{.*\})$")
+ACKED = re.compile(r"^\[(actor-\d)\] actor \S+: policy v\d+, .* acked (\d+),")
 
 
 @pytest.fixture(scope="module")
@@ -141,6 +152,7 @@ def test_learner_and_actors_train_on_their_nodes_and_a_killed_actor_restarts(clu
         first_s = time.monotonic() - t0
         assert any(line.startswith("[actor-1] ") for line in launcher.lines), launcher.output()
 
+        launcher.wait_for(r"^\[actor-0\] actor \S+: policy v\d+, .* acked [1-9]")  # it has something to lose
         mark = len(launcher.lines)
         os.kill(actor_pids[0], signal.SIGKILL)
         launcher.wait_for(
@@ -151,6 +163,11 @@ def test_learner_and_actors_train_on_their_nodes_and_a_killed_actor_restarts(clu
         )
         assert worker_id.startswith(m.group(2)) and int(m.group(1)) != actor_pids[0]
         pids.append(int(m.group(1)))
+        # What the killed process was told was acknowledged, as far as its last status line says.
+        killed_acked = max(
+            (int(a[2]) for line in launcher.lines[:mark] if (a := ACKED.match(line)) and a[1] == "actor-0"),
+            default=0,
+        )
         restarted = time.monotonic()
         # The restarted process trains: its own status line counts acknowledged episodes.
         launcher.wait_for(r"^\[actor-0\] .*acked [1-9]", start=mark)
@@ -164,6 +181,76 @@ def test_learner_and_actors_train_on_their_nodes_and_a_killed_actor_restarts(clu
     while any(alive(p) for p in pids) and time.monotonic() < deadline:
         time.sleep(0.5)
     assert not [p for p in pids if alive(p)], launcher.output()
+
+    # Zero acknowledged episodes lost: the two processes that ran to the end (actor-1, actor-0's restart)
+    # delivered everything they finished, and the learner stored at least that plus what the killed one
+    # was told, each once.
+    finals = {m[1]: ast.literal_eval(m[3]) for line in launcher.lines if (m := STOPPED.match(line))}
+    assert set(finals) == {"actor-0", "actor-1"}, launcher.output()
+    for stats in finals.values():
+        assert_all_delivered(stats)
+    assert killed_acked > 0, "the killed actor had nothing acknowledged: the kill tested nothing"
+    final = learner_final_metrics(tmp_path / "run")
+    assert final["duplicates"] == 0 and final["batches_lost_in_restart"] == 0, final
+    acked = killed_acked + sum(s["episodes_acked"] for s in finals.values())
+    assert final["episodes"] >= acked, (final["episodes"], killed_acked, finals)
+
+
+def learner_final_metrics(run_dir: Path) -> dict:
+    """The metrics line the learner writes as it stops."""
+    lines = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines() if line]
+    assert lines and "stopped" in lines[-1], lines[-1:]
+    return lines[-1]
+
+
+@pytest.mark.long
+def test_secure_launch_with_relays_keeps_keys_private_and_feeds_actors_through_the_relay(cluster, tmp_path):
+    c, _, worker_id = cluster
+    (relay_port,) = free_ports(1)
+    launcher = Launcher(
+        *("--address", c.address, "--actors", "2", "--learner-resources", "learner=1"),
+        *("--run-dir", str(tmp_path / "run"), "--secure", "--relays", "--relay-port", str(relay_port)),
+        f"--learner-args={LEARNER_ARGS}",
+        f"--actor-args={ACTOR_ARGS}",
+    )
+    try:
+        keys = Path(launcher.wait_for(r"launch: CURVE: .* written to (\S+)/<name> on its node")[1])
+        relay = launcher.wait_for(r"launch: relay-0: pid \d+ on \S+ \(node (\w+)\)")
+        assert worker_id.startswith(relay[1]), launcher.output()
+        ingest = launcher.wait_for(r"launch: learner ready after .* ingest (\S+):(\d+)")
+        launcher.wait_for(r"launch: first episodes acknowledged")
+        for i in range(2):  # snapshots came through the relay: the actors moved past the first policy
+            launcher.wait_for(rf"^\[actor-{i}\] actor \S+: policy v[1-9]")
+        for name, secret in (("learner", "learner.key_secret"), ("actor-0", "client.key_secret")):
+            path = keys / name / secret
+            assert path.stat().st_mode & 0o077 == 0 and (keys / name).stat().st_mode & 0o077 == 0, path
+        assert not plain_peer_is_answered(ingest[1], int(ingest[2])), (
+            "the learner answered a peer without keys"
+        )
+    finally:
+        rc = launcher.stop()
+    assert rc == 0, launcher.output()
+    out = launcher.output()
+    forwarded = [int(m[1]) for m in re.finditer(r"^\[relay-0\] relay: (\d+) snapshots forwarded", out, re.M)]
+    assert forwarded and forwarded[-1] >= 1, out
+    assert "launch: relay-0: stopped (status 0)" in out, out
+    assert not keys.exists(), f"{keys} outlived the run: secret keys left on the node"
+
+
+def plain_peer_is_answered(host: str, port: int) -> bool:
+    """True when a HELLO without CURVE keys gets any reply from the learner within a few seconds."""
+    ctx = zmq.Context()
+    sock = ctx.socket(zmq.DEALER)
+    sock.setsockopt(zmq.LINGER, 0)
+    try:
+        sock.connect(f"tcp://{host}:{port}")
+        sock.send(wire.encode(protocol.Hello("stranger", 1, "stranger", 1).to_msg()), flags=zmq.NOBLOCK)
+        return bool(sock.poll(3000))
+    except zmq.Again:
+        return False  # not even connected: no handshake completed
+    finally:
+        sock.close(0)
+        ctx.term()
 
 
 @pytest.mark.parametrize(
