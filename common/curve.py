@@ -10,6 +10,7 @@ during the handshake, before any message reaches the learner. Key files are the 
 from __future__ import annotations
 
 import ipaddress
+import os
 import shutil
 import socket
 from dataclasses import dataclass
@@ -100,6 +101,7 @@ def generate(directory: Path, actors: int) -> list[Path]:
         if (directory / f"{name}.key_secret").exists():
             raise CurveError(f"{directory / name}.key_secret exists already; not overwriting keys")
         public, secret = zmq.auth.create_certificates(str(directory), name)
+        os.chmod(secret, 0o600)  # pyzmq writes it with the umask's mode, often readable by everyone
         written += [Path(public), Path(secret)]
         if name != "learner":
             shutil.copy(public, authorized / Path(public).name)

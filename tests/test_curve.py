@@ -227,3 +227,10 @@ def test_an_actor_with_keys_takes_snapshots_from_a_plain_local_relay(keys):
         conn.close()
         pub.close(0)
         ctx.term()
+
+
+def test_secret_keys_are_written_for_their_owner_only(tmp_path):
+    for path in curve.generate(tmp_path / "keys", actors=2):
+        mode = path.stat().st_mode & 0o777
+        if path.name.endswith(".key_secret"):
+            assert mode == 0o600, (path, oct(mode))
