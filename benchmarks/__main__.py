@@ -22,6 +22,7 @@ BENCHMARKS = {
     "final_success": "benchmarks.final_success",
     "ablation": "benchmarks.ablation",
     "text_encoder": "benchmarks.text_encoder",
+    "ray_launch": "benchmarks.ray_launch",
 }
 
 

@@ -143,9 +143,10 @@ def pytest_collection_modifyitems(config, items):
     items.sort(key=lambda item: item.get_closest_marker("long") is None)
 
 
-ONE_WORKER_MODULES = ("tests/test_mesh.py", "tests/test_fuzz_ingest.py")
+ONE_WORKER_MODULES = ("tests/test_mesh.py", "tests/test_fuzz_ingest.py", "tests/test_cluster_ray.py")
 """Modules whose tests share a module-scoped fixture (the mesh checks compile for half a minute; the
-fuzz world's second test reads what the first did), so all their tests run on one xdist worker."""
+fuzz world's second test reads what the first did; the Ray tests share one local cluster), so all their
+tests run on one xdist worker."""
 
 
 @pytest.hookimpl(optionalhook=True)  # an xdist hook: no error where xdist is not installed

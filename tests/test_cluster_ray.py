@@ -34,7 +34,7 @@ from tests.test_faults import assert_all_delivered, free_ports
 # leaves the machine.
 os.environ["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = "0"
 
-ray = pytest.importorskip("ray", reason="Ray is not installed: pip install -e '.[ray]' runs these tests")
+ray = pytest.importorskip("ray", reason="Ray is not installed: pip install -e '.[test]' (or '.[ray]') installs it")
 cluster_utils = pytest.importorskip("ray.cluster_utils", reason="this Ray has no ray.cluster_utils")
 
 LEARNER_ARGS = (
