@@ -504,17 +504,20 @@ def _actor_unavailable(p: _Proc, cfg: LaunchConfig) -> None:
 
 
 def _stop_all(ray: Any, procs: list[_Proc], cfg: LaunchConfig) -> None:
-    """Actors first (they flush to the learner), then the learner; then their Ray actors."""
+    """Actors and relays first (actors flush to the learner), then the learner; then their Ray actors.
+    Processes that already exited are asked too, so that their hosts delete their key files."""
     for group in (procs[1:], procs[:1]):
-        calls = {p.name: p.handle.stop.remote(cfg.stop_grace) for p in group if not p.done}
-        for name, ref in calls.items():
+        calls = [(p, p.handle.stop.remote(cfg.stop_grace)) for p in group]
+        for p, ref in calls:
             try:
                 lines, rc = ray.get(ref, timeout=cfg.stop_grace + 15)
             except Exception as e:  # its Ray actor is gone or stuck: killed below
-                _say(f"{name}: could not stop it cleanly ({type(e).__name__})")
+                if not p.done:
+                    _say(f"{p.name}: could not stop it cleanly ({type(e).__name__})")
                 continue
-            _print(name, lines)
-            _say(f"{name}: stopped (status {rc})")
+            _print(p.name, lines)
+            if not p.done:
+                _say(f"{p.name}: stopped (status {rc})")
     for p in procs:
         ray.kill(p.handle, no_restart=True)
 

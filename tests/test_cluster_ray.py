@@ -34,7 +34,9 @@ from tests.test_faults import assert_all_delivered, free_ports
 # leaves the machine.
 os.environ["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = "0"
 
-ray = pytest.importorskip("ray", reason="Ray is not installed: pip install -e '.[test]' (or '.[ray]') installs it")
+ray = pytest.importorskip(
+    "ray", reason="Ray is not installed: pip install -e '.[test]' (or '.[ray]') installs it"
+)
 cluster_utils = pytest.importorskip("ray.cluster_utils", reason="this Ray has no ray.cluster_utils")
 
 LEARNER_ARGS = (
@@ -204,7 +206,9 @@ def learner_final_metrics(run_dir: Path) -> dict:
 
 
 @pytest.mark.long
-def test_secure_launch_with_relays_keeps_keys_private_and_feeds_actors_through_the_relay(cluster, tmp_path):
+def test_secure_launch_with_relays_keeps_keys_private_feeds_actors_through_the_relay_and_reports_a_dead_learner(
+    cluster, tmp_path
+):
     c, _, worker_id = cluster
     (relay_port,) = free_ports(1)
     launcher = Launcher(
@@ -215,6 +219,7 @@ def test_secure_launch_with_relays_keeps_keys_private_and_feeds_actors_through_t
     )
     try:
         keys = Path(launcher.wait_for(r"launch: CURVE: .* written to (\S+)/<name> on its node")[1])
+        learner_pid = int(launcher.wait_for(r"launch: learner: pid (\d+) on")[1])
         relay = launcher.wait_for(r"launch: relay-0: pid \d+ on \S+ \(node (\w+)\)")
         assert worker_id.startswith(relay[1]), launcher.output()
         ingest = launcher.wait_for(r"launch: learner ready after .* ingest (\S+):(\d+)")
@@ -227,10 +232,13 @@ def test_secure_launch_with_relays_keeps_keys_private_and_feeds_actors_through_t
         assert not plain_peer_is_answered(ingest[1], int(ingest[2])), (
             "the learner answered a peer without keys"
         )
+        os.kill(learner_pid, signal.SIGKILL)  # the launcher must say so and stop the rest by itself
+        rc = launcher.proc.wait(timeout=START_S)
     finally:
-        rc = launcher.stop()
-    assert rc == 0, launcher.output()
+        launcher.stop()
+    assert rc == 1, launcher.output()
     out = launcher.output()
+    assert "launch: the learner died with status -9 on its node; stopping the actors" in out, out
     forwarded = [int(m[1]) for m in re.finditer(r"^\[relay-0\] relay: (\d+) snapshots forwarded", out, re.M)]
     assert forwarded and forwarded[-1] >= 1, out
     assert "launch: relay-0: stopped (status 0)" in out, out
