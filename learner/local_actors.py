@@ -40,6 +40,8 @@ class LocalActors:
                 "--seed", str(seed * 1000 + i),
                 "--name", f"local-{i}",
                 "--parent-pid", str(os.getpid()),
+                # The learner stops them after its last record: nothing they could flush then is stored.
+                "--flush-timeout", "0",
                 *extra_args,
             ]  # fmt: skip
             self.procs.append(subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env))
