@@ -1,8 +1,9 @@
 """A fake adb server speaking the adb host protocol, so the unmodified adbutils client can be tested offline.
 
-It serves scripted phones: screens (uiautomator XML + PNG) linked by tap targets, a tiny file system
-for `uiautomator dump` and `sync:` pulls, a settings table, and fault switches for what real devices do
-wrong (vanish, hang, truncate, answer garbage, fail commands).
+It serves scripted phones (tests/fake_screens.py, shared with the fake device of tests/fake_adbd.py):
+screens (uiautomator XML + PNG) linked by tap targets, a tiny file system for `uiautomator dump` and
+`sync:` pulls, a settings table, and fault switches for what real devices do wrong (vanish, hang,
+truncate, answer garbage, fail commands).
 
 It also discovers emulators the way the real adb server does, by probing their adb port (console port
 + 1): tests/fake_emulator.py answers there with one status line, and while it does, `emulator-P` is
@@ -13,16 +14,26 @@ from __future__ import annotations
 
 import contextlib
 import itertools
-import shlex
 import socket
 import socketserver
 import struct
 import threading
-import zlib
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
-DUMP_PATH = "/sdcard/window_dump.xml"
+from tests.fake_screens import DUMP_PATH, FakePhone, Faults, Handler, Screen, blank_phone, make_png
+
+__all__ = [
+    "DUMP_PATH",
+    "FakeAdbServer",
+    "FakePhone",
+    "Faults",
+    "Handler",
+    "Screen",
+    "blank_phone",
+    "make_png",
+]
+
 V1_EXIT_MAGIC = "; echo X4EXIT:$?"
 """adbutils' shell2() without v2 appends this and parses `X4EXIT:<code>` from the output."""
 TRANSPORT_ID = 1
@@ -32,160 +43,6 @@ ADB_VERSION = 41
 """41+ makes adbutils use `host:tport:serial:` (OKAY + 8-byte transport id) rather than `host:transport:`."""
 
 
-def make_png(width: int, height: int, rgb: tuple[int, int, int]) -> bytes:
-    """A valid solid-colour RGB PNG, built with zlib and struct only."""
-
-    def chunk(tag: bytes, data: bytes) -> bytes:
-        return struct.pack(">I", len(data)) + tag + data + struct.pack(">I", zlib.crc32(tag + data))
-
-    row = b"\x00" + bytes(rgb) * width
-    ihdr = struct.pack(">IIBBBBB", width, height, 8, 2, 0, 0, 0)
-    return (
-        b"\x89PNG\r\n\x1a\n"
-        + chunk(b"IHDR", ihdr)
-        + chunk(b"IDAT", zlib.compress(row * height))
-        + chunk(b"IEND", b"")
-    )
-
-
-@dataclass
-class Screen:
-    xml: bytes
-    png: bytes
-    links: dict[tuple[int, int, int, int], str] = field(default_factory=dict)
-    """Tap target bounds -> name of the screen a tap inside them opens."""
-
-
-@dataclass
-class Faults:
-    """Switches flipped by tests while the server runs."""
-
-    gone: bool = False
-    """The device left: dropped from host:devices, transports fail with `device not found`."""
-    hang_up: bool = False
-    """Transport connections are closed without an answer (a cable pulled mid-command)."""
-    delay_s: float = 0.0
-    """A slow device: sleep after accepting a shell or sync request, before any output."""
-    truncate_png: bool = False
-    dump_xml: bytes | None = None
-    """Replaces the current screen's XML in `uiautomator dump` (malformed, empty, hostile...)."""
-    failing: dict[str, tuple[int, bytes]] = field(default_factory=dict)
-    """Shell command prefix -> (exit code, stderr)."""
-
-
-Handler = Callable[["FakePhone", list[str]], tuple[bytes, bytes, int]]
-
-
-@dataclass
-class FakePhone:
-    screens: dict[str, Screen]
-    current: str
-    serial: str = "emulator-5554"
-    state: str = "device"
-    """What `adb devices` lists: "device", or "offline", "unauthorized", ... (then commands fail)."""
-    size: tuple[int, int] = (1080, 2400)
-    settings: dict[str, str] = field(default_factory=lambda: {"global/airplane_mode_on": "0"})
-    files: dict[str, bytes] = field(default_factory=dict)
-    faults: Faults = field(default_factory=Faults)
-    props: dict[str, str] = field(default_factory=lambda: {"sys.boot_completed": "1"})
-    """`getprop` values."""
-    handlers: dict[str, Handler] = field(default_factory=dict)
-    """Extra commands by argv[0] (e.g. "content", "dumpsys"), so a test can script what it checks."""
-    commands: list[str] = field(default_factory=list)
-    """Every simple shell command run, for assertions (a `a; b` line counts as two)."""
-    typed: list[str] = field(default_factory=list)
-    """Text received by `input text`, unescaped as the device shell would."""
-    keys: list[str] = field(default_factory=list)
-    """Key codes received by `input keyevent`."""
-
-    def run(self, line: str) -> tuple[bytes, bytes, int]:
-        """Run a shell line: simple commands joined by `;` or `&&`, with `>/dev/null` and `2>&1`
-        redirections; (stdout, stderr, exit code of the last command run)."""
-        try:
-            lexer = shlex.shlex(line, posix=True, punctuation_chars=";&|<>")
-            lexer.whitespace_split = True
-            tokens = list(lexer)
-        except ValueError:
-            return b"", b"/system/bin/sh: syntax error\n", 2
-        out = err = b""
-        code, argv, joiner = 0, [], ";"
-        for token in [*tokens, ";"]:
-            if token not in (";", "&&"):
-                argv.append(token)
-                continue
-            if argv and (joiner == ";" or code == 0):
-                o, e, code = self._simple(argv)
-                out, err = out + o, err + e
-            argv, joiner = [], token
-        return out, err, code
-
-    def _simple(self, argv: list[str]) -> tuple[bytes, bytes, int]:
-        quiet_out = quiet_err = False
-        while len(argv) >= 2 and argv[-2] in (">", "2>") and argv[-1] == "/dev/null":
-            quiet_out, quiet_err = quiet_out or argv[-2] == ">", quiet_err or argv[-2] == "2>"
-            argv = argv[:-2]
-        if len(argv) >= 3 and argv[-3:] == ["2", ">", "&1"]:
-            argv = argv[:-3]
-        out, err, code = self._command(argv)
-        return (b"" if quiet_out else out), (b"" if quiet_err else err), code
-
-    def _command(self, argv: list[str]) -> tuple[bytes, bytes, int]:
-        cmd = shlex.join(argv)
-        self.commands.append(cmd)
-        for prefix, (code, err) in self.faults.failing.items():
-            if cmd.startswith(prefix):
-                return b"", err, code
-        if argv and argv[0] in self.handlers:
-            return self.handlers[argv[0]](self, argv)
-        match argv:
-            case ["input", "tap", x, y]:
-                return self._tap(int(float(x)), int(float(y)))
-            case ["input", "swipe", *_]:
-                return b"", b"", 0
-            case ["input", "text", text]:
-                self.typed.append(text.replace("%s", " "))
-                return b"", b"", 0
-            case ["input", "keyevent", key]:
-                self.keys.append(key)
-                return b"", b"", 0
-            case ["getprop", name]:
-                return (self.props.get(name, "") + "\n").encode(), b"", 0
-            case ["uiautomator", "dump", *rest]:
-                path = rest[0] if rest else DUMP_PATH
-                xml = self.faults.dump_xml if self.faults.dump_xml is not None else self.screen.xml
-                self.files[path] = xml
-                return f"UI hierchary dumped to: {path}\n".encode(), b"", 0
-            case ["screencap", "-p"]:
-                png = self.screen.png
-                return (png[: len(png) // 2] if self.faults.truncate_png else png), b"", 0
-            case ["settings", "get", ns, key]:
-                return (self.settings.get(f"{ns}/{key}", "null") + "\n").encode(), b"", 0
-            case ["settings", "put", ns, key, value]:
-                self.settings[f"{ns}/{key}"] = value
-                return b"", b"", 0
-            case ["wm", "size"]:
-                return f"Physical size: {self.size[0]}x{self.size[1]}\n".encode(), b"", 0
-            case ["cat", path]:
-                if path not in self.files:
-                    return b"", f"cat: {path}: No such file or directory\n".encode(), 1
-                return self.files[path], b"", 0
-            case ["echo", *words]:
-                return (" ".join(words) + "\n").encode(), b"", 0
-        name = argv[0] if argv else ""
-        return b"", f"/system/bin/sh: {name}: inaccessible or not found\n".encode(), 127
-
-    @property
-    def screen(self) -> Screen:
-        return self.screens[self.current]
-
-    def _tap(self, x: int, y: int) -> tuple[bytes, bytes, int]:
-        for (left, top, right, bottom), target in self.screen.links.items():
-            if left <= x < right and top <= y < bottom:
-                self.current = target
-                break
-        return b"", b"", 0
-
-
 EMULATOR_PROBE_TIMEOUT = 0.3
 """Seconds a probed emulator has to send its status line. A refused probe is an emulator that is gone; a
 connection that stays silent is a hung one (still listed, its commands never answer)."""
@@ -193,12 +50,6 @@ UNAUTHORIZED = (
     "device unauthorized.\nThis adb server's $ADB_VENDOR_KEYS is not set\n"
     "Try 'adb kill-server' if that seems wrong.\nOtherwise check for a confirmation dialog on your device."
 )
-
-
-def blank_phone(serial: str) -> FakePhone:
-    """The phone of an emulator nobody scripted: one empty home screen."""
-    xml = b"<?xml version='1.0' encoding='UTF-8' standalone='yes' ?><hierarchy rotation=\"0\"></hierarchy>"
-    return FakePhone(screens={"home": Screen(xml, make_png(4, 8, (0, 0, 0)))}, current="home", serial=serial)
 
 
 @dataclass
@@ -389,7 +240,7 @@ class FakeAdbServer:
                 return _fail(sock, "device offline")
             if phone.faults.hang_up:
                 return
-            if device.hung:
+            if device.hung or phone.faults.hang:
                 return self._stall(sock)
             if cmd.startswith("shell,v2:"):
                 return self._shell_v2(sock, phone, cmd.removeprefix("shell,v2:"))

@@ -10,6 +10,7 @@ import sys
 import pytest
 
 from tests.conftest import ROOT
+from tests.fake_adbd import find_adb
 
 BENCH_S = 900
 """A quick benchmark takes a minute or two on an idle machine; several times that on a busy one."""
@@ -62,11 +63,18 @@ def test_adb_step_benchmark_compares_with_stock_adbutils(tmp_path):
     result = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=BENCH_S, env=env)
     assert result.returncode == 0, result.stdout + result.stderr
     rows = json.loads(out.read_text())["rows"]
-    assert [r["row"] for r in rows] == ["command", "observation", "env step", "env step"]
-    for row in rows[:2]:
+    names = ["command", "observation", "env step", "env step"]
+    # The same rows through the real adb server and a fake adbd, where adb is installed (else a note).
+    via_adb = [f"{name} via adb" for name in names] if find_adb() else []
+    assert [r["row"] for r in rows] == names + via_adb
+    assert bool(via_adb) != ("rows are skipped" in result.stdout)
+    for row in rows[:2] + rows[4:6]:
         assert row["stock_ms"] > 0 and row["ours_ms"] > 0 and row["connections_ours"] == 1
         assert abs(row["speedup"] - row["stock_ms"] / row["ours_ms"]) < 0.05 * row["speedup"]  # rounding
-    assert all(r["ours_ms"] > 0 for r in rows[2:])
+    assert all(r["ours_ms"] > 0 for r in rows)
+    for fake, real in zip(rows, rows[4:], strict=False):
+        assert real["fake_server_ms"] == fake["ours_ms"]
+        assert abs(real["overhead_ms"] - (real["ours_ms"] - fake["ours_ms"])) < 0.01
 
 
 def test_final_success_summary_is_mean_range_and_relative_improvement():
