@@ -14,6 +14,7 @@ import tyro
 
 from actors.envs.adb.config import AdbConfig
 from common.config import EmulatorModelConfig
+from common.ports import INGEST_PORT, PARAMS_PORT
 from common.protocol import MAX_EPISODES_PER_BATCH
 
 
@@ -23,17 +24,17 @@ class ActorConfig:
 
     host: str = "127.0.0.1"
     """Address of the learner machine (what it binds to, or its LAN address / DNS name)."""
-    ingest_port: int = 5555
+    ingest_port: int = INGEST_PORT
     """The learner's ingest (ROUTER) port."""
     curve_secret_key: str = ""
     """For a learner that uses CURVE: this actor's key pair (a .key_secret file whose public half is in the
     learner's --curve-authorized folder). Needs --curve-server-key."""
     curve_server_key: str = ""
     """The learner's public key (its learner.key file)."""
-    params_port: int = 5556
+    params_port: int = PARAMS_PORT
     """The learner's parameter (PUB) port."""
     params_endpoint: str = ""
-    """Take parameter snapshots from here instead, e.g. a per-host relay's "tcp://127.0.0.1:5566"
+    """Take parameter snapshots from here instead, e.g. a per-host relay's "tcp://127.0.0.1:7557"
     (`python -m actors relay`), so many actors on one machine share one network copy of each snapshot."""
     env: Annotated[Literal["simphone", "standin", "adb"], tyro.conf.arg(aliases=("--backend",))] = "simphone"
     """Environment backend: "simphone" (the built-in phone), "standin" (a tiny phone with four task

@@ -18,6 +18,7 @@ from actors.envs.adb.device import AdbDevice
 from actors.envs.adb.errors import DeviceOutputError
 from actors.envs.adb.uixml import parse_dump
 from actors.envs.faults import DeviceFault
+from common.ports import adb_clash
 
 HINTS = {
     "unauthorized": "accept the 'Allow USB debugging' prompt on the phone (then run doctor again)",
@@ -68,6 +69,12 @@ def check_device(device: AdbDevice, state: str, timeout: float) -> DeviceReport:
     report = DeviceReport(device.serial, state)
     if state != "device":
         report.errors.append(HINTS.get(state, f"adb reports the state {state!r}"))
+        if state == "offline" and (port := _emulator_adb_port(device.serial)):
+            report.errors.append(
+                f"if no emulator runs as {device.serial}, another program listens on 127.0.0.1:{port}, which "
+                f"the adb server probes for emulators ({adb_clash(port)}); a learner or relay there "
+                f"(old defaults 5555/5556/5566) looks like this: move it to a port outside 5037 and 5554-5682"
+            )
         return report
     try:
         report.android = device.check("getprop ro.build.version.release", timeout)
@@ -93,6 +100,15 @@ def check_device(device: AdbDevice, state: str, timeout: float) -> DeviceReport:
         report.errors.append(f"{type(e).__name__}: {e}")
     report.ok = not report.errors
     return report
+
+
+def _emulator_adb_port(serial: str) -> int | None:
+    """The loopback port adb reached `emulator-N` on (N + 1), when it is one of those adb probes."""
+    prefix, _, number = serial.partition("-")
+    if prefix != "emulator" or not number.isdigit():
+        return None
+    port = int(number) + 1
+    return port if adb_clash(port) else None
 
 
 def server_reachable(host: str, port: int, timeout: float = 3.0) -> str:

@@ -22,6 +22,7 @@ import zmq
 
 from common import protocol
 from common.curve import CurveClient, CurveError, is_loopback
+from common.ports import PARAMS_PORT, RELAY_PORT
 from common.protocol import ProtocolError
 from common.sockets import bind_tcp
 
@@ -38,11 +39,11 @@ class RelayConfig:
 
     host: str = "127.0.0.1"
     """Address of the learner machine (as for `python -m actors --host`)."""
-    params_port: int = 5556
+    params_port: int = PARAMS_PORT
     """The learner's parameter (PUB) port."""
     bind: str = "127.0.0.1"
     """Interface the relay listens on for local actors (127.0.0.1: this host only)."""
-    port: int = 5566
+    port: int = RELAY_PORT
     """Port local actors subscribe to (0 picks a free one, printed and written to --endpoint-file)."""
     endpoint_file: str = ""
     """Write {"bind", "port", "endpoint"} as JSON here once bound (for scripts that use --port 0)."""

@@ -21,6 +21,7 @@ from tyro.conf import OmitArgPrefixes
 
 from common.config import EmulatorModelConfig, ModelConfig
 from common.curve import is_loopback
+from common.ports import INGEST_PORT, PARAMS_PORT
 
 ParamSharding = Literal["replicated", "fsdp", "model"]
 PARAM_SHARDINGS: tuple[str, ...] = ("replicated", "fsdp", "model")
@@ -64,9 +65,9 @@ class TransportConfig:
 
     bind: str = "127.0.0.1"
     """Address the sockets bind to. Use 0.0.0.0 (or this host's LAN address) for actors on other machines."""
-    ingest_port: int = 5555
+    ingest_port: int = INGEST_PORT
     """ROUTER port for handshakes, trajectories, acks and parameter requests (0 picks a free port)."""
-    params_port: int = 5556
+    params_port: int = PARAMS_PORT
     """PUB port for parameter snapshots (0 picks a free port)."""
     curve_secret_key: Path | None = None
     """CURVE security on both sockets: the learner's key pair (a .key_secret file from `python -m learner

@@ -42,6 +42,7 @@ from pathlib import Path
 from typing import Any
 
 from common.curve import is_loopback
+from common.ports import RELAY_PORT
 from learner.launch_plan import (
     ActorHost,
     actor_hosts,
@@ -102,7 +103,7 @@ class LaunchConfig:
     """Start one parameter relay (`python -m actors relay`) on each actor host, so the host's actors share
     one network copy of each snapshot. Actors are then pinned to their host (a dead node's actors stay
     down) and spread over the hosts by --actor-resource."""
-    relay_port: int = 7557
+    relay_port: int = RELAY_PORT
     """Loopback port each relay serves its host's actors on (outside adb's 5037 and 5554-5682)."""
     max_restarts: int = 3
     """Times Ray restarts each actor process after it exits (or its node dies); then it stays down."""

@@ -28,6 +28,7 @@ from common import featurize, text_encoder
 from common.backbones import CheckpointError
 from common.config import cli_args
 from common.curve import CurveError, CurveServer
+from common.ports import INGEST_PORT, PARAMS_PORT, adb_clash
 from common.protocol import Episode
 from common.trajectory_file import load_episodes
 from learner import multihost
@@ -318,6 +319,13 @@ def open_session(cfg: LearnerConfig, console: Console) -> Session:
         f"run dir {run_dir}, mesh {dict(mesh.shape)} ({cfg.mesh.param_sharding} parameters)"
         + (f", process {rank} of {jax.process_count()}" if jax.process_count() > 1 else "")
     )
+    for flag, port in (("--ingest-port", server.ingest_port), ("--params-port", server.params_port)):
+        if clash := adb_clash(port):
+            console.print(
+                f"learner: warning: {flag} {port} collides with adb on this machine: {clash}. "
+                f"Emulators and `adb devices` will misbehave here; pick a port outside 5037 and 5554-5682 "
+                f"(the defaults are {INGEST_PORT}/{PARAMS_PORT})."
+            )
     session.actors = _start_local_actors(cfg, server, rank, run_dir, console)
     return session
 
