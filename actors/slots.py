@@ -161,6 +161,10 @@ class EnvSlots:
         if self._pool is not None:
             self._pool.shutdown(wait=True, cancel_futures=True)
         for slot in self.slots if close_envs else ():
+            # A real device's handled quirks (screen woken, dump retried, ...) go into the actor's final
+            # line as adb_<key>; its faults are counted as device_<kind> when they happen.
+            for key, value in getattr(slot.env, "device_counts", {}).items():
+                self.stats[f"adb_{key}"] += value
             try:
                 slot.env.close()
             except Exception as e:  # closing is best effort: one bad env must not keep others open

@@ -63,6 +63,10 @@ class Faults:
     """Replaces the current screen's XML in `uiautomator dump` (malformed, empty, hostile...)."""
     failing: dict[str, tuple[int, bytes]] = field(default_factory=dict)
     """Shell command prefix -> (exit code, stderr)."""
+    dump_errors: list[bytes] = field(default_factory=list)
+    """What the next `uiautomator dump`s print instead of dumping, one each, as a real device does on an
+    animated screen ("ERROR: could not get idle state.") or a screen with no window ("ERROR: null root
+    node returned by UiTestAutomationBridge."): on stderr, exit status 0, no file written."""
 
 
 Handler = Callable[["FakePhone", list[str]], tuple[bytes, bytes, int]]
@@ -89,6 +93,18 @@ class FakePhone:
     """Text received by `input text`, unescaped as the device shell would."""
     keys: list[str] = field(default_factory=list)
     """Key codes received by `input keyevent`."""
+    awake: bool = True
+    """The screen is on (`dumpsys power`: mWakefulness=Awake); KEYCODE_WAKEUP turns it on."""
+    locked: bool = False
+    """The keyguard shows (`dumpsys window policy`: mShowingLockscreen=true)."""
+    secure_lock: bool = False
+    """A PIN/pattern/password lock: `wm dismiss-keyguard` cannot dismiss it."""
+    keyboard: tuple[int, int, int, int] | None = None
+    """The on-screen keyboard's frame while it shows: taps inside it hit keys (recorded in `keys_hit`),
+    not the app; BACK hides it and does nothing else."""
+    keys_hit: list[tuple[int, int]] = field(default_factory=list)
+    override_size: tuple[int, int] | None = None
+    """`wm size`'s "Override size" line (a density or resolution override, as `wm size WxH` sets)."""
 
     def run(self, line: str, stdin: bytes = b"") -> tuple[bytes, bytes, int]:
         """Run a shell line: simple commands joined by `;` or `&&`, with `>/dev/null` and `2>&1`
@@ -146,6 +162,10 @@ class FakePhone:
         for prefix, (code, err) in self.faults.failing.items():
             if cmd.startswith(prefix):
                 return b"", err, code
+        if argv[:2] == ["input", "keyevent"] and argv[2:] in (["KEYCODE_WAKEUP"], ["224"]):
+            self.awake = True  # the power state, whoever scripts the rest of `input`
+        if self.keyboard is not None and (keyboard := self._keyboard_input(argv)) is not None:
+            return keyboard
         if argv and argv[0] in self.handlers:
             return self.handlers[argv[0]](self, argv)
         match argv:
@@ -159,10 +179,29 @@ class FakePhone:
             case ["input", "keyevent", key]:
                 self.keys.append(key)
                 return b"", b"", 0
+            case ["dumpsys", "input_method"]:
+                return f"  mInputShown={str(self.keyboard is not None).lower()}\n".encode(), b"", 0
+            case ["dumpsys", "window", "InputMethod"]:
+                if self.keyboard is None:
+                    return b"WINDOW MANAGER WINDOWS (dumpsys window windows)\n", b"", 0
+                left, top, right, bottom = self.keyboard
+                frame = f"    mFrame=[{left},{top}][{right},{bottom}]\n"
+                return b"  Window #4 Window{a1 u0 InputMethod}:\n" + frame.encode(), b"", 0
+            case ["dumpsys", "power"]:
+                state = "Awake" if self.awake else "Asleep"
+                return f"POWER MANAGER (dumpsys power)\n  mWakefulness={state}\n".encode(), b"", 0
+            case ["dumpsys", "window", "policy"]:
+                shown = str(self.locked).lower()
+                return f"WINDOW MANAGER POLICY STATE\n    mShowingLockscreen={shown}\n".encode(), b"", 0
+            case ["wm", "dismiss-keyguard"]:
+                self.locked = self.locked and self.secure_lock
+                return b"", b"", 0
             case ["getprop", name]:
                 return (self.props.get(name, "") + "\n").encode(), b"", 0
             case ["uiautomator", "dump", *rest]:
                 path = rest[0] if rest else DUMP_PATH
+                if self.faults.dump_errors:
+                    return b"", self.faults.dump_errors.pop(0), 0
                 xml = self.faults.dump_xml if self.faults.dump_xml is not None else self.screen.xml
                 self.files[path] = xml
                 return f"UI hierchary dumped to: {path}\n".encode(), b"", 0
@@ -175,7 +214,10 @@ class FakePhone:
                 self.settings[f"{ns}/{key}"] = value
                 return b"", b"", 0
             case ["wm", "size"]:
-                return f"Physical size: {self.size[0]}x{self.size[1]}\n".encode(), b"", 0
+                out = f"Physical size: {self.size[0]}x{self.size[1]}\n"
+                if self.override_size is not None:
+                    out += f"Override size: {self.override_size[0]}x{self.override_size[1]}\n"
+                return out.encode(), b"", 0
             case ["cat"]:
                 return stdin, b"", 0
             case ["cat", path]:
@@ -186,6 +228,21 @@ class FakePhone:
                 return (" ".join(words) + "\n").encode(), b"", 0
         name = argv[0] if argv else ""
         return b"", f"/system/bin/sh: {name}: inaccessible or not found\n".encode(), 127
+
+    def _keyboard_input(self, argv: list[str]) -> tuple[bytes, bytes, int] | None:
+        """What the shown keyboard takes for itself: BACK (it hides), a tap inside its frame (a key)."""
+        assert self.keyboard is not None
+        if argv[:2] == ["input", "keyevent"] and argv[2:] in (["4"], ["KEYCODE_BACK"]):
+            self.keys.append(argv[2])
+            self.keyboard = None
+            return b"", b"", 0
+        if argv[:2] == ["input", "tap"] and len(argv) == 4:
+            x, y = int(float(argv[2])), int(float(argv[3]))
+            left, top, right, bottom = self.keyboard
+            if left <= x < right and top <= y < bottom:
+                self.keys_hit.append((x, y))
+                return b"", b"", 0
+        return None
 
     @property
     def screen(self) -> Screen:

@@ -332,3 +332,123 @@ def test_the_judge_sees_the_final_screen_only(server, monkeypatch):
     finally:
         env.close()
         judge.close()
+
+
+# ---- real-device quirks (issue 19, item 3) ----------------------------------------------------------------
+NOT_IDLE = b"ERROR: could not get idle state.\n"
+NULL_ROOT = b"ERROR: null root node returned by UiTestAutomationBridge.\n"
+
+
+def test_a_dump_that_cannot_idle_for_a_moment_is_tried_again(env, server):
+    obs, _ = env.reset(seed=0)
+    server.phone.faults.dump_errors = [NOT_IDLE, NULL_ROOT]  # an animation, then no window yet
+    obs, *_ = env.step(tap(obs, "Settings"))
+    assert [e.label for e in obs.elements] == ["Network & internet", "Airplane mode"]
+    assert env.stats["dump_retries"] == 2
+    assert env.stats["dump_not_idle"] == 1 and env.stats["dump_null_root"] == 1
+
+
+def test_a_dump_that_never_idles_is_a_named_fault(server):
+    env = make_env_on(server, dump_retries=2)
+    try:
+        obs, _ = env.reset(seed=0)
+        server.phone.faults.dump_errors = [NOT_IDLE] * 3
+        with pytest.raises(DeviceBadOutput) as caught:
+            env.step(tap(obs, "Settings"))
+        assert caught.value.detail == "dump_not_idle" and "could not get idle state" in str(caught.value)
+        assert env.stats["dump_retries"] == 2 and not server.phone.faults.dump_errors
+    finally:
+        env.close()
+
+
+def test_a_dump_that_fails_otherwise_is_not_retried(env, server):
+    obs, _ = env.reset(seed=0)
+    server.phone.faults.failing = {"uiautomator dump": (137, b"Killed\n")}
+    with pytest.raises(DeviceBadOutput) as caught:
+        env.step(tap(obs, "Settings"))
+    assert caught.value.detail == "dump_failed" and "dump_retries" not in env.stats
+
+
+def test_a_screen_that_is_off_and_locked_is_woken_and_unlocked_at_reset(env, server):
+    phone = server.phone
+    phone.awake, phone.locked = False, True
+    obs, _ = env.reset(seed=0)
+    assert phone.awake and not phone.locked
+    assert phone.keys[0] == "KEYCODE_WAKEUP" and "wm dismiss-keyguard" in phone.commands
+    assert env.stats["screen_woken"] == 1 and env.stats["keyguard_dismissed"] == 1
+    assert [e.label for e in obs.elements] == ["Settings"]
+    env.reset()  # awake and unlocked now: nothing to do
+    assert env.stats["screen_woken"] == 1 and env.stats["keyguard_dismissed"] == 1
+    assert env.device_counts is env.stats
+
+
+def test_a_secure_lock_is_a_clear_fault(env, server):
+    server.phone.locked = server.phone.secure_lock = True
+    with pytest.raises(DeviceCommandFailed, match="PIN, pattern or password lock"):
+        env.reset(seed=0)
+
+
+def test_an_override_size_is_the_screen_size(server):
+    server.phone.override_size = (540, 1200)
+    env = make_env_on(server)
+    try:
+        obs, _ = env.reset(seed=0)
+        assert env.screen_size == obs.screen_size == (540, 1200)
+    finally:
+        env.close()
+
+
+def test_the_actor_reports_what_its_devices_needed():
+    from collections import Counter
+
+    from actors.slots import EnvSlots
+
+    class Device:
+        device_counts = {"screen_woken": 2, "dump_retries": 5}  # noqa: RUF012
+
+        def close(self):
+            pass
+
+    stats: Counter = Counter()
+    EnvSlots([Device(), Device()], [0, 1], threaded=False, stats=stats).close()
+    assert stats == {"adb_screen_woken": 4, "adb_dump_retries": 10}
+
+
+SEND = (800, 2000, 1000, 2100)
+"""A button under where the keyboard shows."""
+
+
+def make_compose_phone() -> FakePhone:
+    """A message being typed (focused field) with Send at the bottom, under the on-screen keyboard."""
+    shot = make_png(54, 120, (30, 60, 90))
+    field_ = _node("", (0, 300, 1080, 450), "android.widget.EditText", focused="true")
+    return FakePhone(
+        screens={
+            "compose": Screen(
+                _xml(field_, _node("Send", SEND, "android.widget.Button")), shot, links={SEND: "sent"}
+            ),
+            "sent": Screen(_xml(_node("Sent", (0, 300, 1080, 450))), shot),
+        },
+        current="compose",
+        keyboard=(0, 1500, 1080, 2400),
+    )
+
+
+@pytest.mark.parametrize("keyboard", [(0, 1500, 1080, 2400), (0, 2200, 1080, 2400)])
+def test_a_tap_under_the_keyboard_hides_it_first(monkeypatch, keyboard):
+    """Send lies under the keyboard at (0, 1500)-(1080, 2400): BACK first, then the tap reaches the app.
+    A keyboard that does not cover Send (from y 2200) is left alone."""
+    monkeypatch.setenv("ADBUTILS_ADB_PATH", "/bin/false")
+    phone = make_compose_phone()
+    phone.keyboard = keyboard
+    with FakeAdbServer(phone) as server:
+        env = make_env_on(server)
+        try:
+            obs, _ = env.reset(seed=0)
+            env.step(tap(obs, "Send"))
+        finally:
+            env.close()
+    covered = keyboard[1] <= 2050
+    assert phone.current == "sent" and not phone.keys_hit
+    assert env.stats.get("keyboard_hidden", 0) == int(covered)
+    assert ("4" in phone.keys) == covered and (phone.keyboard is None) == covered

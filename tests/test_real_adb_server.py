@@ -278,6 +278,25 @@ def test_a_whole_episode_through_the_real_server(adb_server, devices, tmp_path):
     assert all(s.startswith("shell,v2:") for s in dev.services)  # the backend speaks shell v2 only
 
 
+def test_real_device_quirks_through_the_real_server(adb_server, devices, tmp_path):
+    """A phone left off and locked, and dumps that fail while the screen animates (stderr, exit 0, no
+    file, as uiautomator does): woken, unlocked and retried through the real server's shell v2."""
+    dev = devices()
+    phone = dev.phone
+    phone.awake, phone.locked, phone.override_size = False, True, (540, 1200)
+    env = make_env(adb_server, dev.serial, tmp_path)
+    try:
+        obs, _ = env.reset(seed=0)
+        assert phone.awake and not phone.locked and obs.screen_size == (540, 1200)
+        phone.faults.dump_errors = [b"ERROR: could not get idle state.\n"] * 2
+        obs, *_ = env.step(tap(obs, "Settings"))
+        assert [e.label for e in obs.elements] == ["Network & internet", "Airplane mode"]
+        assert env.stats["screen_woken"] == env.stats["keyguard_dismissed"] == 1
+        assert env.stats["dump_retries"] == env.stats["dump_not_idle"] == 2
+    finally:
+        env.close()
+
+
 def test_screenshots_through_the_real_server(adb_server, devices, tmp_path):
     dev = devices()
     env = make_env(adb_server, dev.serial, tmp_path, screenshot=(27, 60))

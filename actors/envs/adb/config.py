@@ -62,6 +62,9 @@ class AdbConfig:
     """After an action, seconds between observations while waiting for the screen to stop changing."""
     settle_max: float = 3.0
     """Longest wait for the screen to settle after an action; the last observation is used after that."""
+    dump_retries: int = 3
+    """Times to try a UI dump again that failed for a moment ("could not get idle state" on an animated
+    screen, "null root node" before a window shows), settle-interval apart, before it is a fault."""
     screenshot: tuple[int, int] | None = None
     """(width, height) of the downscaled RGB screenshot in observations; None: no screenshot (faster)."""
     success_on: Literal["auto", "any_step", "end", "complete"] = "auto"
@@ -80,7 +83,7 @@ class AdbConfig:
                 raise ValueError(f"{_flag(name)} must be in [1, 65535], got {port}")
         for name in ("boot_timeout", "command_timeout", "reset_timeout"):
             _check(name, getattr(self, name), positive=True)
-        for name in ("max_restarts", "restart_backoff", "settle_interval", "settle_max"):
+        for name in ("max_restarts", "restart_backoff", "settle_interval", "settle_max", "dump_retries"):
             _check(name, getattr(self, name), positive=False)
         if self.screenshot is not None and not (len(self.screenshot) == 2 and min(self.screenshot) > 0):
             raise ValueError(f"--adb.screenshot must be a positive WIDTH HEIGHT, got {self.screenshot}")

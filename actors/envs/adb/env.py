@@ -26,6 +26,13 @@ from actors.envs.adb.device import AdbDevice
 from actors.envs.adb.errors import DeviceOutputError
 from actors.envs.adb.evaluator import Evaluator, make_evaluator
 from actors.envs.adb.pool import DevicePool
+from actors.envs.adb.screen_state import (
+    TRANSIENT_DUMP_ERRORS,
+    dump_failure,
+    keyboard_frame,
+    keyboard_may_show,
+    ready_screen,
+)
 from actors.envs.adb.tasks import DeviceTask, load_device_templates, run_setup, sample_task
 from actors.envs.adb.uixml import parse_dump
 from actors.envs.faults import DeviceBadOutput, DeviceCommandFailed, DeviceFault, DeviceHang
@@ -58,6 +65,8 @@ class AdbPhoneEnv(gym.Env):
         self.sleep = sleep
         self.task: DeviceTask | None = None
         self.screen_size = (0, 0)
+        self._elements: tuple[UIElement, ...] = ()
+        """The last observation's elements (to know when the keyboard may cover a tap)."""
         self.stats: dict[str, float] = {}
         self._steps = 0
         self._suspect = False
@@ -68,6 +77,12 @@ class AdbPhoneEnv(gym.Env):
 
     def _count(self, key: str, by: float = 1) -> None:
         self.stats[key] = self.stats.get(key, 0) + by
+
+    @property
+    def device_counts(self) -> dict[str, float]:
+        """What this device needed over the env's life (recoveries, retries, woken screens, ...): the
+        actor adds them to its final stats as adb_<key>."""
+        return self.stats
 
     # ---- gymnasium ----
 
@@ -89,6 +104,7 @@ class AdbPhoneEnv(gym.Env):
         if cfg.snapshot:
             self.pool.load_snapshot(self.serial, cfg.snapshot)
         else:
+            ready_screen(self.device, self._left(deadline), self._count)
             self.device.check("input keyevent 3", self._left(deadline))
         task = options.get("task") or sample_task(self.templates, self.split, self.np_random)
         run_setup(
@@ -145,11 +161,22 @@ class AdbPhoneEnv(gym.Env):
             return "bad_coordinates"
         if line is None:
             return ""
+        if line.startswith("input tap ") and keyboard_may_show(self._elements):
+            self._clear_keyboard(line)
         result = self.device.shell(line, self.cfg.command_timeout)
         if result.code != 0:
             err = (result.stderr or result.stdout)[:200].decode("utf-8", "replace").strip()
             raise DeviceCommandFailed(0.0, f"{self.serial}: `{line[:60]}` exited {result.code}: {err}")
         return ""
+
+    def _clear_keyboard(self, tap_line: str) -> None:
+        """Hide the on-screen keyboard (BACK, which the keyboard takes for itself) when the tap would land
+        on it: the element the policy chose lies under the keyboard, which the UI dump does not show."""
+        x, y = (int(v) for v in tap_line.split()[2:4])
+        frame = keyboard_frame(self.device, self.cfg.command_timeout)
+        if frame is not None and frame[0] <= x < frame[2] and frame[1] <= y < frame[3]:
+            self.device.check("input keyevent 4", self.cfg.command_timeout)
+            self._count("keyboard_hidden")
 
     def _settle(self) -> tuple[Observation, bytes | None]:
         """Observe until two UI dumps in a row agree or `settle_max` has passed; the last observation.
@@ -179,18 +206,28 @@ class AdbPhoneEnv(gym.Env):
         return Observation(obs.instruction, obs.elements, obs.screen_size, shot), png
 
     def _observe(self, deadline: float, with_png: bool) -> tuple[Observation, bytes | None]:
-        """One shell call: the UI dump, and the screen too when `with_png`."""
-        result = self.device.shell(observe_line(with_png), self._left(deadline))
-        if result.code != 0:
-            err = result.stderr[:200].decode("utf-8", "replace").strip()
-            raise DeviceBadOutput("dump_failed", f"{self.serial}: UI dump failed ({result.code}): {err}")
+        """One shell call: the UI dump, and the screen too when `with_png`. A dump that fails for a
+        moment (an animation that never idles, no window yet) is tried again, up to --adb.dump-retries
+        times (`dump_retries`, and `dump_not_idle` / `dump_null_root` by cause)."""
+        for attempt in range(self.cfg.dump_retries + 1):
+            result = self.device.shell(observe_line(with_png), self._left(deadline))
+            if result.code == 0:
+                break
+            err = (result.stderr or result.stdout)[:300].decode("utf-8", "replace").strip()
+            detail = dump_failure(err)
+            if detail not in TRANSIENT_DUMP_ERRORS.values() or attempt == self.cfg.dump_retries:
+                raise DeviceBadOutput(detail, f"{self.serial}: UI dump failed ({result.code}): {err}")
+            self._count("dump_retries")
+            self._count(detail)
+            self.sleep(self.cfg.settle_interval)
         xml, png = split_capture(result.stdout, with_png)
         try:
             elements: list[UIElement] = parse_dump(xml, self.screen_size)
         except DeviceOutputError as e:
             raise DeviceBadOutput(e.kind, f"{self.serial}: {e}") from None
         shot = decode_png(png, self.cfg.screenshot) if png is not None and self.cfg.screenshot else None
-        return Observation(self.task.instruction, tuple(elements), self.screen_size, shot), png
+        self._elements = tuple(elements)
+        return Observation(self.task.instruction, self._elements, self.screen_size, shot), png
 
     @staticmethod
     def _left(deadline: float) -> float:
