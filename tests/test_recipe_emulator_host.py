@@ -30,6 +30,8 @@ import tyro
 import yaml
 
 from actors.config import ActorConfig
+from tests.argv_words import value as _value
+from tests.argv_words import values as _values
 from tests.conftest import ROOT
 
 HOST = ROOT / "deploy" / "emulator"
@@ -186,17 +188,6 @@ def run_entrypoint(tmp_path: Path, env: dict[str, str] | None = None, args=(), t
         [line.rstrip("\x1f").split("\x1f") for line in log.read_text().splitlines()] if log.exists() else []
     )
     return Run(rc, out_path.read_text(), proc.pid, records, emulator_pids, alive_after)
-
-
-def _value(argv: list[str], flag: str) -> str:
-    assert argv.count(flag) == 1, f"{flag} appears {argv.count(flag)} times in {argv}"
-    return argv[argv.index(flag) + 1]
-
-
-def _values(argv: list[str], flag: str) -> list[str]:
-    """The words after `flag` up to the next flag (a tuple-valued flag such as --adb.serials)."""
-    rest = argv[argv.index(flag) + 1 :]
-    return rest[: next((i for i, w in enumerate(rest) if w.startswith("--")), len(rest))]
 
 
 @pytest.fixture(scope="module")

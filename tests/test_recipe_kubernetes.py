@@ -25,6 +25,8 @@ import zmq.auth
 from actors.config import ActorConfig
 from common.curve import CurveClient, CurveServer, generate
 from learner.config import LearnerConfig
+from tests.argv_words import value as _value
+from tests.argv_words import values as _values
 from tests.conftest import ROOT
 
 K8S = ROOT / "deploy" / "kubernetes"
@@ -100,17 +102,6 @@ def _actor(objects) -> tuple[dict, list[str]]:
     argv = [*c.get("command", []), *c.get("args", [])]
     assert argv[:3] == ["python", "-m", "actors"], argv[:3]
     return c, _expand(argv[3:], _env(c))
-
-
-def _value(argv: list[str], flag: str) -> str:
-    assert argv.count(flag) == 1, f"{flag} appears {argv.count(flag)} times in {argv}"
-    return argv[argv.index(flag) + 1]
-
-
-def _values(argv: list[str], flag: str) -> list[str]:
-    """The words after `flag` up to the next flag (a tuple-valued flag such as --adb.serials)."""
-    rest = argv[argv.index(flag) + 1 :]
-    return rest[: next((i for i, w in enumerate(rest) if w.startswith("--")), len(rest))]
 
 
 def _mount(pod: dict, container: dict, volume_name: str) -> tuple[str, dict]:
