@@ -130,6 +130,7 @@ def alive(pid: int) -> bool:
 
 
 @pytest.mark.long
+@pytest.mark.timeout(900)  # a Ray cluster, a learner and actors on a busy 2-core machine
 def test_learner_and_actors_train_on_their_nodes_and_a_killed_actor_restarts(cluster, tmp_path):
     c, head_id, worker_id = cluster
     t0 = time.monotonic()
@@ -206,6 +207,7 @@ def learner_final_metrics(run_dir: Path) -> dict:
 
 
 @pytest.mark.long
+@pytest.mark.timeout(900)  # a Ray cluster, a learner and actors on a busy 2-core machine
 def test_secure_launch_with_relays_keeps_keys_private_feeds_actors_through_the_relay_and_reports_a_dead_learner(
     cluster, tmp_path
 ):
