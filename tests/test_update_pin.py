@@ -1,0 +1,65 @@
+"""A pin on the maths of the update: fixed batches (replay and imitation, A-RIDE and the plain
+actor-critic) through the jitted train step, and a fingerprint of the parameters they leave.
+
+Restructuring the policy, the losses or the batch must keep these numbers. A change that alters the maths
+on purpose says so in its commit and records the new fingerprints (run this file with PIN_PRINT=1).
+The fingerprint is a fixed random projection of every parameter, compared with a relative tolerance, so
+it survives float reassociation across XLA versions but not a changed loss, target or gradient.
+"""
+
+from __future__ import annotations
+
+import os
+
+import jax
+import numpy as np
+import pytest
+
+from common import model
+from common.config import ModelConfig
+from tests.pinned_batch import pinned_batch, run_updates
+
+CFG = ModelConfig(vocab_size=256, d_model=16, num_heads=2, num_layers=1, mlp_dim=32, max_elements=6,
+                  max_instruction_tokens=5, max_element_tokens=3)  # fmt: skip
+
+PINNED = {
+    ("aride", False): [-7.572015010325687, 16.048399089598565, -31.13897298905181, 0.2999867907332697],
+    ("aride", True): [-8.01754591808599, 17.36235885771184, -31.07995770277376, 0.37571175690316916],
+    ("a2c", False): [-7.375118196746138, 16.219291745924185, -31.614719417690896, 0.4232776011060671],
+    ("a2c", True): [-7.936670477313205, 17.505968412094525, -30.868557038042606, 0.8055173069152262],
+}
+
+
+def fingerprint(params) -> np.ndarray:
+    """[4] float64: projections of all parameters (sorted by name) onto fixed random directions."""
+    flat = model.params_to_flat(jax.device_get(params))
+    rng = np.random.default_rng(1234)
+    out = np.zeros(4)
+    for name in sorted(flat):
+        x = np.asarray(flat[name], np.float64).ravel()
+        out += rng.standard_normal((4, x.size)) @ x
+    return out
+
+
+@pytest.mark.parametrize(("algorithm", "imitation"), list(PINNED))
+def test_fixed_batches_leave_the_pinned_parameters(algorithm: str, imitation: bool):
+    batch = pinned_batch(CFG, seed=7)
+    params, metrics = run_updates(CFG, batch, algorithm, imitation, updates=3)
+    got = fingerprint(params)
+    if os.environ.get("PIN_PRINT"):
+        print(f"PIN {algorithm} {imitation} {got.tolist()!r} loss {metrics}")
+    assert np.isfinite(got).all()
+    want = PINNED[(algorithm, imitation)]
+    assert want is not None, f"record the fingerprint: {got.tolist()!r}"
+    np.testing.assert_allclose(got, want, rtol=2e-5)
+
+
+def test_the_fingerprint_sees_one_changed_parameter():
+    """The pin is only as good as its fingerprint: one parameter nudged by 1e-3 moves it past the tolerance."""
+    _, params = model.create(CFG, 0)
+    flat = model.params_to_flat(params)
+    base = fingerprint(params)
+    name = sorted(flat)[len(flat) // 2]
+    flat[name] = np.asarray(flat[name]) + 1e-3
+    nudged = fingerprint(model.flat_to_params(params, flat))
+    assert not np.allclose(nudged, base, rtol=2e-5)
