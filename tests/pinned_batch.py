@@ -18,7 +18,7 @@ def pinned_batch(cfg: ModelConfig, seed: int, batch_size: int = 4, max_steps: in
     behaviour log-probs, rewards, lengths, terminal flags and replay weights."""
     rng = np.random.default_rng(seed)
     batch = example_batch(featurize.feature_spec(cfg), batch_size, max_steps)
-    for k, v in batch.obs.items():
+    for v in batch.obs.values():
         if v.dtype == bool:
             v[...] = rng.random(v.shape) < 0.7
             v[..., 0] = True
