@@ -14,6 +14,10 @@ import tyro
 
 
 def main() -> None:
+    if len(sys.argv) > 1 and sys.argv[1] == "check-args":  # hidden: the learner's check of actor flags
+        from actors.check_args import main as check_args
+
+        sys.exit(check_args(sys.argv[2:]))
     if len(sys.argv) > 1 and sys.argv[1] == "demos":
         from actors.demos import DemosConfig, write_demos
 

@@ -19,6 +19,7 @@ files from before protocol version 3 hold version 2 TRAJ records, still read).
 from __future__ import annotations
 
 import math
+import sys
 import time
 from collections import Counter
 from dataclasses import dataclass, field
@@ -26,6 +27,7 @@ from pathlib import Path
 
 import numpy as np
 
+from actors.check_args import task_problem
 from actors.envs.simphone.env import SimPhoneConfig, SimPhoneEnv
 from actors.envs.simphone.oracle import Oracle
 from actors.policy_runner import to_action
@@ -165,7 +167,12 @@ def record_episode(
 
 
 def write_demos(cfg: DemosConfig, log=print) -> Counter:
-    """Record `cfg.episodes` oracle episodes into `cfg.out` (the file layout of the module docstring)."""
+    """Record `cfg.episodes` oracle episodes into `cfg.out` (the file layout of the module docstring).
+    Exits with status 2 and one line on stderr when `--tasks` or `--split` names no usable task."""
+    problem = task_problem("simphone", cfg.tasks, cfg.split)
+    if problem is not None:  # one line for the user, no traceback (the learner runs this command too)
+        print(f"python -m actors demos: {problem}", file=sys.stderr, flush=True)
+        raise SystemExit(2)
     env = SimPhoneEnv(SimPhoneConfig(tasks=cfg.tasks, split=cfg.split, max_steps=cfg.max_steps))
     rng = np.random.default_rng(cfg.seed)
     stats: Counter = Counter()

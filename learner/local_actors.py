@@ -5,8 +5,10 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
-import sys
 from pathlib import Path
+
+from common.actor_command import actor_command
+from common.config import EmulatorModelConfig
 
 
 class LocalActors:
@@ -21,30 +23,40 @@ class LocalActors:
         seed: int,
         run_dir: Path,
         extra_args: tuple[str, ...] = (),
+        *,
+        env: str | None = None,
+        tasks: str | None = None,
+        split: str | None = None,
+        emulator: EmulatorModelConfig | None = None,
     ):
+        """`env`, `tasks`, `split` and `emulator`: the actors' environments (None: the actor's default);
+        `extra_args`: further `python -m actors` flags, last."""
         self.procs: list[subprocess.Popen] = []
         self._logs = []
-        env = dict(os.environ)
+        env_vars = dict(os.environ)
         # Actors run small batched inference; one XLA thread each keeps them off the learner's cores.
-        env.setdefault("XLA_FLAGS", "--xla_cpu_multi_thread_eigen=false intra_op_parallelism_threads=1")
-        env.setdefault("JAX_PLATFORMS", "cpu")
+        env_vars.setdefault("XLA_FLAGS", "--xla_cpu_multi_thread_eigen=false intra_op_parallelism_threads=1")
+        env_vars.setdefault("JAX_PLATFORMS", "cpu")
         for i in range(count):
             log = (run_dir / f"actor-{i}.log").open("ab")
             self._logs.append(log)
-            cmd = [
-                sys.executable, "-m", "actors",
-                "--host", "127.0.0.1",
-                "--ingest-port", str(ingest_port),
-                "--params-port", str(params_port),
-                "--num-envs", str(num_envs),
-                "--seed", str(seed * 1000 + i),
-                "--name", f"local-{i}",
-                "--parent-pid", str(os.getpid()),
+            cmd = actor_command(
+                host="127.0.0.1",
+                ingest_port=ingest_port,
+                params_port=params_port,
+                num_envs=num_envs,
+                seed=seed * 1000 + i,
+                name=f"local-{i}",
+                parent_pid=os.getpid(),
                 # The learner stops them after its last record: nothing they could flush then is stored.
-                "--flush-timeout", "0",
-                *extra_args,
-            ]  # fmt: skip
-            self.procs.append(subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env))
+                flush_timeout=0,
+                env=env,
+                tasks=tasks,
+                split=split,
+                emulator=emulator,
+                extra=extra_args,
+            )
+            self.procs.append(subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env_vars))
 
     def alive(self) -> int:
         return sum(p.poll() is None for p in self.procs)
