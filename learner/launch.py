@@ -6,8 +6,9 @@ with the requested resources: the learner on a node with `--learner-resources` (
 actors spread over nodes that advertise `--actor-resource` (default `emulator`, one unit per actor, so a
 node started with `ray start --resources '{"emulator": 4}'` takes at most four). The launcher (the Ray
 driver, this process) reads the learner's ports from RUN_DIR/endpoints.json on the learner's node,
-passes every actor `--host <learner node IP> --ingest-port P --params-port Q`, prints every process's
-output lines prefixed with its name, and:
+passes every actor `--host <learner node IP> --ingest-port P --params-port Q` (common/actor_command.py
+spells the actor's command line), prints every process's output lines prefixed with its name, says when
+the first episodes are in (the `episodes` count of the learner's RUN_DIR/metrics.jsonl records), and:
 
 - when an actor process exits, kills its ProcessHost so that Ray restarts it (a fresh process on a node
   with the resource), at most `--max-restarts` times per actor, counted on the console; an actor that
@@ -22,6 +23,9 @@ to hosts by learner/launch_plan.py. With `--secure`, the launcher makes fresh CU
 learner's, and one per actor and relay) and hands each process only its own files, written 0600 on its
 node by learner/process_host.py.
 
+The rules above are learner/launch_supervisor.py, a state machine with one handler per event; this
+module places the processes and turns what their ProcessHosts answer into those events.
+
 Delivery is unchanged: a restarted actor is a new actor process, which the learner's acks, resends and
 rejoin already cover. Needs Ray (`pip install -e '.[ray]'`) on every node, with this package installed
 in the same Python as the cluster's workers.
@@ -30,18 +34,16 @@ in the same Python as the cluster's workers.
 from __future__ import annotations
 
 import json
-import re
 import shlex
 import signal
 import socket
-import threading
 import time
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from common.curve import is_loopback
+from common.actor_command import actor_command
 from common.ports import RELAY_PORT
 from learner.launch_plan import (
     ActorHost,
@@ -51,6 +53,7 @@ from learner.launch_plan import (
     curve_files,
     learner_curve_flags,
 )
+from learner.launch_supervisor import Actions, Event, Proc, Supervisor
 from learner.process_host import ProcessHost, files_dir
 
 ACTOR_ENV = {
@@ -58,9 +61,6 @@ ACTOR_ENV = {
     "XLA_FLAGS": "--xla_cpu_multi_thread_eigen=false intra_op_parallelism_threads=1",
 }
 """Environment of the actor processes (as `--local-actors` sets it): CPU inference, one XLA thread."""
-
-EPISODES = re.compile(r"\beps\s+(\d+)")
-"""The episode count in the learner's one-line progress report (`--console lines`, its mode in a pipe)."""
 
 
 class LaunchError(Exception):
@@ -251,21 +251,6 @@ def _plan(ray: Any, cfg: LaunchConfig) -> _Plan:
     return _Plan(uuid.uuid4().hex[:12], hosts, relays, learner_files, client_files)
 
 
-class _Proc:
-    """The launcher's view of one placed process."""
-
-    def __init__(self, name: str, handle: Any):
-        self.name = name
-        self.handle = handle
-        self.ref: Any = None  # the drain() or info() call in flight
-        self.waiting_info = True
-        self.pid: int | None = None
-        self.restarts = 0
-        self.done = False
-        self.down_since: float | None = None
-        self.kill_counted = False  # this restart was asked for (and counted) by _actor_exited
-
-
 def launch(cfg: LaunchConfig) -> int:
     """Run the topology until the learner exits or a stop signal; the exit status."""
     try:
@@ -287,146 +272,156 @@ def launch(cfg: LaunchConfig) -> int:
         ray.shutdown()
 
 
-def _run(ray: Any, cfg: LaunchConfig, plan: _Plan) -> int:
-    started = time.monotonic()
-    stop = threading.Event()
+class _Signals:
+    """SIGINT and SIGTERM while it is installed: the first becomes a `signal` event, a second raises
+    KeyboardInterrupt (the launcher then kills everything at once)."""
 
-    def on_signal(signum: int, _frame: Any) -> None:
-        if stop.is_set():
+    def __init__(self) -> None:
+        self.received: int | None = None
+        self.taken = False
+        self.old = {s: signal.signal(s, self._on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
+
+    def _on_signal(self, signum: int, _frame: Any) -> None:
+        if self.received is not None:
             raise KeyboardInterrupt
-        _say(f"{signal.Signals(signum).name}: stopping the actors, then the learner")
-        stop.set()
+        self.received = signum
 
-    old = {s: signal.signal(s, on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
+    def events(self) -> list[Event]:
+        if self.received is None or self.taken:
+            return []
+        self.taken = True
+        return [Event("signal", data=self.received)]
+
+    def restore(self) -> None:
+        for s, handler in self.old.items():
+            signal.signal(s, handler)
+
+
+class _RayEvents:
+    """The supervisor's events from the processes' ProcessHosts: one call in flight per process (where it
+    runs after a placement or restart, else its output) and one read of the learner file it wants."""
+
+    def __init__(self, ray: Any, sup: Supervisor, run_dir: Path):
+        self.ray, self.sup = ray, sup
+        self.paths = {"endpoints": str(run_dir / "endpoints.json"), "metrics": str(run_dir / "metrics.jsonl")}
+        self.inflight: dict[Any, tuple[str, Proc]] = {}
+        """Each call in flight: its slot (a process's name, or the learner file it reads) and process."""
+
+    def poll(self, timeout: float = 0.5) -> list[Event]:
+        self._submit()
+        refs = list(self.inflight)
+        if not refs:
+            time.sleep(timeout)
+            return []
+        ready = set(self.ray.wait(refs, num_returns=len(refs), timeout=timeout)[0])
+        events: list[Event] = []
+        for ref in refs:  # in the order asked: a process's placement before the files it writes
+            if ref in ready:
+                slot, p = self.inflight.pop(ref)
+                events += self._events(slot, p, ref)
+        return events
+
+    def _submit(self) -> None:
+        busy = {slot for slot, _ in self.inflight.values()}
+        for p in self.sup.procs:
+            if not p.done and p.name not in busy:
+                ref = p.handle.info.remote() if p.waiting_info else p.handle.drain.remote(0.5)
+                self.inflight[ref] = (p.name, p)
+        want = self.sup.reading()
+        if want is not None and want not in busy:
+            host, path = self.sup.learner.handle, self.paths[want]
+            ref = host.read_text.remote(path) if want == "endpoints" else host.new_lines.remote(path)
+            self.inflight[ref] = (want, self.sup.learner)
+
+    def _events(self, slot: str, p: Proc, ref: Any) -> list[Event]:
+        try:
+            result = self.ray.get(ref)
+        except self.ray.exceptions.RayActorError as e:
+            time.sleep(0.2)  # it is restarting: do not spin on calls that fail at once
+            return [Event("unavailable", p, type(e).__name__)]
+        if slot == "endpoints":
+            return [Event("endpoints", p, json.loads(result))] if result else []
+        if slot == "metrics":
+            records = [r for r in map(_json_or_none, result) if isinstance(r, dict)]
+            return [Event("metrics", p, records)] if records else []
+        if isinstance(result, dict):  # info(): where it runs
+            return [Event("placed", p, result)]
+        lines, rc = result  # drain()
+        return [Event("lines", p, lines), *([Event("exited", p, rc)] if rc is not None else [])]
+
+
+def _json_or_none(line: str) -> Any:
+    try:
+        return json.loads(line)
+    except ValueError:
+        return None
+
+
+def _run(ray: Any, cfg: LaunchConfig, plan: _Plan) -> int:
+    """Place the learner, then hand every event to the supervisor until it says the launch is over;
+    then stop everything (a second signal: kill everything)."""
     host_cls = ray.remote(ProcessHost)
     run_dir = cfg.run_dir.expanduser().absolute()
-    learner_argv = [
-        "-m", "learner", "--run-dir", str(run_dir), "--bind", "{node_ip}",
-        *(["--insecure"] if cfg.insecure else []), *(learner_curve_flags() if cfg.secure else []),
-        *shlex.split(cfg.learner_args),
-    ]  # fmt: skip
     if cfg.secure:
         _say(
             f"CURVE: fresh key pairs for the learner and {len(plan.client_files)} actors/relays; each process's "
             f"own keys are written to {files_dir(plan.launch_id, '<name>')} on its node, deleted when it stops"
         )
-    learner = _Proc(
-        "learner",
-        host_cls.options(max_restarts=0, **_options(parse_resources(cfg.learner_resources))).remote(
-            "learner", learner_argv, {}, [str(run_dir / "endpoints.json")], plan.learner_files, plan.launch_id
+    actions = Actions(
+        place=lambda host, endpoints: (
+            _start_relays(host_cls, cfg, plan, host, endpoints["params_port"])
+            + _start_actors(host_cls, cfg, plan, host, endpoints)
         ),
+        restart=lambda p: ray.kill(p.handle, no_restart=False),
+        say=_say,
+        show=_print,
     )
-    procs = [learner]
-    first_episodes: float | None = None
-    status = 0
+    sup = Supervisor(cfg, run_dir, _start_learner(host_cls, cfg, plan, run_dir), actions)
+    signals = _Signals()
     try:
-        info = ray.get(learner.handle.info.remote())
-        learner.pid = info["pid"]
-        _say(
-            f"learner: pid {info['pid']} on {info['node_ip']} (node {info['node_id'][:8]}), run dir {run_dir}"
-        )
-        if not is_loopback(info["node_ip"]) and not (cfg.insecure or cfg.secure):
-            _say("the learner's node is not on loopback: without --secure or --insecure it refuses to bind")
-        endpoints = None
-        deadline = time.monotonic() + cfg.start_timeout
-        while endpoints is None and not stop.is_set():
-            lines, rc = ray.get(learner.handle.drain.remote(0.5))
-            _print("learner", lines)
-            if rc is not None:
-                _say(f"the learner exited with status {rc} before binding its ports (its output is above)")
-                learner.done = True
-                return 1
-            text = ray.get(learner.handle.read_text.remote(str(run_dir / "endpoints.json")))
-            if text:
-                endpoints = json.loads(text)
-            elif time.monotonic() > deadline:
-                _say(
-                    f"the learner did not write {run_dir / 'endpoints.json'} within --start-timeout {cfg.start_timeout:g} s"
-                )
-                return 1
-        if stop.is_set():
-            return 0
-        assert endpoints is not None
-        host = info["node_ip"]
-        _say(
-            f"learner ready after {time.monotonic() - started:.1f} s: ingest {host}:{endpoints['ingest_port']}, "
-            f"params {host}:{endpoints['params_port']}"
-        )
-        relays = _start_relays(host_cls, cfg, plan, host, endpoints["params_port"])
-        actors = _start_actors(host_cls, cfg, plan, host, endpoints)
-        procs += relays + actors
-        learner.waiting_info = False
-        while not stop.is_set():
-            for p in procs:
-                if p.ref is None and not p.done:
-                    p.ref = p.handle.info.remote() if p.waiting_info else p.handle.drain.remote(0.5)
-            refs = [p.ref for p in procs if p.ref is not None]
-            if not refs:
-                break
-            ready, _ = ray.wait(refs, num_returns=len(refs), timeout=0.5)
-            for p in procs:
-                if p.ref is None or p.ref not in ready:
-                    continue
-                ref, p.ref = p.ref, None
-                try:
-                    result = ray.get(ref)
-                except ray.exceptions.RayActorError as e:
-                    if p is learner:
-                        _say(
-                            f"the learner's Ray actor died ({type(e).__name__}: its node or worker is gone); stopping"
-                        )
-                        return 1
-                    _actor_unavailable(p, cfg)
-                    continue
-                if p.waiting_info:
-                    p.waiting_info, p.down_since = False, None
-                    if result["pid"] != p.pid:
-                        unasked = p.pid is not None and result["restarted"] and not p.kill_counted
-                        if unasked and p.restarts < cfg.max_restarts:
-                            p.restarts += 1  # Ray restarted it without our asking (its worker or node died)
-                        p.kill_counted = False
-                        again = f" (restart {p.restarts} of {cfg.max_restarts})" if p.restarts else ""
-                        p.pid = result["pid"]
-                        _say(
-                            f"{p.name}: pid {p.pid} on {result['node_ip']} (node {result['node_id'][:8]}){again}"
-                        )
-                    continue
-                lines, rc = result
-                _print(p.name, lines)
-                if p is learner and first_episodes is None:
-                    for line in lines:
-                        m = EPISODES.search(line)
-                        if m and int(m.group(1)) > 0:
-                            first_episodes = time.monotonic() - started
-                            _say(f"first episodes acknowledged {first_episodes:.1f} s after launch")
-                            break
-                if rc is None:
-                    continue
-                if p is learner:
-                    if rc == 0:
-                        _say("the learner finished (status 0); stopping the actors")
-                    else:
-                        _say(f"the learner died with status {rc} on its node; stopping the actors")
-                        status = 1
-                    learner.done = True
-                    return status
-                _actor_exited(ray, p, rc, cfg)
-            if all(p.done for p in actors) and cfg.actors:
-                _say("no actor is left running; stopping the learner")
-                return 1
+        status = _supervise(sup, _RayEvents(ray, sup, run_dir), signals)
+        _stop_all(ray, sup.procs, cfg)
         return status
     except KeyboardInterrupt:
         _say("second signal: killing everything")
-        for p in procs:
+        for p in sup.procs:
             ray.kill(p.handle, no_restart=True)
         return 130
+    except BaseException:
+        _stop_all(ray, sup.procs, cfg)
+        raise
     finally:
-        _stop_all(ray, procs, cfg)
-        for s, handler in old.items():
-            signal.signal(s, handler)
+        signals.restore()
 
 
-def _start_relays(host_cls: Any, cfg: LaunchConfig, plan: _Plan, host: str, params_port: int) -> list[_Proc]:
+def _supervise(sup: Supervisor, events: _RayEvents, signals: _Signals) -> int:
+    while True:
+        for event in (*events.poll(), *signals.events(), Event("tick")):
+            status = sup.handle(event)
+            if status is not None:
+                return status
+
+
+def _start_learner(host_cls: Any, cfg: LaunchConfig, plan: _Plan, run_dir: Path) -> Proc:
+    """The learner's ProcessHost on a node with --learner-resources (never restarted)."""
+    argv = [
+        "-m", "learner", "--run-dir", str(run_dir), "--bind", "{node_ip}",
+        *(["--insecure"] if cfg.insecure else []), *(learner_curve_flags() if cfg.secure else []),
+        *shlex.split(cfg.learner_args),
+    ]  # fmt: skip
+    handle = host_cls.options(max_restarts=0, **_options(parse_resources(cfg.learner_resources))).remote(
+        "learner",
+        argv,
+        {},
+        [str(run_dir / "endpoints.json")],
+        plan.learner_files,
+        plan.launch_id,
+        [str(run_dir / "metrics.jsonl")],
+    )
+    return Proc("learner", handle)
+
+
+def _start_relays(host_cls: Any, cfg: LaunchConfig, plan: _Plan, host: str, params_port: int) -> list[Proc]:
     """One relay per actor host, pinned to it, subscribed to the learner at `host`."""
     out = []
     for j, node in enumerate(plan.relay_hosts):
@@ -441,30 +436,33 @@ def _start_relays(host_cls: Any, cfg: LaunchConfig, plan: _Plan, host: str, para
             scheduling_strategy=_pinned(node.node_id),
             max_restarts=cfg.max_restarts,
         ).remote(name, argv, {}, [], plan.client_files.get(name), plan.launch_id)
-        out.append(_Proc(name, handle))
+        out.append(Proc(name, handle))
     return out
 
 
-def _start_actors(host_cls: Any, cfg: LaunchConfig, plan: _Plan, host: str, endpoints: dict) -> list[_Proc]:
+def _start_actors(host_cls: Any, cfg: LaunchConfig, plan: _Plan, host: str, endpoints: dict) -> list[Proc]:
     """N actors on nodes with the actor resource: pinned beside their host's relay, or spread by Ray."""
     out = []
     for i, node in enumerate(plan.actor_hosts):
         name = f"actor-{i}"
-        argv = [
-            "-m", "actors", "--host", host,
-            "--ingest-port", str(endpoints["ingest_port"]), "--params-port", str(endpoints["params_port"]),
-            "--name", f"ray-actor-{i}", "--seed", str(i), "--parent-pid", "{pid}",
-            *(["--params-endpoint", f"tcp://127.0.0.1:{cfg.relay_port}"] if node is not None else []),
-            *(client_curve_flags() if cfg.secure else []),
-            *shlex.split(cfg.actor_args),
-        ]  # fmt: skip
+        argv = actor_command(
+            host=host,
+            ingest_port=endpoints["ingest_port"],
+            params_port=endpoints["params_port"],
+            params_endpoint=f"tcp://127.0.0.1:{cfg.relay_port}" if node is not None else "",
+            name=f"ray-actor-{i}",
+            seed=i,
+            parent_pid="{pid}",  # its ProcessHost's: it exits when its host is gone
+            extra=[*(client_curve_flags() if cfg.secure else []), *shlex.split(cfg.actor_args)],
+            python=None,  # the ProcessHost runs it with its node's Python
+        )
         handle = host_cls.options(
             num_cpus=0,
             resources={cfg.actor_resource: cfg.actor_resource_per_actor},
             scheduling_strategy="SPREAD" if node is None else _pinned(node.node_id),
             max_restarts=cfg.max_restarts,
         ).remote(name, argv, ACTOR_ENV, [], plan.client_files.get(name), plan.launch_id)
-        out.append(_Proc(name, handle))
+        out.append(Proc(name, handle))
     return out
 
 
@@ -474,37 +472,7 @@ def _pinned(node_id: str) -> Any:
     return NodeAffinitySchedulingStrategy(node_id=node_id, soft=False)
 
 
-def _actor_exited(ray: Any, p: _Proc, rc: int, cfg: LaunchConfig) -> None:
-    """An actor process exited: have Ray restart its host, unless it was bad arguments or out of restarts."""
-    if rc == 2:
-        _say(f"{p.name}: exited with status 2 (bad --actor-args? its output is above); not restarting it")
-        p.done = True
-    elif p.restarts >= cfg.max_restarts:
-        _say(f"{p.name}: exited with status {rc}; all {cfg.max_restarts} restarts used, leaving it down")
-        p.done = True
-    else:
-        p.restarts += 1
-        _say(
-            f"{p.name}: exited with status {rc}; Ray restarts it (restart {p.restarts} of {cfg.max_restarts})"
-        )
-        ray.kill(p.handle, no_restart=False)
-        p.waiting_info, p.down_since, p.kill_counted = True, time.monotonic(), True
-
-
-def _actor_unavailable(p: _Proc, cfg: LaunchConfig) -> None:
-    """A call to an actor's host failed: it is restarting (ask again) or gone for good."""
-    now = time.monotonic()
-    if p.down_since is None:
-        p.down_since = now
-    p.waiting_info = True
-    if now - p.down_since > cfg.start_timeout:
-        _say(f"{p.name}: its Ray actor has not come back in {cfg.start_timeout:g} s; leaving it down")
-        p.done = True
-    else:
-        time.sleep(0.2)
-
-
-def _stop_all(ray: Any, procs: list[_Proc], cfg: LaunchConfig) -> None:
+def _stop_all(ray: Any, procs: list[Proc], cfg: LaunchConfig) -> None:
     """Actors and relays first (actors flush to the learner), then the learner; then their Ray actors.
     Processes that already exited are asked too, so that their hosts delete their key files."""
     for group in (procs[1:], procs[:1]):

@@ -2,7 +2,9 @@
 
 `launch` makes it a Ray actor (`ray.remote(ProcessHost)`), so Ray places it by resources and restarts it
 (a new subprocess, from the same constructor arguments) when the launcher asks or its worker dies. The
-launcher pulls the subprocess's output lines with `drain` and stops it with `stop`.
+launcher pulls the subprocess's output lines with `drain`, reads files it writes on its node
+(`read_text`, and `new_lines` for the lines a run appends to RUN_DIR/metrics.jsonl) and stops it with
+`stop`.
 
 Files the process needs on its node (CURVE keys) come as constructor arguments and are written to
 FILES_ROOT/<launch id>/<name>/ (folders 0700, files 0600), which `{files}` in argv names. A restart
@@ -28,6 +30,13 @@ FILES_ROOT = Path(tempfile.gettempdir())
 
 def files_dir(launch_id: str, name: str) -> Path:
     return FILES_ROOT / f"distrl-launch-{launch_id}" / name
+
+
+def _size(path: str) -> int:
+    try:
+        return os.path.getsize(path)
+    except OSError:
+        return 0
 
 
 def _die_with_parent() -> None:
@@ -66,6 +75,7 @@ class ProcessHost:
         remove_first: list[str],
         files: dict[str, bytes] | None = None,
         launch_id: str = "",
+        follow: list[str] | None = None,
     ):
         import ray
 
@@ -75,6 +85,8 @@ class ProcessHost:
         self.restarted = ray.get_runtime_context().was_current_actor_reconstructed
         for path in remove_first:  # a reused run dir: wait for this run's file, not the last one's
             Path(path).unlink(missing_ok=True)
+        # Files `new_lines` reads: only what this run appends (a reused run dir keeps the last one's lines).
+        self.offsets = {path: _size(path) for path in follow or []}
         self.files: Path | None = None
         if files:
             self.files = files_dir(launch_id, name)
@@ -129,6 +141,22 @@ class ProcessHost:
             return Path(path).read_text()
         except OSError:
             return None
+
+    def new_lines(self, path: str) -> list[str]:
+        """The complete lines appended to `path` (one of `follow`) since the last call, or since this
+        host started the process."""
+        start = self.offsets.get(path, 0)
+        if _size(path) < start:  # replaced or truncated: read it from the start
+            start = 0
+        try:
+            with open(path, "rb") as f:
+                f.seek(start)
+                data = f.read()
+        except OSError:
+            return []
+        complete = data[: data.rfind(b"\n") + 1]  # a line being written waits for the next call
+        self.offsets[path] = start + len(complete)
+        return complete.decode(errors="replace").splitlines()
 
     def stop(self, grace: float) -> tuple[list[str], int]:
         """SIGTERM, SIGKILL after `grace` s; the remaining output and the exit status. Deletes the files."""
