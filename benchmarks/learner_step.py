@@ -16,10 +16,10 @@ from benchmarks import data, encoder_rows
 from benchmarks.report import best_seconds, matmul_gflops
 from common import featurize, model
 from common.config import ModelConfig
-from learner.algorithm import LossConfig
-from learner.aride import ARideConfig
+from common.policies import PointerPolicy
 from learner.augment import rename_batch, rename_words
 from learner.batch import collate
+from learner.losses import LOSSES, LossParams
 from learner.train_step import make_optimizer, make_train_step
 
 
@@ -27,7 +27,7 @@ def _step_seconds(step, state: list, batch, repeats: int) -> float:
     """Best seconds per call of a jitted update on `batch` (compiled first; `state` is threaded through)."""
 
     def one_update():
-        state[0], state[1], m = step(state[0], state[1], batch)
+        state[0], state[1], m, _ = step(state[0], state[1], batch)
         jax.block_until_ready(m)
 
     one_update()
@@ -41,19 +41,20 @@ def run(quick: bool) -> list[dict]:
     graphdef, params = model.create(cfg, 0)
     optimizer = make_optimizer(1e-3, 1.0)
     opt_state = optimizer.init(params)
-    train_step = make_train_step(graphdef, optimizer, LossConfig())
+    evaluate = PointerPolicy(cfg).evaluate
+    train_step = make_train_step(graphdef, optimizer, LOSSES["a2c"].rl, LossParams(), evaluate)
     batch_data = collate(data.episodes(cfg, batch, steps), steps)
     t0 = time.perf_counter()
     cost = train_step.lower(params, opt_state, batch_data).compile().cost_analysis()
     compile_s = time.perf_counter() - t0
     cost = cost[0] if isinstance(cost, list) else cost
     step_gflop = float(cost.get("flops", 0.0)) / 1e9
-    params, opt_state, _ = train_step(params, opt_state, batch_data)
+    params, opt_state, *_ = train_step(params, opt_state, batch_data)
     jax.block_until_ready(params)
     state = [params, opt_state]
 
     def one_update():
-        state[0], state[1], m = train_step(state[0], state[1], batch_data)
+        state[0], state[1], m, _ = train_step(state[0], state[1], batch_data)
         jax.block_until_ready(m)
 
     step_s = best_seconds(one_update, repeats, inner=3)
@@ -72,7 +73,7 @@ def run(quick: bool) -> list[dict]:
     ]
     # A-RIDE with word renaming: the importance ratios need a second forward pass (no gradient) over the
     # observations the actors saw (Batch.acted_obs); its cost against the same step without it.
-    aride_step = make_train_step(graphdef, optimizer, ARideConfig())
+    aride_step = make_train_step(graphdef, optimizer, LOSSES["aride"].rl, LossParams(), evaluate)
     renamed = rename_batch(batch_data, 0.0, 0.5, cfg.vocab_size, seed=0)
     plain_s, acted_s = (_step_seconds(aride_step, state, b, repeats) for b in (batch_data, renamed))
     for label, seconds in (("A-RIDE train step", plain_s), ("A-RIDE train step, renamed words", acted_s)):

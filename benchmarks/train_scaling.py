@@ -3,7 +3,7 @@
 For each device count D (1, 2, 4, 8; quick: 1 and 8) a worker subprocess starts with
 `XLA_FLAGS=--xla_force_host_platform_device_count=D JAX_PLATFORMS=cpu` (the device count must be set
 before jax initializes) and prints one JSON line of rows. Each worker times the learner's step (default
-ModelConfig, make_optimizer(1e-3, 1.0), ARideConfig()) on a global batch of 32 episodes x up to 12 steps
+ModelConfig, make_optimizer(1e-3, 1.0), A-RIDE's loss with LossParams()) on a global batch of 32 episodes x up to 12 steps
 (featurized stand-in screens of varied lengths, collated with replay weights) on a mesh data=D, model=1
 with replicated parameters, and for D >= 2 also on data=D/2, model=2 with "fsdp" parameters. When not
 quick, a D=1 worker also times the ~134M-parameter large preset on a small batch (4 episodes x <= 4 steps).
@@ -112,8 +112,9 @@ def time_layout(cfg, devices, data_axis: int, model_axis: int, sharding: str, ba
     import jax
 
     from common import model
+    from common.policies import PointerPolicy
     from learner import mesh as M
-    from learner.aride import ARideConfig
+    from learner.losses import LOSSES, LossParams
     from learner.train_step import make_optimizer
 
     mesh = M.make_mesh(M.MeshConfig(data=data_axis, model=model_axis, param_sharding=sharding), devices)
@@ -123,7 +124,10 @@ def time_layout(cfg, devices, data_axis: int, model_axis: int, sharding: str, ba
     specs = M.param_specs(params, mesh, sharding)
     params = M.shard_params(params, mesh, specs)
     opt_state = M.init_opt_state(optimizer, params, mesh, specs)
-    step = M.make_sharded_train_step(graphdef, optimizer, ARideConfig(), mesh, specs)
+    loss = LOSSES["aride"].rl
+    step = M.make_sharded_train_step(
+        graphdef, optimizer, loss, LossParams(), PointerPolicy(cfg).evaluate, mesh, specs
+    )
     placed = M.shard_batch(batch, mesh)
 
     t0 = time.perf_counter()
@@ -135,7 +139,7 @@ def time_layout(cfg, devices, data_axis: int, model_axis: int, sharding: str, ba
     state = [params, opt_state]
 
     def one_update():
-        state[0], state[1], metrics = compiled(state[0], state[1], placed)
+        state[0], state[1], metrics, _ = compiled(state[0], state[1], placed)
         jax.block_until_ready(metrics)
         return metrics
 

@@ -14,8 +14,11 @@ from typing import Any
 
 @dataclass(frozen=True)
 class ModelConfig:
-    """Size of the default policy and of its featurized inputs."""
+    """The policy family and the size of the default one's network and featurized inputs."""
 
+    kind: str = "pointer"
+    """Policy family (common/policies): "pointer" (the built-in transformer that points at elements and
+    instruction words) or `package.module:ClassName` for a family of your own (docs/POLICIES.md)."""
     vocab_size: int = 4096
     """Buckets of the hashing tokenizer (id 0 is padding)."""
     max_instruction_tokens: int = 16

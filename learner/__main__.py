@@ -8,7 +8,7 @@ import sys
 
 import tyro
 
-from learner.config import LearnerConfig
+from learner.config import parse_args
 
 
 def main() -> None:
@@ -33,7 +33,7 @@ def main() -> None:
         sys.exit(launch(tyro.cli(LaunchConfig, args=sys.argv[2:], prog="python -m learner launch")))
     from learner.loop import run
 
-    run(tyro.cli(LearnerConfig))
+    run(parse_args())
 
 
 if __name__ == "__main__":

@@ -13,26 +13,24 @@ from typing import Any, NamedTuple
 import numpy as np
 
 from common.distribution import CHOICE_KEYS
-from common.protocol import STEP_ARRAYS, Episode
+from common.protocol import Episode
+
+BASE_STEP_ARRAYS = {"behavior_logp": "<f4", "reward": "<f4", "policy_version": "<i4"}
+"""The per-step arrays of every family's episodes; the rest of an Episode's `steps` are its choice arrays."""
 
 
 class Batch(NamedTuple):
     """B padded episodes (a JAX pytree: it is jitted, sharded and placed like a dict of arrays).
 
     Shapes are [B, T + 1, ...] for observations, [B, T] per step, [B] per episode. The per-step fields
-    are protocol.STEP_ARRAYS, with their wire dtypes.
+    have their wire dtypes.
     """
 
     obs: dict[str, Any]
-    """Featurized observations {name: [B, T + 1, ...]} (common.featurize.feature_spec)."""
-    action_type: Any
-    """[B, T] int32: the action type taken (common.types.ActionType)."""
-    element: Any
-    """[B, T] int32: the element pointed at (tap / type target)."""
-    word: Any
-    """[B, T] int32: the instruction word pointed at (typed text)."""
-    direction: Any
-    """[B, T] int32: the swipe direction."""
+    """Featurized observations {name: [B, T + 1, ...]} (the policy family's episode spec)."""
+    choice: dict[str, Any]
+    """The choices taken {name: [B, T] int32}: the policy family's choice arrays (for the pointer policy
+    action_type, element, word, direction), as its `evaluate` takes them."""
     behavior_logp: Any
     """[B, T] float32: log mu(a_t | s_t), the behaviour policy's log-probability of the action taken."""
     reward: Any
@@ -52,12 +50,7 @@ class Batch(NamedTuple):
     renaming, learner/augment.py): the importance ratios are computed on these, so that rho = pi / mu is
     exactly 1 on-policy. None when `obs` is what the actor saw."""
 
-    def choice(self) -> dict[str, Any]:
-        """The factorized action taken, as common.distribution.log_prob takes it."""
-        return {k: getattr(self, k) for k in CHOICE_KEYS}
 
-
-assert Batch._fields[1 : 1 + len(STEP_ARRAYS)] == tuple(STEP_ARRAYS), "Batch's step fields are STEP_ARRAYS"
 assert Batch._fields[-1] == "acted_obs", "the optional field comes last (NamedTuple defaults)"
 
 
@@ -66,7 +59,7 @@ def collate(episodes: list[Episode], max_steps: int, weights: np.ndarray | None 
     b = len(episodes)
     first = episodes[0]
     obs = {k: np.zeros((b, max_steps + 1, *v.shape[1:]), v.dtype) for k, v in first.obs.items()}
-    steps = {k: np.zeros((b, max_steps), np.dtype(dt)) for k, dt in STEP_ARRAYS.items()}
+    steps = {k: np.zeros((b, max_steps), v.dtype) for k, v in first.steps.items()}
     for i, ep in enumerate(episodes):
         n = ep.length
         for k, v in ep.obs.items():
@@ -75,7 +68,8 @@ def collate(episodes: list[Episode], max_steps: int, weights: np.ndarray | None 
             steps[k][i, :n] = v
     return Batch(
         obs=obs,
-        **steps,
+        choice={k: v for k, v in steps.items() if k not in BASE_STEP_ARRAYS},
+        **{k: steps[k] for k in BASE_STEP_ARRAYS},
         length=np.array([ep.length for ep in episodes], np.int32),
         terminal=np.array([not ep.truncated for ep in episodes], bool),
         weights=np.ones(b, np.float32) if weights is None else np.asarray(weights, np.float32),
@@ -88,9 +82,11 @@ def example_batch(
     batch_size: int,
     max_steps: int,
     acted_obs: bool = False,
+    choices: tuple[str, ...] = CHOICE_KEYS,
 ) -> Batch:
     """A Batch of the exact shapes and dtypes `collate` produces (all zeros), to compile ahead of data;
-    `acted_obs` adds the un-augmented observations that a renaming learner passes (Batch.acted_obs)."""
+    `acted_obs` adds the un-augmented observations that a renaming learner passes (Batch.acted_obs);
+    `choices` names the family's choice arrays (int32; the pointer policy's by default)."""
     obs = {
         k: np.zeros((batch_size, max_steps + 1, *shape), np.dtype(dt))
         for k, (shape, dt) in feature_spec.items()
@@ -98,7 +94,8 @@ def example_batch(
     return Batch(
         acted_obs={k: v.copy() for k, v in obs.items()} if acted_obs else None,
         obs=obs,
-        **{k: np.zeros((batch_size, max_steps), np.dtype(dt)) for k, dt in STEP_ARRAYS.items()},
+        choice={k: np.zeros((batch_size, max_steps), np.int32) for k in choices},
+        **{k: np.zeros((batch_size, max_steps), np.dtype(dt)) for k, dt in BASE_STEP_ARRAYS.items()},
         length=np.ones(batch_size, np.int32),
         terminal=np.ones(batch_size, bool),
         weights=np.ones(batch_size, np.float32),

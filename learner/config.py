@@ -13,15 +13,18 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
+import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
+import tyro
 from tyro.conf import OmitArgPrefixes
 
 from common.config import EmulatorModelConfig, ModelConfig
 from common.curve import is_loopback
 from common.ports import INGEST_PORT, PARAMS_PORT
+from learner.losses import DEFAULTS, LOSSES
 
 ParamSharding = Literal["replicated", "fsdp", "model"]
 PARAM_SHARDINGS: tuple[str, ...] = ("replicated", "fsdp", "model")
@@ -213,14 +216,14 @@ class LossSettings:
 
     algorithm: Literal["aride", "a2c"] = "aride"
     """"aride": Retrace(lambda) targets, truncated-IS advantages, replay weights (DistRL); "a2c": the plain
-    actor-critic (an ablation)."""
-    gamma: float = 0.95
+    actor-critic (an ablation). The losses of each are in learner/losses (LOSSES)."""
+    gamma: float = DEFAULTS.gamma
     """Discount."""
-    lambda_: float = 0.95
-    """Retrace trace decay lambda."""
-    rho_clip: float = 1.0
+    lambda_: Annotated[float, tyro.conf.arg(name="lambda")] = DEFAULTS.lambda_
+    """Retrace trace decay lambda (--lambda_ is still read, as an older spelling)."""
+    rho_clip: float = DEFAULTS.rho_clip
     """Clip of the importance ratios pi/mu (rho-bar, c-bar and the policy-gradient weight)."""
-    advantage_threshold: float | None = None
+    advantage_threshold: float | None = DEFAULTS.advantage_threshold
     """A-RIDE: only steps with advantage above this train the actor (DigiRL's filtering uses 0; None: all)."""
     binarize_advantage: bool | None = None
     """A-RIDE: the actor uses 1[A > 0] instead of the advantage A (DigiRL's binarization): it imitates
@@ -228,7 +231,7 @@ class LossSettings:
     on after a warm-up on demonstrations, off from scratch. After a warm-up, the signed advantage's
     push-downs raised the entropy and cut sampled success by 0.2 to 0.4 within 30 updates, and held-out
     greedy success came out 0.36 against 0.49 binarized (BENCHMARKS.md, "The dip after the warm-up")."""
-    off_policy_correction: bool = True
+    off_policy_correction: bool = DEFAULTS.off_policy_correction
     """A-RIDE: --no-off-policy-correction sets every importance ratio to 1 (rho = c = 1), treating
     stale data as on-policy: the ablation of the correction (benchmarks/ablation.py)."""
     instruction_filter: tuple[float, float] | None = None
@@ -239,7 +242,7 @@ class LossSettings:
     """Weight of the exact entropy bonus. Default: 0.01 when learning from scratch (exploration), 0.001
     after a warm-up on demonstrations (at 0.01 the entropy kept growing through 15-minute SimPhone runs
     once the sparse advantages were small, undoing the imitation, and success sagged)."""
-    value_coef: float = 0.5
+    value_coef: float = DEFAULTS.value_coef
     """Weight of the critic loss."""
     word_rename_rate: float = 0.0
     """Share of each training episode's distinct words renamed to random vocabulary ids, consistently
@@ -259,8 +262,11 @@ class LossSettings:
     seeds it raised greedy success on held-out values from 0.82 to 0.95 (BENCHMARKS.md, "Text encoder")."""
 
     def __post_init__(self) -> None:
+        _check(
+            self.algorithm in LOSSES, f"--algorithm must be one of {sorted(LOSSES)}, got {self.algorithm!r}"
+        )
         _check(0.0 <= self.gamma <= 1.0, f"--gamma must be in [0, 1], got {self.gamma}")
-        _check(0.0 <= self.lambda_ <= 1.0, f"--lambda_ must be in [0, 1], got {self.lambda_}")
+        _check(0.0 <= self.lambda_ <= 1.0, f"--lambda must be in [0, 1], got {self.lambda_}")
         _check(self.rho_clip > 0, f"--rho-clip must be positive, got {self.rho_clip}")
         _check(
             self.advantage_threshold is None or math.isfinite(self.advantage_threshold),
@@ -304,6 +310,9 @@ class OptimizerConfig:
     """Where the cosine decay ends, as a fraction of --learning-rate."""
     max_grad_norm: float = 1.0
     """Global-norm gradient clipping."""
+    weight_decay: float = 0.0
+    """AdamW's decoupled weight decay: each update also moves every parameter by -learning rate x this x
+    the parameter (Loshchilov & Hutter 2019). 0 (the default, and what every measured run used): Adam."""
     rl_lr_scale: float = 1.0
     """Reinforcement-learning updates step at this fraction of the scheduled learning rate; imitation
     updates (warm-up, --demo-update-every) at the full rate; both share one Adam state. 0.3 halved the
@@ -327,6 +336,7 @@ class OptimizerConfig:
             f"--lr-final-fraction must be in [0, 1], got {self.lr_final_fraction}",
         )
         _check(self.max_grad_norm > 0, f"--max-grad-norm must be positive, got {self.max_grad_norm}")
+        _check(self.weight_decay >= 0, f"--weight-decay must be >= 0, got {self.weight_decay}")
         _check(self.rl_lr_scale > 0, f"--rl-lr-scale must be positive, got {self.rl_lr_scale}")
 
 
@@ -504,7 +514,8 @@ def flat_dict(cfg: LearnerConfig) -> dict[str, Any]:
     """The config as plain JSON values (paths as strings), one level of settings by field name with the
     groups dissolved (model, mesh and emulator stay nested, as their flags are): the layout of
     config.json and of the config stored with every checkpoint, the same as before the settings were
-    grouped, so older run dirs and `learner eval` read alike."""
+    grouped, so older run dirs and `learner eval` read alike. Settings whose default depends on others
+    (--entropy-coef, --binarize-advantage, --durability) are stored as the run resolved them."""
     out: dict[str, Any] = {}
     for f in dataclasses.fields(cfg):
         value = getattr(cfg, f.name)
@@ -512,4 +523,22 @@ def flat_dict(cfg: LearnerConfig) -> dict[str, Any]:
             out.update(dataclasses.asdict(value))
         else:
             out[f.name] = dataclasses.asdict(value) if dataclasses.is_dataclass(value) else value
+    out.update(
+        entropy_coef=cfg.entropy(), binarize_advantage=cfg.binarize_advantage(), durability=cfg.durability()
+    )
     return json.loads(json.dumps(out, default=str))
+
+
+OLD_SPELLINGS = {"--lambda_": "--lambda"}
+"""Flags renamed since they were first documented: still read, not shown in --help."""
+
+
+def parse_args(args: list[str] | None = None) -> LearnerConfig:
+    """`python -m learner`'s flags -> LearnerConfig (tyro prints --help and bad values, exits 2); the old
+    spellings of renamed flags are read too."""
+    args = sys.argv[1:] if args is None else args
+    renamed = []
+    for arg in args:
+        flag, eq, value = arg.partition("=")
+        renamed.append(OLD_SPELLINGS.get(flag, flag) + eq + value)
+    return tyro.cli(LearnerConfig, args=renamed)

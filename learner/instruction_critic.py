@@ -7,7 +7,7 @@ in its tabular form: unbiased, cheap, and exact enough once a template has a few
 learner also reads it for the per-task success it logs.
 
 `keep` gives the filter for a batch: a trajectory trains the actor only if its task's recent success
-rate lies in [low, high] (learner.aride.instruction_keep), or its task has too few episodes to judge.
+rate lies in [low, high] (learner.losses.aride.instruction_keep), or its task has too few episodes to judge.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from learner.aride import instruction_keep
+from learner.losses.aride import instruction_keep
 
 
 class InstructionCritic:

@@ -134,14 +134,10 @@ def _update(s: Session, imitation: bool) -> None:
     if result.skipped:
         s.stats.totals["skipped_nonfinite"] += 1
         s.console.print(f"learner: update {s.trainer.update} had a non-finite loss or gradient; skipped")
-    elif result.priorities and sample is not None:
+    elif result.priorities is not None and sample is not None:
         p = result.priorities
         s.replay.update_priorities(  # slots refilled during the step (their generation moved on) are skipped
-            sample.indices,
-            sample.generations,
-            p["priority_delta"],
-            p["priority_rho_clipped"],
-            p["priority_entropy"],
+            sample.indices, sample.generations, p.delta, p.rho_clipped, p.entropy
         )
     s.stats.timing["train_s"] += time.monotonic() - t0
 

@@ -17,12 +17,14 @@ because the policy carries no sharding annotations; a fine-tuned pretrained text
 logical axis names, and its layout comes from those (common/backbones/bert.py). Typical use:
 
     mesh = make_mesh(MeshConfig(data=-1, model=2, param_sharding="model"))
-    graphdef, params = model.create(model_cfg, seed)
+    policy = make_policy(model_cfg)
+    graphdef, params = policy.create(seed)
     specs = param_specs(params, mesh, "model")
     params = shard_params(params, mesh, specs)
     opt_state = init_opt_state(optimizer, params, mesh, specs)
-    step = make_sharded_train_step(graphdef, optimizer, loss_cfg, mesh, specs)
-    params, opt_state, metrics = step(params, opt_state, shard_batch(batch, mesh))
+    loss = get_loss("aride")
+    step = make_sharded_train_step(graphdef, optimizer, loss.rl, LossParams(), policy.evaluate, mesh, specs)
+    params, opt_state, metrics, priorities = step(params, opt_state, shard_batch(batch, mesh))
 """
 
 from __future__ import annotations
@@ -45,6 +47,7 @@ from common.backbones import bert
 from common.config import ModelConfig
 from learner.batch import Batch
 from learner.config import PARAM_SHARDINGS, MeshConfig, ParamSharding  # noqa: F401 (re-exported)
+from learner.losses.base import LossFn, LossParams
 from learner.train_step import make_train_step
 
 DATA, MODEL = "data", "model"
@@ -258,30 +261,33 @@ def batch_sharding(mesh: Mesh) -> NamedSharding:
 def make_sharded_train_step(
     graphdef: nnx.GraphDef,
     optimizer: optax.GradientTransformation,
-    loss_cfg: Any,
+    loss_fn: LossFn,
+    loss_params: LossParams,
+    evaluate: Callable[..., Any],
     mesh: Mesh,
     param_shardings: Any,
     *,
-    warmup: bool = False,
     update_scale: float = 1.0,
     encoder_update_scale: float = 1.0,
-) -> Callable[[Any, Any, Batch], tuple[Any, Any, dict]]:
-    """step(params, opt_state, batch) -> (params, opt_state, metrics), as learner.train_step's step.
+) -> Callable[[Any, Any, Batch], tuple[Any, Any, dict, Any]]:
+    """step(params, opt_state, batch) -> (params, opt_state, metrics, priority terms), as
+    learner.train_step's step.
 
     One jax.jit over learner.train_step.make_train_step's step (the same loss and update; its own jit is
     inlined as a nested call), with in_shardings (params and optimizer state per `param_shardings`, the
     batch over 'data') and out_shardings (the same for params and state; metrics replicated).
-    `loss_cfg` (LossConfig or ARideConfig), `warmup`, `update_scale` and `encoder_update_scale` are passed to make_train_step as
-    they are, so every loss it knows is sharded the same way; metrics (scalars and the [B] replay priorities) come
-    back replicated on every device. params and opt_state are donated. `param_shardings`: PartitionSpec or NamedSharding leaves, e.g.
+    `loss_fn`, `loss_params`, `evaluate`, `update_scale` and `encoder_update_scale` are passed to
+    make_train_step as they are, so every loss is sharded the same way; metrics (scalars) and the [B] replay
+    priority terms come back replicated on every device. params and opt_state are donated. `param_shardings`: PartitionSpec or NamedSharding leaves, e.g.
     from `param_specs`. Inputs placed with `shard_params`, `init_opt_state` and `shard_batch` are used in
     place; host arrays are transferred (the batch's size must be a multiple of the 'data' axis size).
     """
     inner = make_train_step(
         graphdef,
         optimizer,
-        loss_cfg,
-        warmup=warmup,
+        loss_fn,
+        loss_params,
+        evaluate,
         update_scale=update_scale,
         encoder_update_scale=encoder_update_scale,
     )
@@ -291,7 +297,7 @@ def make_sharded_train_step(
     return jax.jit(
         inner,
         in_shardings=(params_sh, opt_sh, batch_sharding(mesh)),
-        out_shardings=(params_sh, opt_sh, replicated),
+        out_shardings=(params_sh, opt_sh, replicated, replicated),
         donate_argnums=(0, 1),
     )
 

@@ -9,6 +9,7 @@ elsewhere and hands it batches.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import hashlib
 import sys
 import time
@@ -19,13 +20,13 @@ from typing import Any, TypeVar
 import jax
 import numpy as np
 
-from common import featurize, model, text_encoder
+from common import model, text_encoder
+from common.policies import PointerPolicy, make_policy
 from learner import multihost
-from learner.algorithm import LossConfig
-from learner.aride import ARideConfig
 from learner.batch import Batch, example_batch
 from learner.checkpoint import Checkpointer, TrainState, rng_state, set_rng_state
 from learner.config import LearnerConfig
+from learner.losses import LossParams, PriorityTerms, get_loss
 from learner.mesh import (
     batch_sharding,
     init_opt_state,
@@ -79,10 +80,10 @@ class StepResult:
     """What one update reports: scalar metrics, and this process's rows of the new replay priorities."""
 
     metrics: dict[str, float]
-    """Loss parts, gradient and parameter norms (floats; learner.aride / learner.algorithm name them)."""
-    priorities: dict[str, np.ndarray]
-    """priority_delta, priority_rho, priority_rho_clipped, priority_entropy [local batch] (empty after an
-    imitation update or with --algorithm a2c)."""
+    """Loss parts, gradient and parameter norms (floats; the losses in learner/losses name them)."""
+    priorities: PriorityTerms | None
+    """The new replay priority terms of this process's rows [local batch] (None after an imitation update
+    or with a loss that has none, --algorithm a2c)."""
     skipped: bool
     """The loss or gradient was not finite: the parameters were left as they were."""
 
@@ -104,41 +105,43 @@ class Trainer:
         self.rows = multihost.local_rows(batch_sharding(mesh), cfg.batch_size)
         """This process's rows of every global batch."""
         self.local_batch = self.rows.stop - self.rows.start
-        graphdef, host_params = model.create(cfg.model, cfg.seed)
+        self.policy = make_policy(cfg.model)
+        graphdef, host_params = self.policy.create(cfg.seed)
         specs = param_specs(host_params, mesh, cfg.mesh.param_sharding)
         self.params = multihost.place(host_params, named_shardings(specs, mesh))
         opt = cfg.optimizer
         optimizer = make_optimizer(
             opt.learning_rate,
             opt.max_grad_norm,
+            weight_decay=opt.weight_decay,
             decay_updates=opt.lr_decay_updates,
             final_fraction=opt.lr_final_fraction,
         )
         self.opt_state = init_opt_state(optimizer, self.params, mesh, specs)
-        loss_cfg = loss_config(cfg)
-        encoder_scale = opt.text_encoder_lr_scale
-        self._rl_step = make_sharded_train_step(
+        loss, params = get_loss(cfg.loss.algorithm), loss_params(cfg)
+        step = functools.partial(
+            make_sharded_train_step,
             graphdef,
             optimizer,
-            loss_cfg,
-            mesh,
-            specs,
-            update_scale=opt.rl_lr_scale,
-            encoder_update_scale=encoder_scale,
+            loss_params=params,
+            evaluate=self.policy.evaluate,
+            mesh=mesh,
+            param_shardings=specs,
+            encoder_update_scale=opt.text_encoder_lr_scale,
         )
-        self._imitation_step = make_sharded_train_step(
-            graphdef, optimizer, loss_cfg, mesh, specs, warmup=True, encoder_update_scale=encoder_scale
-        )
+        self._rl_step = step(loss.rl, update_scale=opt.rl_lr_scale)
+        self._imitation_step = step(loss.imitation)
         self.update = 0
         """Updates applied (imitation ones included); checkpoints are numbered by it."""
         self.version = 0
         """The newest published policy version."""
         # Process I's demonstration draws: process 0's stream jumped I times (so a restored state stays right).
         self.demo_rng = _jumped(np.random.default_rng(cfg.seed), rank)
-        frozen = cfg.model.uses_text_encoder and not cfg.model.train_text_encoder
-        self.text = text_encoder.TextEmbedder(cfg.model) if frozen else None
-        """The frozen text encoder and its cache: its states are added to each batch on the host. None
-        without an encoder, and with a fine-tuned one, which the policy runs inside the step."""
+        self.text = self.policy.text if isinstance(self.policy, PointerPolicy) else None
+        """The pointer policy's frozen text encoder and its cache: its states are added to each batch on
+        the host (and to the acted observations of a renamed batch, sharing what renaming left alone).
+        None without an encoder, with a fine-tuned one (which the policy runs inside the step), and for
+        other families (whose `inputs` does their host-side work)."""
 
     def compile(self, imitation: bool, serve: Callable[[], None] | None = None) -> float:
         """Compile the update(s) ahead of data on a helper thread, calling `serve()` meanwhile
@@ -146,17 +149,22 @@ class Trainer:
         can take longer than an actor waits); the imitation update only when it will be used. Returns the
         seconds it took."""
         t0 = time.monotonic()
-        spec = featurize.input_spec(self.cfg.model) if self.text else featurize.feature_spec(self.cfg.model)
         sharding = batch_sharding(self.mesh)
+        choices = tuple(self.policy.episode_spec().choices)
+        cfg = self.cfg
         example = jax.tree.map(
             lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=sharding),
-            example_batch(spec, self.cfg.batch_size, self.cfg.max_steps, self.cfg.loss.renames_words),
+            example_batch(
+                self.policy.input_spec(), cfg.batch_size, cfg.max_steps, cfg.loss.renames_words, choices
+            ),
         )
+        # Imitation updates read no acted observations (see `step`).
+        plain = example._replace(acted_obs=None)
 
         def compile_both():
             rl = self._rl_step.lower(self.params, self.opt_state, example).compile()
             bc = (
-                self._imitation_step.lower(self.params, self.opt_state, example).compile()
+                self._imitation_step.lower(self.params, self.opt_state, plain).compile()
                 if imitation
                 else None
             )
@@ -172,27 +180,34 @@ class Trainer:
         `run_while_serving`). The step is given (donated) the parameters and optimizer state, so nothing
         may read them until it returns; the serving thread reads of the Trainer only the counts `update`
         and `version`, and answers PARAM_REQ from the snapshot it published."""
-        batch = self.with_text_states(batch, imitation)
+        if imitation:
+            # No second pass for imitation: it slowed the warm-up by about 20% (the README run's), and the
+            # demonstrations' ratios pi / mu_oracle are far from 1 anyway, so the renaming's effect on
+            # them, unlike on RL data at zero lag, is small next to the policy gap the critic corrects.
+            batch = batch._replace(acted_obs=None)
+        batch = self.with_inputs(batch)
         batch = multihost.global_batch(batch, batch_sharding(self.mesh), self.cfg.batch_size)
         step_fn = self._imitation_step if imitation else self._rl_step
-        self.params, self.opt_state, metrics = step_fn(self.params, self.opt_state, batch)
+        self.params, self.opt_state, metrics, terms = step_fn(self.params, self.opt_state, batch)
         self.update += 1  # with the parameters it counts, whatever happens next
-        metrics = jax.device_get(multihost.host_copy(metrics))
-        priorities = {k: metrics.pop(k)[self.rows] for k in list(metrics) if k.startswith("priority_")}
+        metrics, terms = jax.device_get(multihost.host_copy((metrics, terms)))
+        priorities = None if terms is None else PriorityTerms(*(np.asarray(t)[self.rows] for t in terms))
         skipped = bool(metrics.pop("skipped_nonfinite"))
         return StepResult({k: float(v) for k, v in metrics.items()}, priorities, skipped)
 
-    def with_text_states(self, batch: Batch, imitation: bool) -> Batch:
-        """`batch` with the frozen encoder's states added to its observations (and to the acted ones of a
-        renamed batch); unchanged without a frozen encoder."""
+    def with_inputs(self, batch: Batch) -> Batch:
+        """`batch` with what the network reads besides the features (the policy family's `inputs`): for
+        the pointer policy, the frozen encoder's states, added to the observations and to the acted ones
+        of a renamed batch."""
         if self.text is None:
-            return batch
+            inputs = self.policy.inputs
+            acted = None if batch.acted_obs is None else inputs(batch.acted_obs)
+            return batch._replace(obs=inputs(batch.obs), acted_obs=acted)
         obs = self.text.add(batch.obs)
         # Word renaming (learner/augment.py) may give renamed words new WordPiece ids; where it did
-        # not, and in imitation updates (which do not read them), the acted observations take the
-        # very same encoder states instead of being looked up again.
+        # not, the acted observations take the very same encoder states instead of being looked up again.
         acted = batch.acted_obs
-        if acted is not None and (imitation or _same_text(acted, batch.obs)):
+        if acted is not None and _same_text(acted, batch.obs):
             acted = {**acted, **{k: obs[k] for k in text_encoder.EMBEDDING_KEYS}}
         elif acted is not None:
             acted = self.text.add(acted)
@@ -230,23 +245,22 @@ class Trainer:
         self.demo_rng = _jumped(self.demo_rng, self.rank)
 
 
-def loss_config(cfg: LearnerConfig) -> ARideConfig | LossConfig:
-    """The loss --algorithm names, with its settings."""
+def loss_params(cfg: LearnerConfig) -> LossParams:
+    """The numbers of the loss, from the flags with their defaults resolved (one --rho-clip clips rho_bar,
+    c and the policy-gradient weight alike)."""
     loss = cfg.loss
-    if loss.algorithm == "aride":
-        return ARideConfig(
-            gamma=loss.gamma,
-            lambda_=loss.lambda_,
-            rho_clip=loss.rho_clip,
-            c_clip=loss.rho_clip,
-            pg_rho_clip=loss.rho_clip,
-            entropy_coef=cfg.entropy(),
-            value_coef=loss.value_coef,
-            advantage_threshold=loss.advantage_threshold,
-            binarize_advantage=cfg.binarize_advantage(),
-            off_policy_correction=loss.off_policy_correction,
-        )
-    return LossConfig(loss.gamma, loss.value_coef, cfg.entropy(), loss.rho_clip)  # "a2c"
+    return LossParams(
+        gamma=loss.gamma,
+        lambda_=loss.lambda_,
+        rho_clip=loss.rho_clip,
+        c_clip=loss.rho_clip,
+        pg_rho_clip=loss.rho_clip,
+        entropy_coef=cfg.entropy(),
+        value_coef=loss.value_coef,
+        advantage_threshold=loss.advantage_threshold,
+        binarize_advantage=cfg.binarize_advantage(),
+        off_policy_correction=loss.off_policy_correction,
+    )
 
 
 def _same_text(a: dict[str, np.ndarray], b: dict[str, np.ndarray]) -> bool:

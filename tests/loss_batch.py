@@ -15,10 +15,7 @@ def loss_batch(behavior_logp, rewards, length, terminal, weights=None, keep=None
     zeros = jnp.zeros(behavior_logp.shape, jnp.int32)
     return Batch(
         obs={},
-        action_type=zeros,
-        element=zeros,
-        word=zeros,
-        direction=zeros,
+        choice={},
         behavior_logp=behavior_logp,
         reward=jnp.asarray(rewards),
         policy_version=zeros,

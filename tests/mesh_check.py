@@ -23,11 +23,12 @@ import optax
 
 from common import featurize, model
 from common.config import ModelConfig
+from common.policies import PointerPolicy
 from common.types import NUM_ACTION_TYPES, NUM_SWIPE_DIRECTIONS
 from learner import mesh as M
-from learner.algorithm import LossConfig
-from learner.aride import ARideConfig
 from learner.batch import Batch, example_batch
+from learner.losses import LOSSES as REGISTRY
+from learner.losses import LossParams
 from learner.train_step import make_train_step
 
 TINY = ModelConfig(vocab_size=512, d_model=32, num_heads=4, num_layers=1, mlp_dim=128)
@@ -41,7 +42,13 @@ LAYOUTS = [
     (4, 2, "model", "actor_critic"),
     (4, 2, "fsdp", "aride"),
 ]
-LOSSES = {"actor_critic": LossConfig(), "aride": ARideConfig()}
+LOSSES = {"actor_critic": REGISTRY["a2c"].rl, "aride": REGISTRY["aride"].rl}
+
+
+def loss_args(loss: str, cfg: ModelConfig = TINY) -> tuple:
+    """(loss function, its params, the pointer policy's evaluate): what make_train_step takes after the
+    optimizer."""
+    return LOSSES[loss], LossParams(), PointerPolicy(cfg).evaluate
 
 
 def random_batch(cfg: ModelConfig, seed: int) -> Batch:
@@ -56,13 +63,14 @@ def random_batch(cfg: ModelConfig, seed: int) -> Batch:
     obs["elem_mask"][:] = rng.random(obs["elem_mask"].shape) < 0.7
     obs["elem_feats"][:] = rng.standard_normal(obs["elem_feats"].shape)
     shape = (BATCH, MAX_STEPS)
-    b.action_type[:] = rng.integers(0, NUM_ACTION_TYPES, shape)
-    b.element[:] = rng.integers(0, cfg.max_elements, shape)
-    b.word[:] = rng.integers(0, cfg.max_instruction_tokens, shape)
-    b.direction[:] = rng.integers(0, NUM_SWIPE_DIRECTIONS, shape)
+    c = b.choice
+    c["action_type"][:] = rng.integers(0, NUM_ACTION_TYPES, shape)
+    c["element"][:] = rng.integers(0, cfg.max_elements, shape)
+    c["word"][:] = rng.integers(0, cfg.max_instruction_tokens, shape)
+    c["direction"][:] = rng.integers(0, NUM_SWIPE_DIRECTIONS, shape)
     bi, ti = np.meshgrid(np.arange(BATCH), np.arange(MAX_STEPS), indexing="ij")
-    obs["elem_mask"][bi, ti, b.element] = True
-    obs["instr_mask"][bi, ti, b.word] = True
+    obs["elem_mask"][bi, ti, c["element"]] = True
+    obs["instr_mask"][bi, ti, c["word"]] = True
     b.behavior_logp[:] = -rng.random(shape) * 3
     b.reward[:] = rng.standard_normal(shape)
     b.length[:] = rng.integers(1, MAX_STEPS + 1, BATCH)
@@ -75,7 +83,9 @@ def run_steps(step, params, opt_state, batches, place=lambda b: b):
     """-> (params, opt_state, [every metric of every step as host arrays])."""
     history = []
     for batch in batches:
-        params, opt_state, metrics = step(params, opt_state, place(batch))
+        params, opt_state, metrics, terms = step(params, opt_state, place(batch))
+        if terms is not None:
+            metrics = {**metrics, **{f"priority_{k}": v for k, v in terms._asdict().items()}}
         history.append({k: np.asarray(v, np.float64) for k, v in metrics.items()})
     return params, opt_state, history
 
@@ -101,14 +111,13 @@ def spec_of(x) -> list:
 
 
 def check_layout(data, model_axis, mode, loss, graphdef, optimizer, batches, ref) -> dict:
-    loss_cfg = LOSSES[loss]
     mesh = M.make_mesh(M.MeshConfig(data=data, model=model_axis, param_sharding=mode))
     _, params = model.create(TINY, 0)
     specs = M.param_specs(params, mesh, mode)
     params = M.shard_params(params, mesh, specs)
     opt_state = M.init_opt_state(optimizer, params, mesh, specs)
     first_leaf = jax.tree.leaves(params)[0]
-    step = M.make_sharded_train_step(graphdef, optimizer, loss_cfg, mesh, specs)
+    step = M.make_sharded_train_step(graphdef, optimizer, *loss_args(loss), mesh, specs)
     t0 = time.perf_counter()
     new_params, new_opt, history = run_steps(
         step, params, opt_state, batches, lambda b: M.shard_batch(b, mesh)
@@ -205,9 +214,8 @@ def check_text_encoder(optimizer) -> dict:
         b.obs["elem_wp"][:] = rng.integers(0, SHARD_CONFIG["vocab_size"], b.obs["elem_wp"].shape)
         acted = {**b.obs, "elem_wp": np.roll(b.obs["elem_wp"], 1, axis=0)}  # other pieces: renamed
         batches.append(b._replace(acted_obs=acted))
-    loss_cfg = LOSSES["aride"]
     graphdef, params = model.create(cfg, 0)
-    ref_step = make_train_step(graphdef, optimizer, loss_cfg)
+    ref_step = make_train_step(graphdef, optimizer, *loss_args("aride", cfg))
     ref_params, _, ref_history = run_steps(ref_step, params, optimizer.init(params), batches)
     ref_flat = model.params_to_flat(ref_params)
     _, init = model.create(cfg, 0)
@@ -217,7 +225,7 @@ def check_text_encoder(optimizer) -> dict:
     specs = M.param_specs(params, mesh, "fsdp")
     params = M.shard_params(params, mesh, specs)
     opt_state = M.init_opt_state(optimizer, params, mesh, specs)
-    step = M.make_sharded_train_step(graphdef, optimizer, loss_cfg, mesh, specs)
+    step = M.make_sharded_train_step(graphdef, optimizer, *loss_args("aride", cfg), mesh, specs)
     new_params, _, history = run_steps(step, params, opt_state, batches, lambda b: M.shard_batch(b, mesh))
     flat = model.params_to_flat(new_params)
     encoder_names = [k for k in flat if k.startswith("text/encoder/")]
@@ -275,7 +283,7 @@ def main() -> None:
     refs, moved = {}, {}
     for loss in sorted({layout[3] for layout in LAYOUTS}):
         _, params = model.create(TINY, 0)
-        ref_step = make_train_step(graphdef, optimizer, LOSSES[loss])  # the unsharded step
+        ref_step = make_train_step(graphdef, optimizer, *loss_args(loss))  # the unsharded step
         params, _, history = run_steps(ref_step, params, optimizer.init(params), batches)
         refs[loss] = {"params": model.params_to_flat(params), "history": history}
         moved[loss] = max(float(np.max(np.abs(refs[loss]["params"][k] - init_flat[k]))) for k in init_flat)

@@ -5,11 +5,11 @@ from __future__ import annotations
 
 import numpy as np
 
-from common import featurize, model
+from common import featurize
 from common.config import ModelConfig
-from learner.algorithm import LossConfig
-from learner.aride import ARideConfig
+from common.policies import PointerPolicy
 from learner.batch import example_batch
+from learner.losses import LossParams, get_loss
 from learner.train_step import make_optimizer, make_train_step
 
 
@@ -27,13 +27,14 @@ def pinned_batch(cfg: ModelConfig, seed: int, batch_size: int = 4, max_steps: in
         else:
             v[...] = rng.integers(0, cfg.vocab_size, v.shape)
     b, t = batch.reward.shape
-    batch.action_type[...] = rng.integers(0, 7, (b, t))
-    batch.element[...] = rng.integers(0, cfg.max_elements, (b, t))
-    batch.word[...] = rng.integers(0, cfg.max_instruction_tokens, (b, t))
+    choice = batch.choice
+    choice["action_type"][...] = rng.integers(0, 7, (b, t))
+    choice["element"][...] = rng.integers(0, cfg.max_elements, (b, t))
+    choice["word"][...] = rng.integers(0, cfg.max_instruction_tokens, (b, t))
     rows, steps = np.indices((b, t))
-    batch.obs["elem_mask"][rows, steps, batch.element] = True  # every choice is one the policy could make
-    batch.obs["instr_mask"][rows, steps, batch.word] = True
-    batch.direction[...] = rng.integers(0, 4, (b, t))
+    batch.obs["elem_mask"][rows, steps, choice["element"]] = True  # every choice is one the policy could make
+    batch.obs["instr_mask"][rows, steps, choice["word"]] = True
+    choice["direction"][...] = rng.integers(0, 4, (b, t))
     batch.behavior_logp[...] = -rng.uniform(0.1, 3.0, (b, t))
     batch.reward[...] = rng.uniform(-0.1, 1.0, (b, t))
     batch.length[...] = rng.integers(1, t + 1, b)
@@ -43,14 +44,17 @@ def pinned_batch(cfg: ModelConfig, seed: int, batch_size: int = 4, max_steps: in
 
 
 def run_updates(cfg: ModelConfig, batch, algorithm: str, imitation: bool, updates: int):
-    """`updates` updates from seed-0 parameters with the --algorithm's default settings and entropy 0.01;
-    returns (params, the last metrics as floats)."""
-    graphdef, params = model.create(cfg, 0)
+    """`updates` updates from seed-0 parameters with the loss's default settings (entropy 0.01); returns
+    (params, the last metrics as floats)."""
+    policy = PointerPolicy(cfg)
+    graphdef, params = policy.create(0)
     optimizer = make_optimizer(3e-3, 1.0)
     opt_state = optimizer.init(params)
-    loss_cfg = ARideConfig(lambda_=0.95) if algorithm == "aride" else LossConfig()
-    step = make_train_step(graphdef, optimizer, loss_cfg, warmup=imitation)
+    loss = get_loss(algorithm)
+    step = make_train_step(
+        graphdef, optimizer, loss.imitation if imitation else loss.rl, LossParams(), policy.evaluate
+    )
     metrics = {}
     for _ in range(updates):
-        params, opt_state, metrics = step(params, opt_state, batch)
+        params, opt_state, metrics, _ = step(params, opt_state, batch)
     return params, {k: float(np.mean(v)) for k, v in metrics.items() if np.ndim(v) == 0}

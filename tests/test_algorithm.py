@@ -1,4 +1,4 @@
-"""learner.algorithm against slow loop references (and rlax where the definitions coincide)."""
+"""learner.losses.a2c (and the shared helpers) against slow loop references (and rlax where the definitions coincide)."""
 
 from __future__ import annotations
 
@@ -12,15 +12,15 @@ import rlax
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from learner import algorithm
-from learner.algorithm import LossConfig
+from learner.losses import LossParams as LossConfig
+from learner.losses import a2c, shared
 from tests.loss_batch import loss_batch
 
 B, T = 6, 7
 PROPS = settings(derandomize=True, max_examples=40, deadline=None)
 
-_returns = jax.jit(algorithm.discounted_returns)
-_loss = jax.jit(algorithm.actor_critic_loss)
+_returns = jax.jit(shared.discounted_returns)
+_loss = jax.jit(lambda *a: a2c.actor_critic_loss(*a)[:2])  # (loss, metrics)
 
 
 # ---- references ---------------------------------------------------------------------------------------
@@ -98,7 +98,7 @@ def call_loss(batch, cfg):
 # ---- step_mask and discounted returns -----------------------------------------------------------------
 def test_step_mask():
     length = np.array([0, 1, 3, T, 2, 5])
-    got = np.asarray(algorithm.step_mask(jnp.asarray(length), T))
+    got = np.asarray(shared.step_mask(jnp.asarray(length), T))
     assert got.dtype == bool and got.shape == (B, T)
     for b in range(B):
         for t in range(T):
@@ -167,7 +167,7 @@ def test_actor_critic_loss_matches_loops(cfg, seed):
     for name, value in want.items():
         assert float(metrics[name]) == pytest.approx(value, rel=1e-5, abs=1e-5), name
     ratio = np.exp(batch["logp"] - batch["behavior_logp"])
-    valid = np.asarray(algorithm.step_mask(jnp.asarray(batch["length"]), T))
+    valid = np.asarray(shared.step_mask(jnp.asarray(batch["length"]), T))
     assert (ratio[valid] > cfg.rho_clip).any() and (
         ratio[valid] < cfg.rho_clip
     ).any()  # clipping is exercised
@@ -208,9 +208,8 @@ def test_loss_of_an_empty_batch_is_zero_not_nan():
     assert all(np.isfinite(float(v)) and float(v) == 0.0 for v in metrics.values())
 
 
-def test_warmup_loss_against_loops():
+def test_imitation_loss_against_loops():
     """Behavior cloning (-mean log pi over real steps) plus the critic on discounted returns."""
-    from learner.algorithm import LossConfig, warmup_loss
 
     rng = np.random.default_rng(11)
     b, t, gamma = 5, 6, 0.9
@@ -220,7 +219,7 @@ def test_warmup_loss_against_loops():
     length = rng.integers(1, t + 1, size=b).astype(np.int32)
     terminal = rng.random(b) < 0.5
     clean = loss_batch(np.zeros((b, t), np.float32), rewards, length, terminal)  # a noiseless demonstrator
-    total, parts = warmup_loss(
+    total, parts, _ = a2c.imitation_loss(
         jnp.asarray(logp), jnp.asarray(values), clean, LossConfig(gamma=gamma, value_coef=0.25)
     )
     bc_sum = value_sum = count = 0.0
@@ -236,9 +235,8 @@ def test_warmup_loss_against_loops():
     np.testing.assert_allclose(float(total), bc_sum / count + 0.25 * value_sum / count, rtol=1e-5)
 
 
-def test_warmup_imitation_is_weighted_by_the_demonstrator_probability():
+def test_imitation_is_weighted_by_the_demonstrator_probability():
     """With behavior log-probs, each step's -log pi counts in proportion to exp(behavior_logp) (loops)."""
-    from learner.algorithm import LossConfig, warmup_loss
 
     rng = np.random.default_rng(12)
     b, t = 4, 5
@@ -251,7 +249,7 @@ def test_warmup_imitation_is_weighted_by_the_demonstrator_probability():
     behavior_logp = np.where(rng.random((b, t)) < 0.7, np.log(0.7), np.log(0.3 / 50)).astype(np.float32)
     logp, values = jnp.asarray(logp), jnp.asarray(values)
     noisy = loss_batch(behavior_logp, rewards, length, terminal)
-    _, weighted = warmup_loss(logp, values, noisy, LossConfig())
+    _, weighted, _ = a2c.imitation_loss(logp, values, noisy, LossConfig())
     num = den = 0.0
     for i in range(b):
         for s in range(length[i]):
@@ -260,7 +258,7 @@ def test_warmup_imitation_is_weighted_by_the_demonstrator_probability():
             den += w
     np.testing.assert_allclose(float(weighted["bc_loss"]), num / den, rtol=1e-5)
     plain = -sum(float(logp[i, s]) for i in range(b) for s in range(length[i])) / sum(length)
-    _, clean = warmup_loss(
+    _, clean, _ = a2c.imitation_loss(
         logp, values, loss_batch(np.zeros((b, t), np.float32), rewards, length, terminal), LossConfig()
     )
     np.testing.assert_allclose(

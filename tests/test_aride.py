@@ -13,9 +13,8 @@ import rlax
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from learner import aride
-from learner.algorithm import discounted_returns
-from learner.aride import ARideConfig
+from learner.losses import LossParams, aride
+from learner.losses.shared import discounted_returns
 from tests.loss_batch import loss_batch
 
 B, T = 6, 7
@@ -34,7 +33,16 @@ def _traces(logp, behavior_logp, values, rewards, length, terminal, gamma, lam, 
     return rho, targets, delta, adv
 
 
-_loss = jax.jit(aride.aride_loss)  # the config is a pytree: its numbers are traced
+_loss = jax.jit(aride.aride_loss)  # the params are a pytree: their numbers are traced
+
+
+def flat(out):
+    """A LossOutput as (loss, metrics with the priority terms named priority_<term>), as the references."""
+    metrics = dict(out.metrics)
+    metrics.update({f"priority_{k}": v for k, v in out.priority_terms._asdict().items()})
+    return out.loss, metrics
+
+
 GRAD_ARGS = ("logp", "behavior_logp", "entropy", "values")
 BATCH_ARGS = (*GRAD_ARGS, "rewards", "length", "terminal")
 
@@ -45,7 +53,7 @@ def _grads(logp, behavior_logp, entropy, values, rewards, length, terminal, cfg,
 
     def metric(logp, behavior_logp, entropy, values, which):
         batch = loss_batch(behavior_logp, rewards, length, terminal, weights, keep)
-        return aride.aride_loss(logp, entropy, values, batch, cfg)[1][which]
+        return aride.aride_loss(logp, entropy, values, batch, cfg).metrics[which]
 
     xs = (logp, behavior_logp, entropy, values)
     argnums = tuple(range(len(xs)))
@@ -102,7 +110,7 @@ def traces_ref(logp, behavior_logp, values, rewards, length, terminal, gamma, la
     return rho, v, delta, adv
 
 
-def loss_ref(batch, cfg: ARideConfig, weights=None, keep=None):
+def loss_ref(batch, cfg: LossParams, weights=None, keep=None):
     """Every metric, priority and expected gradient of aride_loss, with explicit loops."""
     w = np.ones(B) if weights is None else np.asarray(weights, float)
     kept = np.ones(B, bool) if keep is None else np.asarray(keep, bool)
@@ -123,9 +131,7 @@ def loss_ref(batch, cfg: ARideConfig, weights=None, keep=None):
     count = max(int(sum(length)), 1)
     policy = value = ent = adv_sum = target_sum = rho_sum = clipped = trained = kl = 0.0
     grads = {"logp": np.zeros((B, T)), "entropy": np.zeros((B, T)), "values": np.zeros((B, T + 1))}
-    prio = {
-        k: np.zeros(B) for k in ("priority_delta", "priority_rho", "priority_rho_clipped", "priority_entropy")
-    }
+    prio = {k: np.zeros(B) for k in ("priority_delta", "priority_rho_clipped", "priority_entropy")}
     for b in range(B):
         n = int(length[b])
         for t in range(n):
@@ -147,7 +153,6 @@ def loss_ref(batch, cfg: ARideConfig, weights=None, keep=None):
             grads["entropy"][b, t] = -cfg.entropy_coef / count
             grads["values"][b, t] = cfg.value_coef * w[b] * (values[b, t] - v[b, t]) / count
             prio["priority_delta"][b] += abs(delta[b, t]) / n
-            prio["priority_rho"][b] += rho[b, t] / n
             prio["priority_rho_clipped"][b] += min(cfg.rho_clip, rho[b, t]) / n
             prio["priority_entropy"][b] += entropy[b, t] / n
     policy, value, ent = policy / count, value / count, ent / count
@@ -170,7 +175,7 @@ def call_loss(batch, cfg, weights=None, keep=None):
     typed = loss_batch(
         batch["behavior_logp"], batch["rewards"], batch["length"], batch["terminal"], weights, keep
     )
-    return _loss(batch["logp"], batch["entropy"], batch["values"], typed, cfg)
+    return flat(_loss(batch["logp"], batch["entropy"], batch["values"], typed, cfg))
 
 
 def loss_grads(batch, cfg, which="loss", weights=None, keep=None):
@@ -301,14 +306,12 @@ def test_matches_rlax_vtrace_on_full_length_episodes(terminal, lam):
 
 # ---- the loss -----------------------------------------------------------------------------------------
 CONFIGS = {
-    "default": ARideConfig(),
-    "retrace": ARideConfig(
+    "default": LossParams(),
+    "retrace": LossParams(
         gamma=0.9, lambda_=0.8, rho_clip=1e9, c_clip=1.0, pg_rho_clip=2.0, entropy_coef=0.05
     ),
-    "filtered": ARideConfig(gamma=1.0, value_coef=1.3, advantage_threshold=0.2, c_clip=1.5),
-    "binarized": ARideConfig(
-        rho_clip=2.0, binarize_advantage=True, advantage_threshold=0.0, entropy_coef=0.0
-    ),
+    "filtered": LossParams(gamma=1.0, value_coef=1.3, advantage_threshold=0.2, c_clip=1.5),
+    "binarized": LossParams(rho_clip=2.0, binarize_advantage=True, advantage_threshold=0.0, entropy_coef=0.0),
 }
 
 
@@ -352,7 +355,7 @@ def test_gradients_stop_at_targets_advantages_and_padding():
 
 
 def test_filtered_steps_and_dropped_trajectories_get_no_actor_gradient():
-    cfg = ARideConfig(advantage_threshold=0.3)
+    cfg = LossParams(advantage_threshold=0.3)
     batch = random_batch(4)
     mask = real(batch["length"])
     _, _, _, adv = loss_ref(batch, cfg)
@@ -375,15 +378,13 @@ def test_filtered_steps_and_dropped_trajectories_get_no_actor_gradient():
 def test_binarized_advantage_is_an_indicator():
     batch = random_batch(5)
     mask = real(batch["length"])
-    _, _, _, adv = loss_ref(batch, ARideConfig())
-    g = loss_grads(batch, ARideConfig(binarize_advantage=True), "policy_loss")["logp"]
+    _, _, _, adv = loss_ref(batch, LossParams())
+    g = loss_grads(batch, LossParams(binarize_advantage=True), "policy_loss")["logp"]
     want = np.where(mask & (adv > 0), -1.0 / mask.sum(), 0.0)
     assert (mask & (adv > 0)).any() and (mask & (adv <= 0)).any()
     np.testing.assert_allclose(g, want, rtol=1e-6, atol=0)
     # filtering is decided on the raw advantage, before binarization
-    g = loss_grads(batch, ARideConfig(binarize_advantage=True, advantage_threshold=0.5), "policy_loss")[
-        "logp"
-    ]
+    g = loss_grads(batch, LossParams(binarize_advantage=True, advantage_threshold=0.5), "policy_loss")["logp"]
     np.testing.assert_allclose(g, np.where(mask & (adv > 0.5), -1.0 / mask.sum(), 0.0), rtol=1e-6, atol=0)
 
 
@@ -401,7 +402,11 @@ def test_importance_weights_scale_each_trajectory_linearly():
         mixed = sum(float(weights[b]) * float(parts[b][key]) for b in range(B))
         assert float(m[key]) == pytest.approx(mixed, rel=1e-5, abs=1e-6), key
     assert float(m["entropy"]) == pytest.approx(float(m1["entropy"]), rel=1e-6)  # the bonus is unweighted
-    for key in ("priority_delta", "priority_rho", "priority_entropy"):  # priorities do not depend on weights
+    for key in (
+        "priority_delta",
+        "priority_rho_clipped",
+        "priority_entropy",
+    ):  # priorities do not depend on weights
         np.testing.assert_array_equal(np.asarray(m[key]), np.asarray(m1[key]))
     g = loss_grads(batch, cfg, weights=weights)
     g1 = loss_grads(batch, cfg)
@@ -427,11 +432,11 @@ def test_nan_past_the_end_changes_nothing():
 
 def test_empty_batch_is_zero_not_nan():
     batch = random_batch(9, [0] * B, [True] * B)
-    total, metrics = call_loss(batch, ARideConfig())
+    total, metrics = call_loss(batch, LossParams())
     assert float(total) == 0.0
     for key, value in metrics.items():
         assert (np.asarray(value) == 0).all(), key
-    assert all(np.isfinite(g).all() for g in loss_grads(batch, ARideConfig()).values())
+    assert all(np.isfinite(g).all() for g in loss_grads(batch, LossParams()).values())
 
 
 def test_instruction_keep_is_a_closed_interval():
@@ -444,7 +449,7 @@ def test_instruction_keep_is_a_closed_interval():
 )
 def test_config_rejects_nonsense(bad):
     with pytest.raises(ValueError, match=next(iter(bad))):
-        ARideConfig(**bad)
+        LossParams(**bad)
 
 
 def test_without_the_correction_every_ratio_is_one_as_if_on_policy():
@@ -452,9 +457,9 @@ def test_without_the_correction_every_ratio_is_one_as_if_on_policy():
     where every rho is 1; with the correction on, the stale batch's loss differs."""
     batch = random_batch(8, garbage="nan")
     on_policy = {**batch, "behavior_logp": np.where(real(batch["length"]), batch["logp"], np.nan)}
-    _, ablated = call_loss(batch, ARideConfig(off_policy_correction=False))
-    _, reference = call_loss(on_policy, ARideConfig())
-    _, corrected = call_loss(batch, ARideConfig())
+    _, ablated = call_loss(batch, LossParams(off_policy_correction=False))
+    _, reference = call_loss(on_policy, LossParams())
+    _, corrected = call_loss(batch, LossParams())
     for key in set(reference) - {"behavior_kl"}:  # behavior_kl describes the data, not the loss
         np.testing.assert_allclose(
             np.asarray(ablated[key]), np.asarray(reference[key]), rtol=1e-6, err_msg=key

@@ -11,9 +11,10 @@ import pytest
 
 from common import featurize, model
 from common.config import ModelConfig
-from learner.algorithm import LossConfig
+from common.policies import PointerPolicy
 from learner.batch import example_batch
 from learner.checkpoint import Checkpointer, TrainState, rng_state, set_rng_state
+from learner.losses import LOSSES, LossParams
 from learner.replay import PrioritizedReplay, oldest_version
 from learner.train_step import make_optimizer, make_train_step
 from tests.test_replay_file import MAX_STEPS, make_episodes
@@ -30,14 +31,15 @@ def _batch(rng: np.random.Generator) -> dict:
     batch.length[:] = rng.integers(1, 4, 4)
     batch.reward[:] = rng.random((4, 3)) < 0.3
     batch.behavior_logp[:] = -rng.random((4, 3))
-    batch.action_type[:] = rng.integers(0, 7, (4, 3))
+    batch.choice["action_type"][:] = rng.integers(0, 7, (4, 3))
     return batch
 
 
 def _fresh():
     graphdef, params = model.create(CFG, 0)
     optimizer = make_optimizer(1e-2, 1.0)
-    return make_train_step(graphdef, optimizer, LossConfig()), params, optimizer.init(params)
+    step = make_train_step(graphdef, optimizer, LOSSES["a2c"].rl, LossParams(), PointerPolicy(CFG).evaluate)
+    return step, params, optimizer.init(params)
 
 
 @pytest.mark.long
@@ -46,13 +48,13 @@ def test_resume_matches_an_uninterrupted_run(tmp_path):
     step, params, opt_state = _fresh()
     rng = np.random.default_rng(5)
     for _ in range(6):
-        params, opt_state, _ = step(params, opt_state, _batch(rng))
+        params, opt_state, *_ = step(params, opt_state, _batch(rng))
     want = model.params_to_flat(params)
 
     step, params, opt_state = _fresh()
     rng = np.random.default_rng(5)
     for _ in range(3):
-        params, opt_state, _ = step(params, opt_state, _batch(rng))
+        params, opt_state, *_ = step(params, opt_state, _batch(rng))
     ckpt = Checkpointer(tmp_path / "ckpt")
     ckpt.save(TrainState(params, opt_state, 3, 1, rng_state(rng)), {"model": CFG.to_dict()})
     ckpt.close()
@@ -66,7 +68,7 @@ def test_resume_matches_an_uninterrupted_run(tmp_path):
     set_rng_state(rng, restored.rng)
     params, opt_state = restored.params, restored.opt_state
     for _ in range(3):
-        params, opt_state, _ = step(params, opt_state, _batch(rng))
+        params, opt_state, *_ = step(params, opt_state, _batch(rng))
     got = model.params_to_flat(params)
     for k in want:
         np.testing.assert_array_equal(got[k], want[k], err_msg=k)

@@ -3,7 +3,7 @@
 The learner renames words in its training batches (learner/augment.py); the behaviour log-probs were
 computed by the actor on the original words. If pi were evaluated on the renamed observations, rho would
 differ from 1 at zero policy lag and clipping at 1 would make that error one-sided. The update therefore
-computes the ratios on `Batch.acted_obs` (learner/train_step.py:forward).
+computes the ratios on `Batch.acted_obs` (common/policies/pointer.py: PointerPolicy.evaluate).
 """
 
 from __future__ import annotations
@@ -13,22 +13,31 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from common import model
 from common.config import ModelConfig
-from learner.algorithm import LossConfig, step_mask
-from learner.aride import ARideConfig, importance_ratios
+from common.policies import PointerPolicy
 from learner.augment import rename_batch
-from learner.train_step import forward, make_optimizer, make_train_step
+from learner.losses import LOSSES, LossParams
+from learner.losses.aride import importance_ratios
+from learner.losses.shared import step_mask
+from learner.train_step import make_optimizer, make_train_step
 from tests.mesh_check import random_batch
 
 CFG = ModelConfig(vocab_size=512, d_model=32, num_heads=4, num_layers=1, mlp_dim=64)
+POLICY = PointerPolicy(CFG)
+
+
+def forward(graphdef, params, batch):
+    """The pointer policy's evaluation of a batch (jitted)."""
+    return jax.jit(POLICY.evaluate, static_argnums=0)(
+        graphdef, params, batch.obs, batch.choice, batch.acted_obs
+    )
 
 
 def _on_policy_batch(seed: int):
     """A random batch whose behaviour log-probs are the current policy's own, on the original words."""
-    graphdef, params = model.create(CFG, seed)
+    graphdef, params = POLICY.create(seed)
     batch = random_batch(CFG, seed)
-    behavior_logp, *_ = jax.jit(forward, static_argnums=0)(graphdef, params, batch)
+    behavior_logp, *_ = forward(graphdef, params, batch)
     return graphdef, params, batch._replace(behavior_logp=np.asarray(behavior_logp))
 
 
@@ -41,7 +50,7 @@ def test_every_ratio_is_one_at_zero_lag_with_renaming_on(rates):
     graphdef, params, batch = _on_policy_batch(1)
     renamed = rename_batch(batch, *rates, CFG.vocab_size, seed=[0, 3, 0])
     assert any(not np.array_equal(renamed.obs[k], batch.obs[k]) for k in batch.obs), "renaming did nothing"
-    logp, _, _, ratio_logp = jax.jit(forward, static_argnums=0)(graphdef, params, renamed)
+    logp, _, _, ratio_logp = forward(graphdef, params, renamed)
     rho = _real(batch, importance_ratios(ratio_logp, renamed.behavior_logp, renamed.length))
     np.testing.assert_allclose(rho, 1.0, rtol=0, atol=1e-5)
     # The check can fail: the same ratios taken on the renamed words are off by far more than that.
@@ -49,18 +58,18 @@ def test_every_ratio_is_one_at_zero_lag_with_renaming_on(rates):
     assert np.abs(biased - 1.0).max() > 1e-2
 
 
-@pytest.mark.parametrize("loss_cfg", [ARideConfig(), LossConfig()], ids=["aride", "actor_critic"])
-def test_the_update_sees_unit_ratios_on_policy(loss_cfg):
+@pytest.mark.parametrize("algorithm", ["aride", "a2c"])
+def test_the_update_sees_unit_ratios_on_policy(algorithm):
     """Through the jitted update itself: no ratio clipped, their mean 1 (so each is 1: all are <= 1)."""
     graphdef, params, batch = _on_policy_batch(2)
     optimizer = make_optimizer(1e-3, 1.0)
-    step = make_train_step(graphdef, optimizer, loss_cfg)
+    step = make_train_step(graphdef, optimizer, LOSSES[algorithm].rl, LossParams(), POLICY.evaluate)
     renamed = rename_batch(batch, 0.5, 0.5, CFG.vocab_size, seed=[0, 5, 0])
-    _, _, metrics = step(jax.tree.map(jnp.copy, params), optimizer.init(params), renamed)
+    _, _, metrics, priorities = step(jax.tree.map(jnp.copy, params), optimizer.init(params), renamed)
     assert float(metrics["rho_mean"]) == pytest.approx(1.0, abs=1e-5)
-    if isinstance(loss_cfg, ARideConfig):
+    if algorithm == "aride":
         assert float(metrics["rho_clipped_fraction"]) == 0.0
-        priority_rho = np.asarray(metrics["priority_rho"])[np.asarray(batch.length) > 0]
+        priority_rho = np.asarray(priorities.rho_clipped)[np.asarray(batch.length) > 0]
         np.testing.assert_allclose(priority_rho, 1.0, atol=1e-5)
 
 
@@ -68,5 +77,5 @@ def test_no_renaming_needs_no_second_pass():
     """Without renaming the batch carries no acted_obs and the ratios use the trained-on log-probs."""
     graphdef, params, batch = _on_policy_batch(3)
     assert rename_batch(batch, 0.0, 0.0, CFG.vocab_size, seed=0) is batch
-    logp, _, _, ratio_logp = jax.jit(forward, static_argnums=0)(graphdef, params, batch)
+    logp, _, _, ratio_logp = forward(graphdef, params, batch)
     assert ratio_logp is logp or np.array_equal(np.asarray(ratio_logp), np.asarray(logp))

@@ -3,11 +3,11 @@
 A tiny MDP where everything is known: a chain of states, `left` / `right` actions, terminal ends with
 random rewards at both sides, random step rewards, and a step limit that truncates episodes (which then
 bootstrap from V(s_L)). Episodes are drawn from mu; a tabular critic is fitted by iterating
-V(s) <- mean of the Retrace targets at its visits (learner/aride.py:retrace_targets, the function the
+V(s) <- mean of the Retrace targets at its visits (learner/losses/aride.py:retrace_targets, the function the
 loss regresses V onto). Its fixed point must be V^pi, solved exactly from the Bellman equations, whatever
 lambda; the targets without correction (rho = c = 1) must land on V^mu instead, which shows the test
 can tell the two apart. The same holds for the warm-up's critic on demonstrations
-(learner/aride.py:aride_warmup_loss): its value gradient regresses V onto these targets.
+(learner/losses/aride.py:imitation_loss): its value gradient regresses V onto these targets.
 """
 
 from __future__ import annotations
@@ -17,8 +17,9 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from learner.aride import ARideConfig, aride_warmup_loss, retrace_targets
 from learner.batch import Batch
+from learner.losses import LOSSES, LossParams
+from learner.losses.aride import imitation_loss, retrace_targets
 
 N, T, GAMMA = 5, 6, 0.9
 EPISODES = 4000
@@ -111,8 +112,8 @@ def test_the_retrace_critic_converges_to_v_pi(seed, lambda_):
     assert np.abs(uncorrected - v_pi).max() > 3 * TOLERANCE
 
 
-def test_the_warmup_critic_regresses_onto_the_retrace_targets_for_pi():
-    """aride_warmup_loss's value gradient is value_coef * (V - v^Retrace) / count on real steps, with the
+def test_the_imitation_critic_regresses_onto_the_retrace_targets_for_pi():
+    """A-RIDE's imitation_loss value gradient is value_coef * (V - v^Retrace) / count on real steps, with the
     ratios pi / mu of the demonstrations: a demonstrator's Monte-Carlo returns would give another one."""
     mdp = _mdp(3)
     _states, rho, rewards, length, terminal = (x[:64] for x in _episodes(mdp, 7))
@@ -122,12 +123,12 @@ def test_the_warmup_critic_regresses_onto_the_retrace_targets_for_pi():
     values = rng.normal(size=(64, T + 1)).astype(np.float32)
     zeros = np.zeros((64, T), np.int32)
     batch = Batch(
-        obs={}, action_type=zeros, element=zeros, word=zeros, direction=zeros, behavior_logp=behavior_logp,
+        obs={}, choice={}, behavior_logp=behavior_logp,
         reward=rewards, policy_version=zeros, length=length, terminal=terminal,
         weights=np.ones(64, np.float32), keep=np.ones(64, bool),
     )  # fmt: skip
-    cfg = ARideConfig(gamma=GAMMA, lambda_=1.0, rho_clip=1.0, c_clip=1.0, value_coef=0.5)
-    grad = jax.grad(lambda v: aride_warmup_loss(jnp.asarray(logp), v, batch, cfg)[0])(jnp.asarray(values))
+    cfg = LossParams(gamma=GAMMA, lambda_=1.0, rho_clip=1.0, c_clip=1.0, value_coef=0.5)
+    grad = jax.grad(lambda v: imitation_loss(jnp.asarray(logp), v, batch, cfg).loss)(jnp.asarray(values))
     targets, _ = retrace_targets(jnp.asarray(rho), values, rewards, length, terminal, GAMMA, 1.0, 1.0, 1.0)
     real = np.arange(T)[None, :] < length[:, None]
     expected = np.where(real, cfg.value_coef * (values[:, :T] - np.asarray(targets)) / real.sum(), 0.0)
@@ -141,17 +142,17 @@ def test_the_warmup_critic_regresses_onto_the_retrace_targets_for_pi():
 
 @pytest.mark.long
 def test_the_learners_imitation_update_uses_that_critic():
-    """The jitted imitation step of an A-RIDE learner is aride_warmup_loss (its ratios are reported),
-    not the plain actor-critic's warm-up on Monte-Carlo returns."""
-    from common import model
-    from learner.algorithm import LossConfig
+    """The jitted imitation step of an A-RIDE learner is A-RIDE's imitation_loss (its ratios are
+    reported), not the plain actor-critic's imitation loss on Monte-Carlo returns."""
+    from common.policies import PointerPolicy
     from learner.train_step import make_optimizer, make_train_step
     from tests.mesh_check import TINY, random_batch
 
-    graphdef, params = model.create(TINY, 0)
+    policy = PointerPolicy(TINY)
+    graphdef, params = policy.create(0)
     optimizer = make_optimizer(1e-3, 1.0)
     batch = random_batch(TINY, 0)
-    for loss_cfg, has_ratios in ((ARideConfig(), True), (LossConfig(), False)):
-        step = make_train_step(graphdef, optimizer, loss_cfg, warmup=True)
+    for name, has_ratios in (("aride", True), ("a2c", False)):
+        step = make_train_step(graphdef, optimizer, LOSSES[name].imitation, LossParams(), policy.evaluate)
         metrics = step(jax.tree.map(jnp.copy, params), optimizer.init(params), batch)[2]
         assert ("rho_mean" in metrics) == has_ratios and "bc_loss" in metrics

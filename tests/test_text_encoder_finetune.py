@@ -16,11 +16,12 @@ import pytest
 from actors.policy_runner import PolicyRunner
 from common import featurize, model, text_encoder
 from common.config import ModelConfig
-from learner.algorithm import LossConfig
+from common.policies import PointerPolicy
 from learner.batch import example_batch
 from learner.config import LearnerConfig, MeshConfig
+from learner.losses import LOSSES, LossParams
 from learner.mesh import make_mesh
-from learner.train_step import forward, is_text_encoder, make_optimizer, make_train_step
+from learner.train_step import is_text_encoder, make_optimizer, make_train_step
 from learner.trainer import Trainer
 from tests.test_bert_encoder import random_tensors, write_checkpoint
 from tests.test_text_encoder import TINY, model_config, observation, write_tokenizer
@@ -78,9 +79,10 @@ def test_the_step_trains_the_encoder_at_its_own_rate(tiny, scale):
     optimizer = make_optimizer(1e-2, 1.0)
     moved = {}
     for s in (1.0, scale):
-        step = make_train_step(graphdef, optimizer, LossConfig(), warmup=True, encoder_update_scale=s)
+        imitation, evaluate = LOSSES["a2c"].imitation, PointerPolicy(cfg).evaluate
+        step = make_train_step(graphdef, optimizer, imitation, LossParams(), evaluate, encoder_update_scale=s)
         p = jax.tree.map(lambda a: a.copy(), params)
-        new, _, metrics = step(p, optimizer.init(p), _batch(cfg))
+        new, _, metrics, _ = step(p, optimizer.init(p), _batch(cfg))
         assert int(metrics["skipped_nonfinite"]) == 0  # empty label slots give finite gradients
         moved[s] = {k: v - before[k] for k, v in model.params_to_flat(new).items()}
     encoder = [k for k in before if k.startswith("text/encoder/")]
@@ -129,7 +131,8 @@ def test_acted_observations_are_encoded_from_their_own_word_pieces(tiny):
     cfg = model_config(tiny, train_text_encoder=True)
     graphdef, params = model.create(cfg, 0)
     batch = _batch(cfg)
-    run = jax.jit(lambda p, b: forward(graphdef, p, b))
+    policy = PointerPolicy(cfg)
+    run = jax.jit(lambda p, b: policy.evaluate(graphdef, p, b.obs, b.choice, b.acted_obs))
     logp, _, _, ratio_logp = run(
         params, batch._replace(acted_obs={k: v.copy() for k, v in batch.obs.items()})
     )
@@ -141,22 +144,20 @@ def test_acted_observations_are_encoded_from_their_own_word_pieces(tiny):
 
 
 def test_the_frozen_learner_encodes_renamed_and_acted_observations_apart(tiny):
-    """Trainer.with_text_states (the frozen, cached path): when renaming gave the trained observations
-    other WordPiece ids, the acted ones get the states of their own pieces; when it did not, or in an
-    imitation update, they share the trained observations' states."""
+    """Trainer.with_inputs (the frozen, cached path): when renaming gave the trained observations other
+    WordPiece ids, the acted ones get the states of their own pieces; when it did not, they share the
+    trained observations' states (imitation updates carry no acted observations at all)."""
     cfg = model_config(tiny)
     trainer = Trainer(
         dataclasses.replace(LearnerConfig(), model=cfg, batch_size=2), make_mesh(MeshConfig()), 0
     )
     batch = _batch(cfg)
-    alone = trainer.with_text_states(batch, imitation=False).obs["elem_text"]
-    shared = trainer.with_text_states(batch._replace(acted_obs=dict(batch.obs)), imitation=False)
+    alone = trainer.with_inputs(batch).obs["elem_text"]
+    shared = trainer.with_inputs(batch._replace(acted_obs=dict(batch.obs)))
     assert shared.acted_obs["elem_text"] is shared.obs["elem_text"]
     renamed = batch._replace(
         obs={**batch.obs, "elem_wp": batch.obs["elem_wp"][::-1].copy()}, acted_obs=batch.obs
     )
-    apart = trainer.with_text_states(renamed, imitation=False)
+    apart = trainer.with_inputs(renamed)
     np.testing.assert_array_equal(apart.acted_obs["elem_text"], alone)  # the pieces the actor saw
     assert not np.allclose(apart.obs["elem_text"], alone)  # the renamed ones
-    imitation = trainer.with_text_states(renamed, imitation=True)
-    assert imitation.acted_obs["elem_text"] is imitation.obs["elem_text"]  # not read: not looked up

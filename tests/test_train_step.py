@@ -8,19 +8,24 @@ import numpy as np
 
 from common import featurize, model
 from common.config import ModelConfig
-from learner.algorithm import LossConfig
-from learner.aride import ARideConfig
+from common.policies import PointerPolicy
 from learner.batch import example_batch
+from learner.losses import LOSSES, LossParams
 from learner.train_step import make_optimizer, make_train_step
 
 CFG = ModelConfig(vocab_size=256, d_model=16, num_heads=2, num_layers=1, mlp_dim=32)
+EVALUATE = PointerPolicy(CFG).evaluate
+
+
+def a2c_step(graphdef, optimizer, **kw):
+    return make_train_step(graphdef, optimizer, LOSSES["a2c"].rl, LossParams(), EVALUATE, **kw)
 
 
 def _setup(reward: float):
     graphdef, params = model.create(CFG, 0)
     optimizer = make_optimizer(1e-2, 1.0)
     opt_state = optimizer.init(params)
-    step = make_train_step(graphdef, optimizer, LossConfig())
+    step = a2c_step(graphdef, optimizer)
     batch = example_batch(featurize.feature_spec(CFG), 4, 3)
     batch.obs["instr_mask"][..., 0] = True
     batch.obs["elem_mask"][..., 0] = True
@@ -33,7 +38,7 @@ def _setup(reward: float):
 
 def test_finite_batch_updates_parameters():
     step, params, opt_state, batch, before = _setup(1.0)
-    params, _, metrics = step(params, opt_state, batch)
+    params, _, metrics, _ = step(params, opt_state, batch)
     after = model.params_to_flat(params)
     assert int(metrics["skipped_nonfinite"]) == 0
     assert any(not np.array_equal(before[k], after[k]) for k in before)
@@ -41,7 +46,7 @@ def test_finite_batch_updates_parameters():
 
 def test_nonfinite_loss_is_skipped_and_parameters_stay():
     step, params, opt_state, batch, before = _setup(float("nan"))
-    params, opt_state, metrics = step(params, opt_state, batch)
+    params, opt_state, metrics, _ = step(params, opt_state, batch)
     assert int(metrics["skipped_nonfinite"]) == 1
     after = model.params_to_flat(params)
     assert all(np.array_equal(before[k], after[k]) for k in before)
@@ -79,10 +84,10 @@ def test_learning_rate_follows_the_cosine_schedule():
 
 
 def test_the_instruction_filter_reaches_the_a_ride_actor_loss():
-    """batch.keep (collate's default: all True) is the instruction-level filter of aride_loss."""
+    """batch.keep (collate's default: all True) is the instruction-level filter of A-RIDE's loss."""
     graphdef, params = model.create(CFG, 0)
     optimizer = make_optimizer(1e-2, 1.0)
-    step = make_train_step(graphdef, optimizer, ARideConfig())
+    step = make_train_step(graphdef, optimizer, LOSSES["aride"].rl, LossParams(), EVALUATE)
     _, _, _, batch, _ = _setup(1.0)
     kept = step(jax.tree.map(jnp.copy, params), optimizer.init(params), batch)[2]
     assert float(kept["actor_step_fraction"]) == 1.0 and float(kept["policy_loss"]) != 0.0
@@ -103,9 +108,9 @@ def test_update_scale_shrinks_the_step_and_keeps_the_optimizer_state():
     _, _, _, batch, before = _setup(1.0)
     out = {}
     for scale in (1.0, 0.25):
-        step = make_train_step(graphdef, optimizer, LossConfig(), update_scale=scale)
+        step = a2c_step(graphdef, optimizer, update_scale=scale)
         start = jax.tree.map(jnp.array, params)  # the step donates its inputs
-        new, state, _ = step(start, optimizer.init(start), batch)
+        new, state, *_ = step(start, optimizer.init(start), batch)
         flat = model.params_to_flat(new)
         out[scale] = ({k: np.asarray(flat[k]) - before[k] for k in before}, jax.tree.leaves(state))
     moved = [k for k in before if np.abs(out[1.0][0][k]).max() > 0]

@@ -33,11 +33,11 @@ Losses (count = number of real steps in the batch, w_b the prioritized-replay im
     total   = actor + value_coef * critic
 
 sg is stop-gradient (targets and advantages are constants; the importance ratios too). The 0.5 keeps
-the critic gradient w_b * (V - v) / count, as in learner/algorithm.py, so value_coef means the same in
+the critic gradient w_b * (V - v) / count, as in learner/losses/a2c.py, so value_coef means the same in
 both losses. The entropy bonus is neither weighted nor filtered: it is a regularizer of the current
 policy on every visited state, not an estimate that prioritized sampling biases.
 
-Options from DigiRL (Bai et al. 2024) and DistRL, all off in ARideConfig (the learner turns binarization on
+Options from DigiRL (Bai et al. 2024) and DistRL, all off in LossParams (the learner turns binarization on
 after a warm-up on demonstrations, learner/config.py:LossSettings.binarize_advantage):
 - advantage filtering, `advantage_threshold`: f_bt = 1[A_bt > threshold] (DigiRL: threshold 0, keep only
   positive advantages); filtered steps still count in `count`, so filtering never rescales kept steps;
@@ -51,8 +51,8 @@ after a warm-up on demonstrations, learner/config.py:LossSettings.binarize_advan
   and the policy-gradient weight is 1), the ablation that treats replayed data as on-policy.
 
 Per-trajectory priorities for distributed prioritized replay (DPER), each [B], over real steps
-(0 for an empty trajectory): priority_delta = mean |delta_t| (the rho_bar-clipped TD error above),
-priority_rho = mean rho_t (unclipped), priority_rho_clipped = mean rho_bar_t, priority_entropy =
+(0 for an empty trajectory, learner.losses.base.PriorityTerms): delta = mean |delta_t| (the rho_bar-clipped
+TD error above), rho_clipped = mean rho_bar_t, entropy =
 mean H(pi(.|s_t)) (the exact entropy of the current policy on the states visited: the H of DistRL's
 priority, computed exactly rather than estimated by the taken action's -log pi, which adds the noise of
 one sampled action).
@@ -60,76 +60,12 @@ one sampled action).
 
 from __future__ import annotations
 
-import math
-from dataclasses import dataclass
-from functools import partial
-
 import jax
 import jax.numpy as jnp
 
-from learner.algorithm import behavior_cloning, step_mask
 from learner.batch import Batch
-
-_NUMBERS = ("gamma", "lambda_", "rho_clip", "c_clip", "pg_rho_clip", "entropy_coef", "value_coef")
-
-
-@partial(
-    jax.tree_util.register_dataclass,
-    data_fields=[*_NUMBERS, "advantage_threshold"],
-    meta_fields=["binarize_advantage", "off_policy_correction"],
-)
-@dataclass(frozen=True)
-class ARideConfig:
-    """Hyper-parameters of the A-RIDE loss.
-
-    A JAX pytree: pass it to a jitted function like any argument (the numbers are traced, so changing
-    them does not recompile; switching binarization, or the threshold between None and a number, does),
-    or close over it. It is also hashable, so `static_argnames="cfg"` works too.
-    """
-
-    gamma: float = 0.95
-    """Discount."""
-    lambda_: float = 1.0
-    """Trace decay of Retrace / V-trace: c_t = lambda * min(c_clip, rho_t). 0 gives one-step TD targets."""
-    rho_clip: float = 1.0
-    """rho_bar = min(rho_clip, rho) weighs each TD error (V-trace rho-bar; infinity gives Retrace)."""
-    c_clip: float = 1.0
-    """Traces are cut at c = lambda * min(c_clip, rho) (V-trace c-bar, Retrace's min(1, rho))."""
-    pg_rho_clip: float = 1.0
-    """The policy-gradient advantage is weighted by min(pg_rho_clip, rho)."""
-    entropy_coef: float = 0.01
-    """Weight beta of the exact entropy bonus."""
-    value_coef: float = 0.5
-    """Weight of the critic loss in the total."""
-    advantage_threshold: float | None = None
-    """If set, only steps with advantage > this train the actor (DigiRL-style filtering uses 0)."""
-    binarize_advantage: bool = False
-    """Replace the actor's advantage A by 1[A > 0] (DigiRL-style binarization)."""
-    off_policy_correction: bool = True
-    """False sets every ratio rho (so rho_bar, c and the policy-gradient weight) to 1: the data is
-    treated as on-policy however stale it is (the ablation of the correction)."""
-
-    def __post_init__(self):
-        # Only plain Python numbers are checked: JAX rebuilds the config with tracers inside jit.
-        def number(name):
-            x = getattr(self, name)
-            return x if isinstance(x, int | float) and not isinstance(x, bool) else None
-
-        gamma, lam, rho, c, pg, ent, val = (number(n) for n in _NUMBERS)
-        threshold = number("advantage_threshold")
-        checks = {
-            "gamma must be in [0, 1]": gamma is None or 0.0 <= gamma <= 1.0,
-            "lambda_ must be in [0, 1]": lam is None or 0.0 <= lam <= 1.0,
-            "rho_clip must be > 0": rho is None or rho > 0,
-            "c_clip must be > 0": c is None or c > 0,
-            "pg_rho_clip must be > 0": pg is None or pg > 0,
-            "entropy_coef must be >= 0": ent is None or ent >= 0,
-            "value_coef must be >= 0": val is None or val >= 0,
-            "advantage_threshold must be finite or None": threshold is None or math.isfinite(threshold),
-        }
-        bad = [msg for msg, ok in checks.items() if not ok]
-        if bad:
-            raise ValueError(f"ARideConfig: {'; '.join(bad)} (got {self})")
+from learner.losses.base import LossOutput, LossParams, PriorityTerms
+from learner.losses.shared import behavior_cloning, step_mask
 
 
 def _continues(length: jax.Array, terminal: jax.Array, num_steps: int) -> jax.Array:
@@ -247,7 +183,7 @@ def instruction_keep(instruction_value: jax.Array, low: float, high: float) -> j
 
 
 def _ratios_and_targets(
-    acted_logp: jax.Array, values: jax.Array, batch: Batch, cfg: ARideConfig
+    acted_logp: jax.Array, values: jax.Array, batch: Batch, cfg: LossParams
 ) -> tuple[jax.Array, jax.Array, jax.Array]:
     """(rho, Retrace targets v_t, clipped TD errors delta_t), all [B, T] and constants (stop-gradient):
     the off-policy correction both A-RIDE losses share. acted_logp is log pi on the observations mu saw."""
@@ -268,13 +204,13 @@ def aride_loss(
     entropy: jax.Array,
     values: jax.Array,
     batch: Batch,
-    cfg: ARideConfig,
+    cfg: LossParams,
     ratio_logp: jax.Array | None = None,
-) -> tuple[jax.Array, dict[str, jax.Array]]:
+) -> LossOutput:
     """Total A-RIDE loss and metrics (see the module docstring for every formula).
 
     logp / entropy [B, T] (log pi of the actions taken, exact H(pi)); values [B, T + 1]; ratio_logp [B, T]
-    log pi on the observations mu saw (learner.train_step.forward; defaults to logp), which every
+    log pi on the observations mu saw (common.policies.Evaluation; defaults to logp), which every
     importance ratio uses, so augmenting `obs` after acting cannot bias rho; from the batch:
     behavior_logp (log mu), reward, length, terminal, weights (replay importance weights) and keep (the
     instruction-level filter on the actor). Gradients flow into logp (actor), entropy (bonus) and
@@ -284,8 +220,8 @@ def aride_loss(
     rho_mean (unclipped), rho_clipped_fraction (share of real steps with rho > rho_clip),
     actor_step_fraction (share of real steps that train the actor), behavior_kl (how far pi has moved
     from mu: the mean of rho - 1 - log rho over real steps, an unbiased estimate of KL(mu || pi) from
-    mu's actions, Schulman's "k3"; it ignores `off_policy_correction`); and [B] priority_delta, priority_rho,
-    priority_rho_clipped, priority_entropy for the replay (0 for empty trajectories).
+    mu's actions, Schulman's "k3"; it ignores `off_policy_correction`). Priority terms for the replay
+    (PriorityTerms, [B] each, 0 for empty trajectories): mean |delta|, mean rho_bar, mean H.
     """
     rewards, length, terminal = batch.reward, batch.length, batch.terminal
     num_steps = rewards.shape[1]
@@ -319,7 +255,7 @@ def aride_loss(
 
     rho_bar = jnp.minimum(cfg.rho_clip, rho)
     log_rho = jnp.where(mask, jax.lax.stop_gradient(acted) - batch.behavior_logp, 0.0)
-    return total, {
+    metrics = {
         "loss": total,
         "policy_loss": policy_loss,
         "value_loss": value_loss,
@@ -330,22 +266,24 @@ def aride_loss(
         "rho_clipped_fraction": mean((rho > cfg.rho_clip).astype(jnp.float32)),
         "actor_step_fraction": mean(trains.astype(jnp.float32)),
         "behavior_kl": mean(jnp.expm1(log_rho) - log_rho),
-        "priority_delta": traj_mean(jnp.abs(delta)),
-        "priority_rho": traj_mean(rho),
-        "priority_rho_clipped": traj_mean(rho_bar),
-        "priority_entropy": traj_mean(jax.lax.stop_gradient(entropy)),
     }
+    priorities = PriorityTerms(
+        delta=traj_mean(jnp.abs(delta)),
+        rho_clipped=traj_mean(rho_bar),
+        entropy=traj_mean(jax.lax.stop_gradient(entropy)),
+    )
+    return LossOutput(total, metrics, priorities)
 
 
-def aride_warmup_loss(
+def imitation_loss(
     logp: jax.Array,
     values: jax.Array,
     batch: Batch,
-    cfg: ARideConfig,
+    cfg: LossParams,
     ratio_logp: jax.Array | None = None,
-) -> tuple[jax.Array, dict[str, jax.Array]]:
+) -> LossOutput:
     """An imitation update of A-RIDE: weighted behavior cloning for the actor
-    (learner.algorithm.behavior_cloning), and for the critic the same Retrace targets as `aride_loss`.
+    (learner.losses.shared.behavior_cloning), and for the critic the same Retrace targets as `aride_loss`.
 
     Demonstrations carry the demonstrator's exact log-probabilities (mu), so they are off-policy data
     that Retrace corrects like any other: the critic keeps estimating V of the learner's policy pi rather
@@ -362,4 +300,6 @@ def aride_warmup_loss(
     bc = behavior_cloning(logp, batch)
     total = bc + cfg.value_coef * value_loss
     rho_mean = jnp.sum(rho) / count
-    return total, {"loss": total, "bc_loss": bc, "value_loss": value_loss, "rho_mean": rho_mean}
+    return LossOutput(
+        total, {"loss": total, "bc_loss": bc, "value_loss": value_loss, "rho_mean": rho_mean}, None
+    )

@@ -1,0 +1,35 @@
+"""Policy families, picked by `--model.kind` (ModelConfig.kind): the interface is common/policies/family.py.
+
+`make_policy(cfg)` builds the family the config names: a built-in one ("pointer", the default) or, for a
+family in the user's own code, `package.module:ClassName` (imported here, on the learner and on every
+actor alike: the learner sends the kind in WELCOME), whose class takes the ModelConfig.
+"""
+
+from __future__ import annotations
+
+import importlib
+
+from common.config import ModelConfig
+from common.policies.evaluation import Evaluation
+from common.policies.family import Acted, PolicyFamily
+from common.policies.pointer import PointerPolicy
+
+__all__ = ["BUILT_IN", "Acted", "Evaluation", "PointerPolicy", "PolicyFamily", "make_policy"]
+
+BUILT_IN = {"pointer": PointerPolicy}
+"""The families this package ships, by --model.kind."""
+
+
+def make_policy(cfg: ModelConfig) -> PolicyFamily:
+    """The family `cfg.kind` names; ValueError with the known kinds when it names none."""
+    kind = cfg.kind
+    if kind in BUILT_IN:
+        return BUILT_IN[kind](cfg)
+    module_name, _, class_name = kind.partition(":")
+    if not class_name:
+        raise ValueError(f"--model.kind must be one of {sorted(BUILT_IN)} or module:Class, got {kind!r}")
+    try:
+        family = getattr(importlib.import_module(module_name), class_name)
+    except (ImportError, AttributeError) as e:
+        raise ValueError(f"--model.kind {kind}: cannot import it ({e})") from e
+    return family(cfg)

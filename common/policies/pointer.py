@@ -1,0 +1,95 @@
+"""The pointer policy, the default family (`--model.kind pointer`): a small transformer over the
+instruction's words and the screen's elements that points at what to tap or type (common/model.py), with
+a factorized action distribution (common/distribution.py) and optional frozen or fine-tuned text encoder.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import jax
+import numpy as np
+
+from common import distribution, featurize, model, text_encoder
+from common.config import ModelConfig
+from common.policies.evaluation import Evaluation
+from common.policies.family import Acted
+from common.types import Action, ActionType, Observation, SwipeDirection
+
+
+class PointerPolicy:
+    """The default family; see the module docstring (and common.policies.family for the interface)."""
+
+    def __init__(self, cfg: ModelConfig):
+        self.cfg = cfg
+        self._text: text_encoder.TextEmbedder | None = None
+
+    def episode_spec(self):
+        return featurize.episode_spec(self.cfg, text_encoder.vocab_size(self.cfg))
+
+    def featurize(self, obs: Observation, history: Sequence[Action] = ()) -> dict[str, np.ndarray]:
+        return featurize.featurize(obs, self.cfg)
+
+    @property
+    def text(self) -> text_encoder.TextEmbedder | None:
+        """The frozen text encoder and its cache, built on first use (it loads the encoder: seconds);
+        None without an encoder and with a fine-tuned one, which runs inside the network."""
+        frozen = self.cfg.uses_text_encoder and not self.cfg.train_text_encoder
+        if self._text is None and frozen:
+            self._text = text_encoder.TextEmbedder(self.cfg)
+        return self._text
+
+    def inputs(self, features: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        return features if self.text is None else self.text.add(features)
+
+    def input_spec(self):
+        frozen = self.cfg.uses_text_encoder and not self.cfg.train_text_encoder
+        return featurize.input_spec(self.cfg) if frozen else featurize.feature_spec(self.cfg)
+
+    def create(self, seed: int):
+        return model.create(self.cfg, seed)
+
+    def abstract(self):
+        return model.abstract(self.cfg)
+
+    def act(self, graphdef, params, inputs, key, greedy: bool) -> Acted:
+        logits, value = model.apply(graphdef, params, inputs)
+        choice, logp = distribution.mode(logits) if greedy else distribution.sample(key, logits)
+        return Acted(choice, logp, value, distribution.entropy(logits))
+
+    def evaluate(self, graphdef, params, obs, choice, acted_obs) -> Evaluation:
+        """logp / entropy [B, T] on `obs` (what the gradient trains on), values [B, T + 1], and log pi on
+        `acted_obs` (a second pass without gradient when the learner renamed words) so that importance
+        ratios compare pi and mu on the same input: rho = 1 exactly at zero policy lag."""
+        obs = model.encode_text(graphdef, params, obs)  # a fine-tuned text encoder runs once, here
+        logits, values = model.apply(graphdef, params, obs)
+        step_logits = {k: v[:, :-1] for k, v in logits.items()}
+        logp = distribution.log_prob(step_logits, choice)
+        entropy = distribution.entropy(step_logits)
+        if acted_obs is None:
+            return Evaluation(logp, entropy, values, logp)
+        # A fine-tuned encoder encodes the acted observations again (apply does, without gradient):
+        # renaming may have given the trained ones other WordPiece ids (learner/augment.py).
+        acted_logits, _ = model.apply(graphdef, jax.lax.stop_gradient(params), acted_obs)
+        ratio_logp = distribution.log_prob({k: v[:, :-1] for k, v in acted_logits.items()}, choice)
+        return Evaluation(logp, entropy, values, jax.lax.stop_gradient(ratio_logp))
+
+    def to_action(self, obs: Observation, choice: dict[str, Any]) -> Action:
+        """A tap at the chosen element's centre, the chosen instruction word typed, a swipe, or a key."""
+        kind = ActionType(int(choice["action_type"]))
+        if kind == ActionType.TAP:
+            elements = obs.elements[: self.cfg.max_elements]
+            element = int(choice["element"])
+            return (
+                Action.tap_element(elements[element], obs.screen_size)
+                if element < len(elements)
+                else Action.tap(0.5, 0.5)
+            )
+        if kind == ActionType.TYPE:
+            words = featurize.instruction_words(obs.instruction, self.cfg)
+            word = int(choice["word"])
+            return Action(kind, text=words[word] if word < len(words) else "")
+        if kind == ActionType.SWIPE:
+            return Action(kind, direction=SwipeDirection(int(choice["direction"])))
+        return Action(kind)
