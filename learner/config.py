@@ -220,7 +220,7 @@ class LossSettings:
     gamma: float = DEFAULTS.gamma
     """Discount."""
     lambda_: Annotated[float, tyro.conf.arg(name="lambda")] = DEFAULTS.lambda_
-    """Retrace trace decay lambda (--lambda_ is still read, as an older spelling)."""
+    """Retrace trace decay lambda."""
     rho_clip: float = DEFAULTS.rho_clip
     """Clip of the importance ratios pi/mu (rho-bar, c-bar and the policy-gradient weight)."""
     advantage_threshold: float | None = DEFAULTS.advantage_threshold

@@ -18,7 +18,9 @@ from learner.config import (
     LossSettings,
     ReplayConfig,
     flat_dict,
+    parse_args,
 )
+from learner.losses import DEFAULTS
 from tests.conftest import one_line
 
 
@@ -84,7 +86,8 @@ def test_fine_tuning_defaults_after_demonstrations():
         (["--replay-capacity", "0"], "--replay-capacity must be at least 1, got 0"),
         (["--priority-weights", "0", "0", "0"], "--priority-weights must be >= 0 and not all 0"),
         (["--gamma", "1.5"], "--gamma must be in [0, 1], got 1.5"),
-        (["--lambda_", "-1"], "--lambda_ must be in [0, 1], got -1.0"),
+        (["--lambda", "-1"], "--lambda must be in [0, 1], got -1.0"),
+        (["--weight-decay", "-1"], "--weight-decay must be >= 0, got -1.0"),
         (["--rho-clip", "0"], "--rho-clip must be positive, got 0.0"),
         (["--learning-rate", "-1"], "--learning-rate must be >= 0, got -1.0"),
         (["--max-grad-norm", "0"], "--max-grad-norm must be positive, got 0.0"),
@@ -121,20 +124,22 @@ def test_grouped_settings_keep_their_flags_and_their_stored_layout():
     nested = {"model", "mesh", "emulator"}
     assert nested <= set(flat) and not set(GROUPS) & set(flat)
     # The 65 settings from before the grouping, --off-policy-correction, --rl-lr-scale, --text-encoder-lr-scale,
-    # --rename-word-pieces, --durability.
-    assert len(flat) == 70
+    # --rename-word-pieces, --durability, --weight-decay.
+    assert len(flat) == 71
     flags = [
-        f"--{name}" if name == "lambda_" else "--" + name.replace("_", "-") for name in set(flat) - nested
+        "--lambda" if name == "lambda_" else "--" + name.replace("_", "-") for name in set(flat) - nested
     ]
-    values = {"--bind": "localhost", "--lambda_": "0.5", "--demos": "d.msgpack", "--coordinator": "h:1"}
+    values = {"--bind": "localhost", "--lambda": "0.5", "--demos": "d.msgpack", "--coordinator": "h:1"}
     values["--binarize-advantage"] = "False"
+    values["--durability"] = "none"  # stored resolved: "fsync" would need checkpoints on
+    values["--entropy-coef"] = "0.01"
     for flag in flags:
-        field = flag.lstrip("-").replace("-", "_")
+        field = "lambda_" if flag == "--lambda" else flag.lstrip("-").replace("-", "_")
         default = flat[field]
-        if isinstance(default, bool):
-            args = [flag] if not default else ["--no-" + flag[2:]]
-        elif flag in values:
+        if flag in values:
             args = [flag, values[flag]]
+        elif isinstance(default, bool):
+            args = [flag] if not default else ["--no-" + flag[2:]]
         elif field == "priority_weights":
             args = [flag, "1", "1", "1"]
         elif field in ("instruction_filter",):
@@ -150,3 +155,37 @@ def test_grouped_settings_keep_their_flags_and_their_stored_layout():
     )
     assert saved["alpha"] == 0.3 and saved["learning_rate"] == 0.01 and saved["bind"] == "localhost"
     assert json.loads(json.dumps(saved)) == saved  # plain JSON (paths as strings)
+
+
+def test_config_json_records_the_values_the_run_resolved():
+    """Settings whose default depends on others are stored as the run used them, never as null."""
+    stored = flat_dict(LearnerConfig())
+    assert stored["entropy_coef"] == 0.001 and stored["binarize_advantage"] is True  # after demonstrations
+    assert stored["durability"] == "fsync"
+    scratch = flat_dict(LearnerConfig(local=LocalActorsConfig(env="standin"), checkpoint_every=0))
+    assert scratch["entropy_coef"] == 0.01 and scratch["binarize_advantage"] is False
+    assert scratch["durability"] == "none"
+
+
+def test_the_old_lambda_spelling_is_still_read_but_not_shown(capsys):
+    assert parse_args(["--lambda_", "0.5"]).loss.lambda_ == 0.5
+    assert parse_args(["--lambda_=0.25"]).loss.lambda_ == 0.25
+    assert parse_args(["--lambda", "0.75"]).loss.lambda_ == 0.75
+    with pytest.raises(SystemExit):
+        parse_args(["--help"])
+    shown = capsys.readouterr().out
+    assert "--lambda FLOAT" in shown and "--lambda_" not in shown
+
+
+def test_the_flags_defaults_are_the_losses_defaults():
+    """One default per setting: the flags take theirs from learner.losses.DEFAULTS."""
+    loss = LearnerConfig().loss
+    for name in (
+        "gamma",
+        "lambda_",
+        "rho_clip",
+        "value_coef",
+        "advantage_threshold",
+        "off_policy_correction",
+    ):
+        assert getattr(loss, name) == getattr(DEFAULTS, name), name

@@ -119,3 +119,20 @@ def test_update_scale_shrinks_the_step_and_keeps_the_optimizer_state():
         np.testing.assert_allclose(out[0.25][0][k], 0.25 * out[1.0][0][k], rtol=1e-4, atol=1e-9)
     for a, b in zip(out[1.0][1], out[0.25][1], strict=True):
         np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-6)
+
+
+def test_weight_decay_is_decoupled_and_real():
+    """--weight-decay is AdamW's: on the first update (same gradient, same Adam step) the decayed run ends
+    exactly lr * wd * theta further towards 0 than the plain one, for every parameter."""
+    graphdef, params = model.create(CFG, 0)
+    _, _, _, batch, before = _setup(1.0)
+    lr, wd = 1e-2, 0.1
+    out = {}
+    for decay in (0.0, wd):
+        optimizer = make_optimizer(lr, 1.0, weight_decay=decay)
+        start = jax.tree.map(jnp.array, params)
+        new, *_ = a2c_step(graphdef, optimizer)(start, optimizer.init(start), batch)
+        out[decay] = model.params_to_flat(new)
+    for k in before:
+        np.testing.assert_allclose(out[wd][k], out[0.0][k] - lr * wd * before[k], rtol=1e-5, atol=1e-7)
+    assert any(np.abs(before[k]).max() > 0.1 for k in before)  # the check has something to see
