@@ -19,6 +19,7 @@ from pathlib import Path
 
 import pytest
 
+from common.actor_command import actor_command
 from tests.conftest import ACTOR_ENV, ROOT, START_S
 from tests.fake_adb import FakeAdbServer
 from tests.test_adb_pool import FAKE_EMULATOR, group_members, port_free, running
@@ -64,12 +65,14 @@ class ActorWithEmulators:
             FAKE_EMULATOR_PID_DIR=str(self.pid_dir),
             FAKE_EMULATOR_CHILD="1",
         )
-        cmd = [
-            sys.executable, "-m", "actors", "--host", "127.0.0.1", "--ingest-port", str(learner_ports[0]),
-            "--params-port", str(learner_ports[1]), "--backend", "adb", "--adb.port", str(self.server.port),
-            "--adb.avds", "Pixel", "Tablet", "--adb.emulator-binary", str(emulator),
-            "--adb.emulator-port", str(base), "--adb.command-timeout", "2", "--status-every", "1000",
-        ]  # fmt: skip
+        cmd = actor_command(
+            host="127.0.0.1", ingest_port=learner_ports[0], params_port=learner_ports[1], env="adb",
+            extra=(
+                "--adb.port", str(self.server.port), "--adb.avds", "Pixel", "Tablet",
+                "--adb.emulator-binary", str(emulator), "--adb.emulator-port", str(base),
+                "--adb.command-timeout", "2", "--status-every", "1000",
+            ),
+        )  # fmt: skip
         self.cmd, self.env = cmd, env
         self.lines: list[str] = []
 
