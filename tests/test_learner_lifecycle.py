@@ -127,3 +127,19 @@ def test_impossible_actor_settings_are_refused_clearly(args, says):
     done = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, env=ACTOR_ENV, timeout=120)
     assert done.returncode != 0 and says in one_line(done.stderr), done.stderr
     assert "no answer from the learner" not in done.stdout  # refused before trying to connect
+
+
+@pytest.mark.xfail(
+    strict=True, reason="until learner/setup.py calls learner.actor_check.check_local_flags (issue 29)"
+)
+def test_a_bad_actor_side_flag_stops_the_learner_before_any_process(tmp_path):
+    learner = [sys.executable, "-m", "learner", "--run-dir", str(tmp_path), "--ingest-port", "0"]
+    cmd = [*learner, "--tasks", "nosuchsuite"]
+    done = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, env=ACTOR_ENV, timeout=300)
+    assert "Traceback" not in done.stdout + done.stderr, done.stderr
+    assert done.returncode == 2, done.stderr
+    assert done.stderr.strip().splitlines()[-1] == (
+        "python -m actors: --tasks nosuchsuite: no such task file, folder or suite (shipped suites: general, webshop)"
+    )
+    assert "oracle demonstrations" not in done.stdout + done.stderr  # the demo writer never started
+    assert not (tmp_path / "endpoints.json").exists()
