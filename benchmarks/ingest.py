@@ -572,21 +572,21 @@ def _references(blobs: list[bytes], cfg: ModelConfig, repeats: int, per_batch: i
     """Validation only, and parse + validate + store, on the same messages with no sockets."""
     from learner.replay import PrioritizedReplay, oldest_version
 
-    spec = featurize.feature_spec(cfg)
+    spec = featurize.episode_spec(cfg, text_vocab_size=0)  # (the benchmark's model has no text encoder)
     raw = [traj_bytes(traj_head(1), i + 1, b) for i, b in enumerate(blobs)]
     decoded = [protocol.parse(r) for r in raw]
     replay: PrioritizedReplay = PrioritizedReplay(REPLAY_CAPACITY)
     while len(replay) < REPLAY_CAPACITY:  # full, as in the flood rows after warm-up: each add evicts one
-        for ep in protocol.validate_episodes(decoded[0], spec, MAX_STEPS, 0, cfg.vocab_size):
+        for ep in protocol.validate_episodes(decoded[0], spec, MAX_STEPS, 0):
             replay.add(ep, oldest_version(ep))
 
     def validate_all() -> None:
         for msg in decoded:
-            protocol.validate_episodes(msg, spec, MAX_STEPS, 0, cfg.vocab_size)
+            protocol.validate_episodes(msg, spec, MAX_STEPS, 0)
 
     def ingest_all() -> None:
         for r in raw:
-            for ep in protocol.validate_episodes(protocol.parse(r), spec, MAX_STEPS, 0, cfg.vocab_size):
+            for ep in protocol.validate_episodes(protocol.parse(r), spec, MAX_STEPS, 0):
                 replay.add(ep, oldest_version(ep))
 
     rows = []

@@ -38,14 +38,14 @@ def run(quick: bool) -> list[dict]:
     msg = protocol.Traj(1, 1, episodes).to_msg()
     encoded = wire.encode(msg)
     buf = np.frombuffer(encoded, np.uint8)
-    spec = featurize.feature_spec(cfg)
+    spec = featurize.episode_spec(cfg, text_vocab_size=0)  # (the default model has no text encoder)
 
     def unpack() -> protocol.PackedEpisodes:
         return protocol.unpack_episodes(protocol.Traj.from_msg(protocol.parse(encoded)).episodes)
 
     def validate() -> list[protocol.Episode]:
         traj = protocol.Traj.from_msg(protocol.parse(encoded))
-        return traj.validate(spec, MAX_STEPS, 0, cfg.vocab_size)
+        return traj.validate(spec, MAX_STEPS, 0)
 
     memcpy = best_seconds(lambda: buf.copy(), repeats, inner=20)
     enc = best_seconds(lambda: wire.encode(msg), repeats, inner=5)

@@ -21,7 +21,8 @@ import numpy as np
 
 from common import tokenizer
 from common.config import ModelConfig
-from common.types import Observation
+from common.protocol.episodes import EpisodeSpec
+from common.types import NUM_ACTION_TYPES, NUM_SWIPE_DIRECTIONS, Observation
 
 NUM_ELEMENT_FEATURES = 10
 NUM_INSTRUCTION_FEATURES = 3
@@ -50,6 +51,34 @@ def text_spec(cfg: ModelConfig) -> dict[str, tuple[tuple[int, ...], str]]:
         "instr_wp_word": ((cfg.max_instruction_pieces,), "<i4"),
         "elem_wp": ((cfg.max_elements, cfg.max_element_pieces), "<i4"),
     }
+
+
+def episode_spec(cfg: ModelConfig, text_vocab_size: int) -> EpisodeSpec:
+    """What the pointer family's episodes carry, for the protocol's checks (common/protocol/episodes.py):
+    `feature_spec`'s arrays; its four choices, each below the number of options it picks from; and the ids
+    an embedding looks up inside its table: words of the hashing vocabulary, and with a text encoder
+    WordPiece ids of its vocabulary (`text_vocab_size`, text_encoder.vocab_size) and word slots -1 (none)
+    or a real slot."""
+    return features_episode_spec(feature_spec(cfg), cfg.vocab_size, text_vocab_size)
+
+
+def features_episode_spec(
+    features: dict[str, tuple[tuple[int, ...], str]], vocab_size: int, text_vocab_size: int
+) -> EpisodeSpec:
+    """`episode_spec` from the feature spec itself (its masks give the element and word slots)."""
+    elements, words = features["elem_mask"][0][0], features["instr_mask"][0][0]
+    ids = {"instr_tokens": (0, vocab_size), "elem_tokens": (0, vocab_size)}
+    if "instr_wp" in features:
+        if text_vocab_size < 1:
+            raise ValueError("checking WordPiece ids needs the text encoder's vocabulary size (>= 1)")
+        ids.update(instr_wp=(0, text_vocab_size), elem_wp=(0, text_vocab_size), instr_wp_word=(-1, words))
+    choices = {
+        "action_type": ("<i4", NUM_ACTION_TYPES),
+        "element": ("<i4", elements),
+        "word": ("<i4", words),
+        "direction": ("<i4", NUM_SWIPE_DIRECTIONS),
+    }
+    return EpisodeSpec(dict(features), choices, ids)
 
 
 def input_spec(cfg: ModelConfig) -> dict[str, tuple[tuple[int, ...], str]]:

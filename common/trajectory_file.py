@@ -76,30 +76,25 @@ def check_model(path: Path, header: dict[str, Any], model: ModelConfig) -> None:
         raise ValueError(f"{path}: recorded for model {header['model']}, the learner uses {model.to_dict()}")
 
 
-def _text_vocab_size(model: ModelConfig) -> int:
+def episode_spec(model: ModelConfig) -> protocol.EpisodeSpec:
+    """What the episodes of a file featurized for `model` carry (`featurize.episode_spec`), so reading checks
+    them as the learner checks an actor's TRAJ; built once per file."""
     if not model.uses_text_encoder:
-        return 0
+        return featurize.episode_spec(model, 0)
     from common import text_encoder  # JAX and the encoder's folder only for a run that has one
 
-    return text_encoder.vocab_size(model)
+    return featurize.episode_spec(model, text_encoder.vocab_size(model))
 
 
 def read_episodes(
-    path: Path, index: int, record: bytes, model: ModelConfig, max_steps: int, newest_version: int
+    path: Path, index: int, record: bytes, spec: protocol.EpisodeSpec, max_steps: int, newest_version: int
 ) -> list[protocol.Episode]:
     """The episodes of one TRAJ record, validated exactly as an actor's TRAJ; faults name the file."""
     try:
         msg = parse_record(record)
         if msg["kind"] != protocol.TRAJ:
             raise protocol.ProtocolError("bad_kind", f"expected a TRAJ message, got {msg['kind']}")
-        return protocol.validate_episodes(
-            msg,
-            featurize.feature_spec(model),
-            max_steps,
-            newest_version=newest_version,
-            vocab_size=model.vocab_size,
-            text_vocab_size=_text_vocab_size(model),
-        )
+        return protocol.validate_episodes(msg, spec, max_steps, newest_version)
     except protocol.ProtocolError as e:
         raise ValueError(f"{path}: record {index}: {e}") from e
 
@@ -143,7 +138,8 @@ def load_episodes(path: Path, model: ModelConfig) -> list[protocol.Episode]:
     header = read_header(path, records, DEMOS)
     check_model(path, header, model)
     max_steps = header_int(path, header, "max_steps", minimum=1)
+    spec = episode_spec(model)
     episodes = []
     for index, record in enumerate(records, 1):
-        episodes += read_episodes(path, index, record, model, max_steps, newest_version=0)
+        episodes += read_episodes(path, index, record, spec, max_steps, newest_version=0)
     return episodes

@@ -22,6 +22,7 @@ from common import protocol, wire
 from common.config import ModelConfig
 from common.trajectory_file import (
     check_model,
+    episode_spec,
     header_int,
     read_episodes,
     read_header,
@@ -133,6 +134,7 @@ def _read_all_episodes(
 ) -> list[protocol.Episode]:
     count = header_int(path, header, "episodes")
     newest = header_int(path, header, "newest_version")
+    spec = episode_spec(model_cfg)
     episodes: list[protocol.Episode] = []
     index = 0
     while len(episodes) < count:
@@ -140,7 +142,7 @@ def _read_all_episodes(
         index += 1
         if record is None:
             raise ValueError(f"{path}: truncated: it ends after {len(episodes)} of its {count} episodes")
-        episodes += read_episodes(path, index, record, model_cfg, max_steps, newest)
+        episodes += read_episodes(path, index, record, spec, max_steps, newest)
     if len(episodes) != count:
         raise ValueError(f"{path}: holds {len(episodes)} episodes, its header says {count}")
     return episodes

@@ -47,7 +47,7 @@ def test_pre_encoded_traj_is_what_wire_encode_writes_and_validates():
     data = ingest.traj_bytes(ingest.traj_head(70_000), 2**33, blob)
     assert data == wire.encode(protocol.Traj(70_000, 2**33, episodes).to_msg())
     stored = protocol.validate_episodes(
-        protocol.parse(data), featurize.feature_spec(cfg), ingest.MAX_STEPS, 0, cfg.vocab_size
+        protocol.parse(data), featurize.episode_spec(cfg, text_vocab_size=0), ingest.MAX_STEPS, 0
     )
     assert [ep.length for ep in stored] == [ingest.STEPS] * ingest.EPISODES_PER_BATCH
 

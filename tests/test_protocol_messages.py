@@ -196,23 +196,23 @@ def test_require_refuses_bool_for_any_number_type():
 def test_traj_checks_its_episodes_only_when_asked():
     """A duplicate batch is acknowledged without looking at its episodes, so parsing a TRAJ checks only
     `actor_id` and `seq`; `validate` then checks the episodes exactly as `validate_episodes` does."""
-    spec = featurize.feature_spec(MODEL)
+    spec = featurize.episode_spec(MODEL, text_vocab_size=0)
     for junk in (None, "x", [], [1]):
         traj = protocol.Traj.from_msg(msg_of("TRAJ", actor_id=1, seq=2, episodes=junk))
         assert (traj.actor_id, traj.seq, traj.episodes) == (1, 2, junk)
         with pytest.raises(ProtocolError) as e:
-            traj.validate(spec, 4, 0, MODEL.vocab_size)
+            traj.validate(spec, 4, 0)
         assert e.value.code == "bad_field"
     episodes = [make_episode(MODEL.to_dict(), 3, np.random.default_rng(2))]
     traj = protocol.Traj.from_msg(protocol.parse(wire.encode(protocol.Traj(1, 2, episodes).to_msg())))
-    (ep,) = traj.validate(spec, 4, 0, MODEL.vocab_size)
+    (ep,) = traj.validate(spec, 4, 0)
     assert ep.length == 3
 
 
 def test_traj_packs_episode_lists_and_keeps_a_packed_map_as_it_came():
     """A sender's list of episode maps is packed by `to_msg` (PROTOCOL.md 6); a parsed TRAJ keeps its packed
     map untouched until `validate`, which never packs: a list on the wire is a version 2 sender's."""
-    spec, rng = featurize.feature_spec(MODEL), np.random.default_rng(4)
+    spec, rng = featurize.episode_spec(MODEL, text_vocab_size=0), np.random.default_rng(4)
     episodes = [make_episode(MODEL.to_dict(), n, rng) for n in (1, 3)]
     msg = protocol.Traj(1, 2, episodes).to_msg()
     assert set(msg["episodes"]) == {"task", "arrays", "data"} and msg["episodes"]["task"] == ["fake_task"] * 2
@@ -220,9 +220,9 @@ def test_traj_packs_episode_lists_and_keeps_a_packed_map_as_it_came():
     assert parsed.episodes["arrays"] == msg["episodes"]["arrays"]
     assert bytes(parsed.episodes["data"]) == bytes(msg["episodes"]["data"])
     assert protocol.Traj(1, 2, parsed.episodes).to_msg()["episodes"] is parsed.episodes  # not packed again
-    assert [ep.length for ep in parsed.validate(spec, 4, 0, MODEL.vocab_size)] == [1, 3]
+    assert [ep.length for ep in parsed.validate(spec, 4, 0)] == [1, 3]
     with pytest.raises(ProtocolError) as e:
-        protocol.Traj(1, 2, episodes).validate(spec, 4, 0, MODEL.vocab_size)
+        protocol.Traj(1, 2, episodes).validate(spec, 4, 0)
     assert e.value.code == "bad_field"
 
 
@@ -300,12 +300,11 @@ def test_the_learner_refuses_a_version_2_peer_and_broken_packing(ingest):
             "first_unacked": 1,
         }
         old_traj = {"v": 2, "kind": "TRAJ", "actor_id": peer.actor_id, "seq": 1, "episodes": episodes}
-        v2_list = protocol.message(
-            "TRAJ", actor_id=peer.actor_id, seq=1, episodes=episodes
-        )  # v 3, old episodes
-        broken = protocol.Traj(peer.actor_id, 1, episodes).to_msg()
+        # each refused v3 batch has a seq of its own: a batch refused for good settles its seq
+        v2_list = protocol.message("TRAJ", actor_id=peer.actor_id, seq=1, episodes=episodes)  # old episodes
+        broken = protocol.Traj(peer.actor_id, 2, episodes).to_msg()
         broken["episodes"]["arrays"][1][3] += 8  # the second array out of place
-        short = protocol.Traj(peer.actor_id, 1, episodes).to_msg()
+        short = protocol.Traj(peer.actor_id, 3, episodes).to_msg()
         short["episodes"]["data"] = bytes(short["episodes"]["data"])[:-1]
         for msg, code in [
             (old_hello, "bad_version"),
@@ -316,9 +315,11 @@ def test_the_learner_refuses_a_version_2_peer_and_broken_packing(ingest):
         ]:
             reply = ask(peer, msg)
             assert (reply["kind"], reply.get("code")) == ("ERROR", code), (msg.get("v"), reply)
-            assert reply.get("seq") == (1 if msg["v"] == 3 else None)  # a refused v3 TRAJ names its batch
-        ack = protocol.Ack.from_msg(ask(peer, protocol.Traj(peer.actor_id, 1, episodes).to_msg()))
-        assert (ack.seq, ack.accepted, ack.duplicate) == (1, 2, False)
+            assert reply.get("seq") == (
+                msg["seq"] if msg["v"] == 3 else None
+            )  # a refused v3 TRAJ names its batch
+        ack = protocol.Ack.from_msg(ask(peer, protocol.Traj(peer.actor_id, 4, episodes).to_msg()))
+        assert (ack.seq, ack.accepted, ack.duplicate) == (4, 2, False)
         assert ingest.server.rejected == {"bad_version": 2, "bad_field": 1, "bad_encoding": 2}
         for ep, want in zip(ingest.stored, episodes, strict=True):
             assert ep.length == len(want["reward"]) and ep.task == want["task"]

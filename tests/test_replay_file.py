@@ -318,7 +318,7 @@ def as_version_2(data: bytes) -> bytes:
         msg = wire.decode(record)
         if msg["kind"] == protocol.TRAJ:
             episodes = protocol.validate_episodes(
-                msg, featurize.feature_spec(CFG), MAX_STEPS, 10**6, CFG.vocab_size
+                msg, featurize.episode_spec(CFG, text_vocab_size=0), MAX_STEPS, 10**6
             )
             fields = [
                 protocol.episode_fields(e.task, e.success, e.truncated, e.obs, e.steps) for e in episodes

@@ -39,10 +39,9 @@ def test_trajectory_round_trips_through_traj_validation():
     msg = protocol.Traj(1, 1, [protocol.trajectory_fields(t) for t in trajs]).to_msg()
     got = protocol.validate_episodes(
         protocol.parse(wire.encode(msg)),
-        featurize.feature_spec(CFG),
+        featurize.episode_spec(CFG, text_vocab_size=0),
         8,
         newest_version=3,
-        vocab_size=CFG.vocab_size,
     )
     for traj, ep in zip(trajs, got, strict=True):
         n = len(traj.steps)

@@ -3,6 +3,7 @@ validators (common.protocol: packed TRAJ episodes among them)."""
 
 from __future__ import annotations
 
+import re
 import struct
 import zlib
 
@@ -18,6 +19,7 @@ from common.protocol import ProtocolError
 
 CFG = ModelConfig(vocab_size=64, max_instruction_tokens=5, max_elements=4, max_element_tokens=3)
 SPEC = featurize.feature_spec(CFG)
+EPISODE_SPEC = featurize.episode_spec(CFG, text_vocab_size=0)
 MAX_STEPS = 6
 NEWEST = 7
 
@@ -111,7 +113,7 @@ def via_wire(msg: dict) -> dict:
 
 
 def validate(msg: dict) -> list[protocol.Episode]:
-    return protocol.validate_episodes(msg, SPEC, MAX_STEPS, NEWEST, vocab_size=CFG.vocab_size)
+    return protocol.validate_episodes(msg, EPISODE_SPEC, MAX_STEPS, NEWEST)
 
 
 # ---- round trips --------------------------------------------------------------------------------------
@@ -721,6 +723,127 @@ def test_multi_episode_round_trip_keeps_order_and_lengths(count):
             assert_same(ep.obs[key], want["obs"][key], key)
         for name in protocol.STEP_ARRAYS:
             assert_same(ep.steps[name], want[name], name)
+
+
+# ---- episode specs: validation that knows no policy family ---------------------------------------------
+TOY = protocol.EpisodeSpec(
+    observations={"tokens": ((3,), "<i4"), "mask": ((3,), "|b1"), "score": ((2,), "<f4")},
+    choices={"token": ("<i4", 5), "stop": ("|u1", 2)},
+    id_ranges={"tokens": (-1, 10)},
+)
+"""A family that is not the pointer's: its own observations, two choices of their own dtypes, one id range."""
+
+
+def toy_episode(rng: np.random.Generator, length: int) -> dict:
+    obs = {
+        "tokens": rng.integers(-1, 10, (length + 1, 3)).astype(np.int32),
+        "mask": rng.random((length + 1, 3)) < 0.5,
+        "score": rng.random((length + 1, 2)).astype(np.float32),
+    }
+    steps = {
+        "token": rng.integers(0, 5, length),
+        "stop": rng.integers(0, 2, length),
+        "behavior_logp": -rng.random(length),
+        "reward": rng.random(length),
+        "policy_version": np.zeros(length),
+    }
+    return protocol.episode_fields("toy", True, False, obs, steps, spec=TOY)
+
+
+def test_the_pointer_spec_is_todays_wire_format():
+    """The pointer family's spec names today's per-step arrays in their wire order and dtypes, and an episode
+    packs to the same bytes whether its choices come from its own keys or from the spec."""
+    assert EPISODE_SPEC.step_arrays() == protocol.STEP_ARRAYS
+    assert list(EPISODE_SPEC.step_arrays()) == list(protocol.STEP_ARRAYS)
+    assert EPISODE_SPEC.observations == SPEC
+    ep = make_episode(np.random.default_rng(40), 3)
+    steps = {name: ep[name] for name in reversed(protocol.STEP_ARRAYS)}  # any order in, the spec's out
+    with_spec = protocol.episode_fields("toggle", True, False, ep["obs"], steps, spec=EPISODE_SPEC)
+    assert wire.encode(traj(with_spec)) == wire.encode(traj(ep))
+
+
+def test_the_pointer_spec_bounds_every_choice_and_id():
+    e, li, vocab = CFG.max_elements, CFG.max_instruction_tokens, CFG.vocab_size
+    assert {name: bound for name, (_, bound) in EPISODE_SPEC.choices.items()} == {
+        "action_type": 7, "element": e, "word": li, "direction": 4,
+    }  # fmt: skip
+    assert EPISODE_SPEC.id_ranges == {"instr_tokens": (0, vocab), "elem_tokens": (0, vocab)}
+    text = ModelConfig(**{**CFG.to_dict(), "text_encoder": "minilm"})
+    spec = featurize.episode_spec(text, text_vocab_size=30)
+    assert set(spec.observations) == set(featurize.feature_spec(text))
+    assert spec.id_ranges == {
+        "instr_tokens": (0, vocab), "elem_tokens": (0, vocab), "instr_wp": (0, 30), "elem_wp": (0, 30),
+        "instr_wp_word": (-1, li),
+    }  # fmt: skip
+    with pytest.raises(ValueError, match="vocabulary size"):
+        featurize.episode_spec(text, text_vocab_size=0)
+
+
+def test_another_familys_episodes_validate_against_its_spec():
+    rng = np.random.default_rng(41)
+    eps = [toy_episode(rng, n) for n in (2, 1, 3)]
+    got = protocol.validate_episodes(via_wire(traj(*eps)), TOY, MAX_STEPS, 0)
+    assert [ep.length for ep in got] == [2, 1, 3]
+    for ep, want in zip(got, eps, strict=True):
+        assert list(ep.steps) == ["token", "stop", *protocol.BASE_STEP_ARRAYS]
+        assert ep.steps["stop"].dtype.str == "|u1"
+        for name in ep.steps:
+            assert_same(ep.steps[name], want[name], name)
+        for key in TOY.observations:
+            assert_same(ep.obs[key], want["obs"][key], key)
+    parsed = protocol.Traj.from_msg(via_wire(traj(*eps)))
+    assert [ep.length for ep in parsed.validate(TOY, MAX_STEPS, 0)] == [2, 1, 3]
+    with pytest.raises(ProtocolError, match="TRAJ episodes need array 'action_type'") as e:
+        validate(via_wire(traj(*eps)))  # a pointer learner refuses them
+    assert e.value.code == "bad_field"
+
+
+@pytest.mark.parametrize(
+    ("where", "value", "code", "says"),
+    [
+        (("token", 1), 5, "bad_array", "token outside [0, 5)"),
+        (("stop", 0), 2, "bad_array", "stop outside [0, 2)"),
+        (("obs", "tokens", (2, 1)), 10, "bad_array", "tokens has ids outside [-1, 10)"),
+        (("obs", "tokens", (0, 0)), -2, "bad_array", "tokens has ids outside [-1, 10)"),
+        (("obs", "score", (1, 1)), np.nan, "non_finite", "obs score has NaN or infinity"),
+        (("policy_version", 0), 1, "future_version", "policy_version is newer than 0"),
+    ],
+)
+def test_another_familys_spec_bounds_its_choices_and_ids(where, value, code, says):
+    ep = toy_episode(np.random.default_rng(42), 2)
+    if where[0] == "obs":
+        ep["obs"][where[1]][where[2]] = value
+    else:
+        ep[where[0]][where[1]] = value
+    good = toy_episode(np.random.default_rng(43), 1)
+    with pytest.raises(ProtocolError, match=re.escape(f"episode 1 {says}")) as e:  # the broken one
+        protocol.validate_episodes(via_wire(traj(good, ep)), TOY, 4, 0)
+    assert e.value.code == code
+
+
+@pytest.mark.parametrize(
+    "kwargs",
+    [
+        {"choices": {"reward": ("<i4", 3)}},
+        {"choices": {"token": ("<f4", 3)}},
+        {"choices": {"token": ("<i4", 0)}},
+        {"id_ranges": {"score": (0, 3)}},
+        {"id_ranges": {"missing": (0, 3)}},
+        {"id_ranges": {"tokens": (3, 3)}},
+    ],
+    ids=["base name", "float choice", "no options", "float range", "no such array", "empty range"],
+)
+def test_a_spec_that_could_not_check_anything_is_refused(kwargs):
+    with pytest.raises(ValueError):
+        protocol.EpisodeSpec(**{"observations": TOY.observations, "choices": TOY.choices, **kwargs})
+
+
+def test_packing_takes_the_step_arrays_every_episode_has():
+    rng = np.random.default_rng(44)
+    a, b = toy_episode(rng, 1), toy_episode(rng, 2)
+    del b["stop"]
+    with pytest.raises(ValueError, match=re.escape("episode 1 lacks the per-step arrays ['stop']")):
+        protocol.pack_episodes([a, b])
 
 
 # ---- malformed input ----------------------------------------------------------------------------------

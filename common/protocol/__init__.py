@@ -1,23 +1,27 @@
 """The learner <-> actor protocol, shared by both sides; docs/PROTOCOL.md is its normative description.
 
 `messages`: the envelope, one frozen dataclass per single-frame kind and ProtocolError; `episodes`: a TRAJ's
-episodes packed, unpacked and validated; `params`: the PARAMS snapshot frames. Every public name is
+episodes packed, unpacked and validated against a policy family's `EpisodeSpec`; `params`: the PARAMS snapshot frames. Every public name is
 re-exported here, so importers write `protocol.Traj`, `protocol.validate_episodes`, `protocol.parse_params`.
 """
 
 from common.protocol.episodes import (
+    BASE_STEP_ARRAYS,
     EPISODE_ARRAYS,
+    EPISODE_KEYS,
     ESTIMATE_ARRAYS,
     MAX_EPISODES_PER_BATCH,
     OBS_PREFIX,
     STEP_ARRAYS,
     Episode,
+    EpisodeSpec,
     PackedEpisodes,
     episode_fields,
     pack_episodes,
     trajectory_fields,
     unpack_episodes,
     validate_episodes,
+    validate_packed,
 )
 from common.protocol.messages import (
     ACK,
@@ -54,7 +58,9 @@ from common.protocol.params import params_frames, parse_params, snapshot_crc32
 
 __all__ = [
     "ACK",
+    "BASE_STEP_ARRAYS",
     "EPISODE_ARRAYS",
+    "EPISODE_KEYS",
     "ERROR",
     "ESTIMATE_ARRAYS",
     "FROM_LEARNER",
@@ -75,6 +81,7 @@ __all__ = [
     "Ack",
     "ActorHeartbeat",
     "Episode",
+    "EpisodeSpec",
     "Error",
     "Heartbeat",
     "Hello",
@@ -97,4 +104,5 @@ __all__ = [
     "trajectory_fields",
     "unpack_episodes",
     "validate_episodes",
+    "validate_packed",
 ]

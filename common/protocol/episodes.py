@@ -1,6 +1,10 @@
 """TRAJ episodes: the sender's field maps (`episode_fields`), their packed wire form (`pack_episodes`: task
 names, one array table and one bin for all their arrays), unpacked without a copy (`unpack_episodes`) and
 checked (`validate_episodes`) into the `Episode`s the learner stores (docs/PROTOCOL.md §3.5, §6).
+
+What a policy family's episodes carry (observation arrays, choice arrays and their bounds, id ranges) comes
+in an `EpisodeSpec` the family declares (`featurize.episode_spec` for the default pointer family), so this
+module checks episodes without knowing the family.
 """
 
 from __future__ import annotations
@@ -13,22 +17,58 @@ import numpy as np
 
 from common import wire
 from common.protocol.messages import MAX_TEXT, ProtocolError, _short, require
-from common.types import NUM_ACTION_TYPES, NUM_SWIPE_DIRECTIONS, Trajectory
+from common.types import Trajectory
 
 # Per-step arrays of an episode: name -> dtype. Observations carry one more row (the final one).
+BASE_STEP_ARRAYS = {"behavior_logp": "<f4", "reward": "<f4", "policy_version": "<i4"}
+"""The per-step arrays of every family's episodes, after the family's choice arrays (`EpisodeSpec.choices`):
+log mu of the choice taken, the reward, and the policy version that chose it."""
 ESTIMATE_ARRAYS = {"value": "<f4", "entropy": "<f4"}
 """Optional per-step arrays of an episode: the behaviour policy's critic V(s_t) and its exact entropy at
 s_t, computed on the forward pass that chose the action. Sent together or not at all."""
-STEP_ARRAYS = {
-    "action_type": "<i4",
-    "element": "<i4",
-    "word": "<i4",
-    "direction": "<i4",
-    "behavior_logp": "<f4",
-    "reward": "<f4",
-    "policy_version": "<i4",
-}
+STEP_ARRAYS = {"action_type": "<i4", "element": "<i4", "word": "<i4", "direction": "<i4", **BASE_STEP_ARRAYS}
+"""Every per-step array of the default (pointer) family's episodes, in wire order: its choices (the
+`featurize.episode_spec` ones), then BASE_STEP_ARRAYS. Another family's are `spec.step_arrays()`."""
+CHOICE_DTYPE = "<i4"
+"""The dtype `episode_fields` gives choice arrays when no EpisodeSpec names theirs (every choice of the
+pointer family is one)."""
 MAX_EPISODES_PER_BATCH = 256
+EPISODE_KEYS = ("task", "success", "truncated", "obs")
+"""The keys of an `episode_fields` map that are not per-step arrays."""
+EPISODE_ARRAYS = {"success": "|b1", "truncated": "|b1", "length": "<i4"}
+"""Per-episode arrays of a packed TRAJ, [n] each: whether the task was accomplished, whether the episode
+was cut short (the learner bootstraps from its final observation), and its steps T."""
+
+
+@dataclass(frozen=True)
+class EpisodeSpec:
+    """What a policy family's episodes carry, so the protocol checks them without knowing the family."""
+
+    observations: dict[str, tuple[tuple[int, ...], str]]
+    """Featurized observation arrays: name -> (per-row shape, dtype str); [T + 1, *shape] per episode."""
+    choices: dict[str, tuple[str, int]]
+    """Per-step choice arrays, in wire order: name -> (dtype str, exclusive upper bound); values in
+    [0, bound)."""
+    id_ranges: dict[str, tuple[int, int]] = field(default_factory=dict)
+    """Integer observation arrays whose values must lie in [low, high): an embedding lookup past its
+    table would read garbage without an error."""
+
+    def __post_init__(self) -> None:
+        reserved = {*BASE_STEP_ARRAYS, *ESTIMATE_ARRAYS, *EPISODE_ARRAYS, *EPISODE_KEYS}
+        for name, (dtype, bound) in self.choices.items():
+            if name in reserved or np.dtype(dtype).kind not in "iu" or bound < 1:
+                raise ValueError(
+                    f"choice {name!r} needs a name of its own, an integer dtype and a bound >= 1, got "
+                    f"{dtype!r} and {bound}"
+                )
+        for name, (low, high) in self.id_ranges.items():
+            shape_dtype = self.observations.get(name)
+            if shape_dtype is None or np.dtype(shape_dtype[1]).kind not in "iu" or low >= high:
+                raise ValueError(f"id range {name!r} needs an integer observation array and low < high")
+
+    def step_arrays(self) -> dict[str, str]:
+        """Every per-step array, name -> dtype, in wire order: the choices, then BASE_STEP_ARRAYS."""
+        return {**{name: dtype for name, (dtype, _) in self.choices.items()}, **BASE_STEP_ARRAYS}
 
 
 @dataclass
@@ -41,7 +81,7 @@ class Episode:
     obs: dict[str, np.ndarray]
     """Featurized observations, [T + 1, ...]: one per step plus the final one."""
     steps: dict[str, np.ndarray]
-    """STEP_ARRAYS, [T] each."""
+    """The spec's step arrays (its choices, then BASE_STEP_ARRAYS), [T] each."""
     estimates: dict[str, np.ndarray] = field(default_factory=dict)
     """ESTIMATE_ARRAYS the actor sent, [T] each: its own V(s_t) and policy entropy, from which the learner
     computes the episode's priority when it enters the replay (learner/replay.py:initial_priority).
@@ -59,17 +99,25 @@ def episode_fields(
     obs: dict[str, np.ndarray],
     steps: dict[str, np.ndarray],
     estimates: dict[str, np.ndarray] | None = None,
+    spec: EpisodeSpec | None = None,
 ) -> dict[str, Any]:
     """One episode as a sender holds it until it goes out (with ESTIMATE_ARRAYS when `estimates` are
-    given): `task`, `success`, `truncated`, `obs` (a map of arrays) and the per-step arrays. A TRAJ
-    carries a list of them packed (`pack_episodes`, which `Traj.to_msg` calls)."""
+    given): `task`, `success`, `truncated`, `obs` (a map of arrays) and the per-step arrays: the choice
+    arrays, then BASE_STEP_ARRAYS in their dtypes. The choices are `spec.choices` in their dtypes when a
+    spec is given, else every other array of `steps`, in its order, as CHOICE_DTYPE. A TRAJ carries a list
+    of them packed (`pack_episodes`, which `Traj.to_msg` calls)."""
     estimates = estimates or {}
+    if spec is not None:
+        choices = {k: np.dtype(dt) for k, (dt, _) in spec.choices.items()}
+    else:
+        choices = {k: np.dtype(CHOICE_DTYPE) for k in steps if k not in BASE_STEP_ARRAYS}
     return {
         "task": task,
         "success": success,
         "truncated": truncated,
         "obs": {k: np.ascontiguousarray(v) for k, v in obs.items()},
-        **{k: np.ascontiguousarray(steps[k], dtype=np.dtype(dt)) for k, dt in STEP_ARRAYS.items()},
+        **{k: np.ascontiguousarray(steps[k], dtype=dt) for k, dt in choices.items()},
+        **{k: np.ascontiguousarray(steps[k], dtype=np.dtype(dt)) for k, dt in BASE_STEP_ARRAYS.items()},
         **{
             k: np.ascontiguousarray(estimates[k], dtype=np.dtype(dt))
             for k, dt in ESTIMATE_ARRAYS.items()
@@ -106,9 +154,6 @@ def trajectory_fields(traj: Trajectory) -> dict[str, Any]:
 
 
 # ---- TRAJ episodes, packed (docs/PROTOCOL.md §3.5, §6) --------------------------------------------------
-EPISODE_ARRAYS = {"success": "|b1", "truncated": "|b1", "length": "<i4"}
-"""Per-episode arrays of a packed TRAJ, [n] each: whether the task was accomplished, whether the episode
-was cut short (the learner bootstraps from its final observation), and its steps T."""
 OBS_PREFIX = "obs/"
 """Observation arrays are named `obs/<key>` in the array table; the other arrays by their own names."""
 
@@ -117,11 +162,17 @@ def pack_episodes(episodes: list[dict[str, Any]]) -> dict[str, Any]:
     """The wire form of a TRAJ's `episodes` (docs/PROTOCOL.md §6): `task`, one name per episode, and one
     array table and one bin (`arrays`, `data`, §3.5) for all the episodes' arrays: EPISODE_ARRAYS [n],
     then each per-step array [sum of T] and each `obs/<key>` [sum of (T + 1), ...], every episode's rows
-    one after the other in episode order. Each of the ESTIMATE_ARRAYS goes along when every episode has it.
-    The data is copied once, straight into place (`wire.encode` copies it once more, into the message)."""
+    one after the other in episode order. The per-step arrays are the first episode's (its keys other than
+    EPISODE_KEYS, in their order), which every episode must have; each of the ESTIMATE_ARRAYS goes along
+    when every episode has it. The data is copied once, straight into place (`wire.encode` copies it once
+    more, into the message)."""
     if not episodes:
         raise ValueError("a TRAJ carries at least one episode")
-    names = [*STEP_ARRAYS, *(name for name in ESTIMATE_ARRAYS if all(name in ep for ep in episodes))]
+    steps = [name for name in episodes[0] if name not in EPISODE_KEYS and name not in ESTIMATE_ARRAYS]
+    for i, ep in enumerate(episodes):
+        if missing := [name for name in steps if name not in ep]:
+            raise ValueError(f"episode {i} lacks the per-step arrays {missing} that episode 0 has")
+    names = [*steps, *(name for name in ESTIMATE_ARRAYS if all(name in ep for ep in episodes))]
     columns: dict[str, Any] = {
         "success": np.array([ep["success"] for ep in episodes], bool),
         "truncated": np.array([ep["truncated"] for ep in episodes], bool),
@@ -169,18 +220,44 @@ def unpack_episodes(packed: Any) -> PackedEpisodes:
 
 def validate_episodes(
     msg: dict[str, Any],
-    feature_spec: dict[str, tuple[tuple[int, ...], str]],
+    spec: EpisodeSpec,
     max_steps: int,
     newest_version: int,
-    vocab_size: int,
+    vocab_size: int | None = None,
     text_vocab_size: int = 0,
 ) -> list[Episode]:
-    """Check every field, dtype, shape, range and number of a TRAJ message; raise ProtocolError on the first
-    fault. `text_vocab_size`: the text encoder's WordPiece vocabulary (needed when `feature_spec` has its ids).
-    The episodes' arrays are views of the message's packed bin (nothing is copied), checked for the whole
-    batch at once; a fault names the first episode it is in."""
-    packed = unpack_episodes(msg.get("episodes"))
-    arrays, n = packed.arrays, len(packed.task)
+    """The episodes of a TRAJ message, checked against `spec` as `validate_packed` checks them.
+
+    Transitional: a caller may still pass the pointer family's feature-spec dict with `vocab_size` (and
+    `text_vocab_size` for the WordPiece ids), as before EpisodeSpec; it is turned into
+    `featurize.episode_spec`'s spec. Remove both parameters with the last such caller (issue 29)."""
+    return validate_packed(
+        msg.get("episodes"), _spec_of(spec, vocab_size, text_vocab_size), max_steps, newest_version
+    )
+
+
+def _spec_of(spec: Any, vocab_size: int | None, text_vocab_size: int) -> EpisodeSpec:
+    """`spec` itself, or the pointer family's EpisodeSpec for a feature-spec dict (see validate_episodes)."""
+    if isinstance(spec, EpisodeSpec):
+        if vocab_size is not None or text_vocab_size:
+            raise TypeError("an EpisodeSpec carries its own id ranges: pass no vocabulary sizes with it")
+        return spec
+    if not isinstance(spec, dict) or vocab_size is None:
+        raise TypeError(
+            "episodes are validated against an EpisodeSpec (featurize.episode_spec for the pointer family)"
+        )
+    from common import featurize  # (featurize imports this package)
+
+    return featurize.features_episode_spec(spec, vocab_size, text_vocab_size)
+
+
+def validate_packed(packed: Any, spec: EpisodeSpec, max_steps: int, newest_version: int) -> list[Episode]:
+    """Check every field, dtype, shape, range and number of a TRAJ's `episodes` map (as it came) against a
+    policy family's `spec`; raise ProtocolError on the first fault. The episodes' arrays are views of the
+    message's packed bin (nothing is copied), checked for the whole batch at once; a fault names the first
+    episode it is in."""
+    unpacked = unpack_episodes(packed)
+    arrays, n = unpacked.arrays, len(unpacked.task)
     every = {name: _column(arrays, name, dtype, (n,), "count") for name, dtype in EPISODE_ARRAYS.items()}
     lengths = every["length"]
     if lengths.min() < 1 or lengths.max() > max_steps:
@@ -189,19 +266,12 @@ def validate_episodes(
     step_ends = np.cumsum(lengths, dtype=np.int64).tolist()
     row_ends = [end + i + 1 for i, end in enumerate(step_ends)]
     total = step_ends[-1]
-    steps = {name: _column(arrays, name, dtype, (total,), "steps") for name, dtype in STEP_ARRAYS.items()}
-    obs_keys = {name[len(OBS_PREFIX) :] for name in arrays if name.startswith(OBS_PREFIX)}
-    if obs_keys != set(feature_spec):
-        raise ProtocolError(
-            "bad_field", f"TRAJ obs arrays are {sorted(obs_keys)}, expected {sorted(feature_spec)}"
-        )
-    obs = {
-        name: _column(arrays, OBS_PREFIX + name, dtype, (row_ends[-1], *shape), "steps + 1 each")
-        for name, (shape, dtype) in feature_spec.items()
+    steps = {
+        name: _column(arrays, name, dtype, (total,), "steps") for name, dtype in spec.step_arrays().items()
     }
-    _check_ranges(steps, obs, feature_spec, newest_version, vocab_size, step_ends, row_ends)
-    if "instr_wp" in obs:
-        _check_word_pieces(obs, feature_spec, text_vocab_size, row_ends)
+    obs = _observations(arrays, spec.observations, row_ends[-1])
+    _check_steps(steps, spec.choices, newest_version, step_ends)
+    _check_observations(obs, spec.id_ranges, row_ends)
     estimates = _estimates(arrays, total, step_ends)
     success, truncated = every["success"].tolist(), every["truncated"].tolist()
     episodes = []
@@ -210,7 +280,7 @@ def validate_episodes(
         first_row, end_row = first_step + i, end + i + 1
         episodes.append(
             Episode(
-                packed.task[i][:MAX_TEXT],
+                unpacked.task[i][:MAX_TEXT],
                 success[i],
                 truncated[i],
                 {name: arr[first_row:end_row] for name, arr in obs.items()},
@@ -262,60 +332,62 @@ def _estimates(arrays: dict[str, np.ndarray], total: int, ends: list[int]) -> di
     return out
 
 
-def _check_ranges(steps, obs, feature_spec, newest_version, vocab_size, step_ends, row_ends) -> None:
-    limits = {
-        "action_type": NUM_ACTION_TYPES,
-        "element": feature_spec["elem_mask"][0][0],
-        "word": feature_spec["instr_mask"][0][0],
-        "direction": NUM_SWIPE_DIRECTIONS,
+def _observations(
+    arrays: dict[str, np.ndarray], observations: dict[str, tuple[tuple[int, ...], str]], rows: int
+) -> dict[str, np.ndarray]:
+    """The spec's observation arrays, [rows, *shape] each in its dtype, and no others."""
+    keys = {name[len(OBS_PREFIX) :] for name in arrays if name.startswith(OBS_PREFIX)}
+    if keys != set(observations):
+        raise ProtocolError(
+            "bad_field", f"TRAJ obs arrays are {sorted(keys)}, expected {sorted(observations)}"
+        )
+    return {
+        name: _column(arrays, OBS_PREFIX + name, dtype, (rows, *shape), "steps + 1 each")
+        for name, (shape, dtype) in observations.items()
     }
-    for name, upper in limits.items():
+
+
+def _check_steps(
+    steps: dict[str, np.ndarray], choices: dict[str, tuple[str, int]], newest_version: int, ends: list[int]
+) -> None:
+    """Each choice in [0, its bound); behavior_logp and reward finite, behavior_logp <= 0; every
+    policy_version in [0, newest_version] (`future_version` above it)."""
+    for name, (_, upper) in choices.items():
         a = steps[name]
         if a.min() < 0 or a.max() >= upper:
-            i = _episode_of((a < 0) | (a >= upper), step_ends)
+            i = _episode_of((a < 0) | (a >= upper), ends)
             raise ProtocolError("bad_array", f"episode {i} {name} outside [0, {upper})")
     for name in ("behavior_logp", "reward"):
         finite = np.isfinite(steps[name])
         if not finite.all():
-            i = _episode_of(~finite, step_ends)
+            i = _episode_of(~finite, ends)
             raise ProtocolError("non_finite", f"episode {i} {name} has NaN or infinity")
     logp = steps["behavior_logp"]
     if logp.max() > 1e-3:
-        i = _episode_of(logp > 1e-3, step_ends)
+        i = _episode_of(logp > 1e-3, ends)
         raise ProtocolError("bad_array", f"episode {i} behavior_logp must be <= 0")
     versions = steps["policy_version"]
     if versions.min() < 0:
-        i = _episode_of(versions < 0, step_ends)
+        i = _episode_of(versions < 0, ends)
         raise ProtocolError("bad_array", f"episode {i} has a negative policy_version")
     if versions.max() > newest_version:
-        i = _episode_of(versions > newest_version, step_ends)
+        i = _episode_of(versions > newest_version, ends)
         raise ProtocolError("future_version", f"episode {i} policy_version is newer than {newest_version}")
+
+
+def _check_observations(
+    obs: dict[str, np.ndarray], id_ranges: dict[str, tuple[int, int]], ends: list[int]
+) -> None:
+    """Float observations finite (`non_finite`); every id of the spec's `id_ranges` in [low, high)
+    (`bad_array`)."""
     for name, arr in obs.items():
         if arr.dtype.kind == "f":
             finite = np.isfinite(arr)
             if not finite.all():
-                i = _episode_of(~finite, row_ends)
+                i = _episode_of(~finite, ends)
                 raise ProtocolError("non_finite", f"episode {i} obs {name} has NaN or infinity")
-    for name in ("instr_tokens", "elem_tokens"):
-        _check_ids(obs[name], 0, vocab_size, name, row_ends)
-
-
-def _check_ids(arr: np.ndarray, low: int, high: int, name: str, ends: list[int]) -> None:
-    """Every id of `arr` in [low, high), or `bad_array` naming the first episode with one outside."""
-    if arr.min() < low or arr.max() >= high:
-        i = _episode_of((arr < low) | (arr >= high), ends)
-        raise ProtocolError("bad_array", f"episode {i} {name} has ids outside [{low}, {high})")
-
-
-def _check_word_pieces(obs, feature_spec, text_vocab_size, row_ends) -> None:
-    """WordPiece ids inside the encoder's vocabulary, and each piece's word slot -1 (none) or a real slot:
-    the encoder's embedding lookup would otherwise read past its table without an error."""
-    if text_vocab_size < 1:
-        raise ValueError("validating WordPiece ids needs the text encoder's vocabulary size")
-    for name in ("instr_wp", "elem_wp"):
-        _check_ids(obs[name], 0, text_vocab_size, name, row_ends)
-    slots = feature_spec["instr_mask"][0][0]
-    word = obs["instr_wp_word"]
-    if word.min() < -1 or word.max() >= slots:
-        i = _episode_of((word < -1) | (word >= slots), row_ends)
-        raise ProtocolError("bad_array", f"episode {i} instr_wp_word outside [-1, {slots})")
+    for name, (low, high) in id_ranges.items():
+        arr = obs[name]
+        if arr.size and (arr.min() < low or arr.max() >= high):
+            i = _episode_of((arr < low) | (arr >= high), ends)
+            raise ProtocolError("bad_array", f"episode {i} {name} has ids outside [{low}, {high})")

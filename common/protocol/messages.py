@@ -18,7 +18,7 @@ from common import wire
 from common.config import ModelConfig
 
 if TYPE_CHECKING:
-    from common.protocol.episodes import Episode
+    from common.protocol.episodes import Episode, EpisodeSpec
 
 PROTOCOL_VERSION = 3
 """2: acknowledged delivery (HELLO `instance`, grants), snapshot checksums, instr_feats [Li, 3].
@@ -234,18 +234,20 @@ class Traj:
 
     def validate(
         self,
-        feature_spec: dict[str, tuple[tuple[int, ...], str]],
+        spec: EpisodeSpec,
         max_steps: int,
         newest_version: int,
-        vocab_size: int,
+        vocab_size: int | None = None,
         text_vocab_size: int = 0,
     ) -> list[Episode]:
-        """The episodes, each checked as `validate_episodes` checks a TRAJ's (`episodes` as it came: a
-        list is refused, never packed here)."""
-        from common.protocol.episodes import validate_episodes  # (episodes.py imports this module)
+        """The episodes, checked against the policy family's `spec` straight from the parsed `episodes`
+        (as `validate_episodes` checks a TRAJ's; a list is refused, never packed here). The vocabulary
+        sizes are transitional, as in `validate_episodes`."""
+        from common.protocol.episodes import _spec_of, validate_packed  # (episodes.py imports this module)
 
-        msg = message(TRAJ, actor_id=self.actor_id, seq=self.seq, episodes=self.episodes)
-        return validate_episodes(msg, feature_spec, max_steps, newest_version, vocab_size, text_vocab_size)
+        return validate_packed(
+            self.episodes, _spec_of(spec, vocab_size, text_vocab_size), max_steps, newest_version
+        )
 
     def to_msg(self) -> dict[str, Any]:
         from common.protocol.episodes import pack_episodes  # (episodes.py imports this module)
