@@ -21,19 +21,17 @@ from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-import numpy as np
-
 from actors.config import ActorConfig
 from actors.connection import LearnerConnection
 from actors.envs.factory import build_envs, task_name
 from actors.envs.faults import DeviceFault
 from actors.outbox import Batch, Outbox
-from actors.policy_runner import PolicyRunner, to_action
+from actors.policy_runner import PolicyRunner, stack
 from actors.slots import EnvSlots
-from common import featurize, protocol
+from common import protocol
 from common.config import ModelConfig
 from common.curve import CurveClient, CurveError
-from common.types import Step, Trajectory
+from common.episode import EpisodeBuilder
 
 KEEP_ON_ERROR = frozenset({"no_credit", "not_welcomed", "unavailable"})
 """ERROR codes after which a refused batch is kept and sent again (after a new grant or handshake)."""
@@ -47,8 +45,10 @@ class _World:
     max_steps: int
     runner: PolicyRunner
     slots: EnvSlots
-    episodes: list[Trajectory | None]
+    episodes: list[EpisodeBuilder | None]
     """The episode in progress per slot (None while the slot's reset is due or running)."""
+    spec: protocol.EpisodeSpec
+    """The arrays the policy family's episodes carry (their choices' dtypes)."""
     reload: bool = False
     """Load the next snapshot even at an equal version (after joining a restarted learner)."""
     started: dict[int, int] = dataclasses.field(default_factory=dict)
@@ -200,14 +200,13 @@ class Actor:
         slots = EnvSlots(envs, seeds, threaded, self.stats, self.log)
         for i in range(len(slots)):
             slots.reset(i)
-        return _World(model_cfg, max_steps, runner, slots, [None] * len(slots))
+        spec = runner.policy.episode_spec()
+        return _World(model_cfg, max_steps, runner, slots, [None] * len(slots), spec)
 
     def _compile_ahead(self, conn: LearnerConnection, runner: PolicyRunner, batch: int) -> None:
         """Compile the policy for `batch` rows on a thread while still heartbeating: a first compile
         takes 10-30 s on a busy CPU, longer than the learner waits before it forgets a silent actor."""
-        spec = featurize.feature_spec(runner.cfg)
-        dummy = {k: np.zeros((batch, *shape), dtype) for k, (shape, dtype) in spec.items()}
-        dummy["instr_mask"][:, 0] = dummy["elem_mask"][:, 0] = True  # one word and one element, as real ones
+        dummy = runner.example_features(batch)
         with ThreadPoolExecutor(1, thread_name_prefix="compile") as pool:
             compiled = pool.submit(runner.compile, dummy)
             while not compiled.done():
@@ -246,26 +245,27 @@ class Actor:
     def _step(self, world: _World) -> None:
         """One batched policy call for every ready environment, then whatever steps and resets have
         finished (all of them when stepping inline); finished episodes go to the outbox."""
-        model_cfg, runner, slots = world.model_cfg, world.runner, world.slots
+        runner, slots = world.runner, world.slots
         ready = slots.ready()
         if ready:
-            features = [featurize.featurize(slots[i].obs, model_cfg) for i in ready]
+            features = [runner.featurize(slots[i].obs, _history(world.episodes[i])) for i in ready]
             # Threaded slots act on any subset: pad to one batch shape so the policy compiles once.
             batch = features + features[:1] * (len(slots) - len(ready)) if slots.threaded else features
-            acted = runner.act(featurize.stack(batch))
+            acted = runner.act(stack(batch))
             for k, i in enumerate(ready):
                 obs, choice = slots[i].obs, acted.choices[k]
                 estimates = (float(acted.logp[k]), float(acted.value[k]), float(acted.entropy[k]))
-                tag = (features[k], choice, estimates, runner.version, obs)
-                slots.step(i, to_action(obs, choice, model_cfg), tag)
+                action = runner.to_action(obs, choice)
+                tag = (features[k], choice, action, estimates, runner.version, obs)
+                slots.step(i, action, tag)
         finished = []
         for out in slots.collect(timeout=0.0 if ready else 0.05):
             if out.kind == "reset":
                 if out.fault is None:
-                    world.episodes[out.slot] = Trajectory(task_name(slots[out.slot].env))
+                    world.episodes[out.slot] = EpisodeBuilder(task_name(slots[out.slot].env))
                     world.started[out.slot] = runner.version
                 continue
-            features_i, choice, (logp, value, entropy), version, last_obs = out.tag
+            features_i, choice, action, (logp, value, entropy), version, last_obs = out.tag
             if out.fault is not None:
                 # The device failed mid-step: the episode ends here, truncated (it would have gone
                 # on), with the last observation we have; reset() restarts or reconnects the device.
@@ -278,14 +278,15 @@ class Actor:
             episode = world.episodes[out.slot]
             # min(): a step in flight while the actor joined a restarted learner gets its version capped too.
             version = min(version, runner.version)
-            episode.steps.append(Step(features_i, choice, logp, float(reward), done, version, value, entropy))
+            episode.add(features_i, choice, logp, float(reward), version, action, value, entropy)
             self.stats["env_steps"] += 1
             if done:
-                episode.final_features = featurize.featurize(obs, model_cfg)
-                episode.success = bool(info.get("success", False))
-                episode.truncated = bool(truncated and not terminated)
-                finished.append(protocol.trajectory_fields(episode))
-                self.stats["successes"] += episode.success
+                success = bool(info.get("success", False))
+                final = runner.featurize(obs, episode.actions)
+                finished.append(
+                    episode.finish(final, success, bool(truncated and not terminated), world.spec)
+                )
+                self.stats["successes"] += success
                 world.episodes[out.slot] = None
                 if self._sync:
                     world.parked.add(out.slot)
@@ -379,6 +380,11 @@ class Actor:
             # The learner will never take this batch (it is malformed): drop it, counted, not re-sent forever.
             self.stats["episodes_refused"] += len(self.outbox.unacked.pop(seq).episodes)
         self.log(f"actor: learner refused a message: {code}: {error.reason}")
+
+
+def _history(episode: EpisodeBuilder | None) -> list:
+    """The actions of the episode in progress (none when its reset is still being collected)."""
+    return [] if episode is None else episode.actions
 
 
 def status_line(actor_id: object, version: int, steps_per_s: float, stats: Counter, held: int) -> str:

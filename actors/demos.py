@@ -18,6 +18,7 @@ files from before protocol version 3 hold version 2 TRAJ records, still read).
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import sys
 import time
@@ -30,9 +31,10 @@ import numpy as np
 from actors.check_args import task_problem
 from actors.envs.simphone.env import SimPhoneConfig, SimPhoneEnv
 from actors.envs.simphone.oracle import Oracle
-from actors.policy_runner import to_action
 from common import featurize, protocol, trajectory_file, wire
 from common.config import ModelConfig
+from common.episode import EpisodeBuilder
+from common.policies import PointerPolicy
 from common.types import (
     NUM_ACTION_TYPES,
     NUM_SWIPE_DIRECTIONS,
@@ -40,8 +42,6 @@ from common.types import (
     ActionType,
     Observation,
     PolicyChoice,
-    Step,
-    Trajectory,
 )
 
 EPISODES_PER_MESSAGE = 64
@@ -136,10 +136,13 @@ def _same(a: PolicyChoice, b: PolicyChoice) -> bool:
 
 def record_episode(
     env: SimPhoneEnv, seed: int, noise: float, rng: np.random.Generator, cfg: ModelConfig
-) -> Trajectory:
+) -> dict:
+    """One oracle episode (with `noise`, its random actions mixed in) as the pointer policy's wire
+    fields (`protocol.episode_fields`), each step with the demonstrator's exact log-probability."""
     obs, info = env.reset(seed=seed)
     oracle = Oracle(env.task.plan)
-    traj = Trajectory(info["task"])
+    policy = PointerPolicy(cfg)
+    episode = EpisodeBuilder(info["task"])
     pending: list[PolicyChoice] = []
     done = False
     while not done:
@@ -157,13 +160,14 @@ def record_episode(
             choice = pending.pop(0)
         p = (1 - noise) * _same(choice, expert) + noise * _random_prob(choice, n_el, n_words)
         features = featurize.featurize(obs, cfg)
-        obs, reward, terminated, truncated, info = env.step(to_action(obs, choice, cfg))
+        action = policy.to_action(obs, dataclasses.asdict(choice))
+        obs, reward, terminated, truncated, info = env.step(action)
         done = terminated or truncated
-        traj.steps.append(Step(features, choice, math.log(p), float(reward), done, 0))
-    traj.final_features = featurize.featurize(obs, cfg)
-    traj.success = bool(info["success"])
-    traj.truncated = bool(truncated and not terminated)
-    return traj
+        episode.add(features, dataclasses.asdict(choice), math.log(p), float(reward), 0, action)
+    final = featurize.featurize(obs, cfg)
+    return episode.finish(
+        final, bool(info["success"]), bool(truncated and not terminated), policy.episode_spec()
+    )
 
 
 def write_demos(cfg: DemosConfig, log=print) -> Counter:
@@ -187,14 +191,14 @@ def write_demos(cfg: DemosConfig, log=print) -> Counter:
         while stats["written"] < cfg.episodes:
             seed += 1
             try:
-                traj = record_episode(env, seed, cfg.noise, rng, cfg.model)
+                episode = record_episode(env, seed, cfg.noise, rng, cfg.model)
             except Inexpressible:
                 stats["skipped_inexpressible"] += 1
                 continue
-            batch.append(protocol.trajectory_fields(traj))
+            batch.append(episode)
             stats["written"] += 1
-            stats["successes"] += traj.success
-            stats["steps"] += len(traj.steps)
+            stats["successes"] += episode["success"]
+            stats["steps"] += len(episode["reward"])
             if len(batch) == EPISODES_PER_MESSAGE or stats["written"] == cfg.episodes:
                 stats["messages"] += 1
                 msg = protocol.Traj(actor_id=0, seq=stats["messages"], episodes=batch)

@@ -1,21 +1,26 @@
-"""Batched, jitted policy inference on the CPU with the newest parameter snapshot."""
+"""Batched, jitted policy inference on the CPU with the newest parameter snapshot, for any policy family
+(common/policies): the family featurizes, acts and turns choices into actions; this keeps the snapshot,
+the compiled call and the seeded sampling stream."""
 
 from __future__ import annotations
 
-from typing import NamedTuple
+from collections.abc import Sequence
+from typing import Any, NamedTuple
 
 import jax
 import numpy as np
 
-from common import distribution, featurize, model, text_encoder
+from common import model, text_encoder
 from common.config import ModelConfig
-from common.types import Action, ActionType, Observation, PolicyChoice, SwipeDirection
+from common.policies import make_policy
+from common.types import Action, Observation
 
 
 class Acted(NamedTuple):
     """One batched policy call: per row, the choice and what the learner's replay can use of it."""
 
-    choices: list[PolicyChoice]
+    choices: list[dict[str, int]]
+    """Each row's choice arrays by name (the family's `episode_spec().choices`), as Python ints."""
     logp: np.ndarray
     """[N] float32: log mu of each choice (the behaviour log-probability the learner corrects with)."""
     value: np.ndarray
@@ -29,71 +34,57 @@ class PolicyRunner:
         # The text encoder's folder and checksum are checked now (CheckpointError: not this learner's).
         cfg = text_encoder.resolve(cfg)
         self.cfg = cfg
-        self._text: text_encoder.TextEmbedder | None = None
-        """Built on first use (it loads the encoder: seconds), by compile on the actor's helper thread."""
+        self.policy = make_policy(cfg)
         # Shapes only: the parameters always come from a snapshot (load), and building real ones first
         # would block the actor for up to a minute on a busy CPU, before it can heartbeat.
-        self.graphdef, self._template = model.abstract(cfg)
+        self.graphdef, self._template = self.policy.abstract()
         self.params = None
         self.version = -1
         self._key = jax.random.key(seed)
-
-        def act(params, features, key):
-            logits, value = model.apply(self.graphdef, params, features)
-            choice, logp = distribution.mode(logits) if greedy else distribution.sample(key, logits)
-            return choice, logp, value, distribution.entropy(logits)
-
-        self._act = jax.jit(act)
+        policy, graphdef = self.policy, self.graphdef
+        self._act = jax.jit(lambda params, inputs, key: policy.act(graphdef, params, inputs, key, greedy))
 
     def load(self, version: int, flat: dict[str, np.ndarray]) -> None:
         """Swap to a snapshot; raises ValueError if it does not fit the model."""
         self.params = model.flat_to_params(self._template, flat)
         self.version = version
-        encoder = model.text_encoder_state(self.params)
-        if encoder is not None:  # fine-tuned: encode with the snapshot's encoder (the cache starts over)
-            self.text.set_encoder(encoder)
+        self.policy.loaded(self.params)
+
+    def featurize(self, obs: Observation, history: Sequence[Action] = ()) -> dict[str, np.ndarray]:
+        """One observation as the family's arrays (`history`: the episode's actions so far)."""
+        return self.policy.featurize(obs, history)
+
+    def example_features(self, rows: int) -> dict[str, np.ndarray]:
+        """All-zero features of `rows` observations, each boolean mask with its first slot on (as real
+        screens have): what `compile` needs."""
+        spec = self.policy.episode_spec().observations
+        out = {k: np.zeros((rows, *shape), dtype) for k, (shape, dtype) in spec.items()}
+        for v in out.values():
+            if v.dtype == bool and v.ndim > 1:
+                v[..., 0] = True
+        return out
 
     def compile(self, features: dict[str, np.ndarray]) -> None:
         """Compile the sampling step for this batch shape now, with a throwaway key: the actor's own key
         stream (its seeded sampling) is untouched."""
-        jax.block_until_ready(self._act(self.params, self._inputs(features), jax.random.key(0)))
-
-    @property
-    def text(self) -> text_encoder.TextEmbedder | None:
-        """The text encoder and its cache (None without one); a fine-tuned one gets each snapshot's weights."""
-        if self._text is None and self.cfg.uses_text_encoder:
-            self._text = text_encoder.TextEmbedder(self.cfg)
-        return self._text
-
-    def _inputs(self, features: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-        """Featurized observations plus the text encoder's states when there is one."""
-        return features if self.text is None else self.text.add(features)
+        jax.block_until_ready(self._act(self.params, self.policy.inputs(features), jax.random.key(0)))
 
     def act(self, features: dict[str, np.ndarray]) -> Acted:
         """Sample one action per row of the batched features (the mode when greedy)."""
         self._key, key = jax.random.split(self._key)
-        choice, logp, value, entropy = jax.device_get(self._act(self.params, self._inputs(features), key))
-        choices = [
-            PolicyChoice(int(a), int(e), int(w), int(d))
-            for a, e, w, d in zip(
-                choice["action_type"], choice["element"], choice["word"], choice["direction"], strict=True
-            )
-        ]
+        choice, logp, value, entropy = jax.device_get(
+            self._act(self.params, self.policy.inputs(features), key)
+        )
+        columns = {k: np.asarray(v).tolist() for k, v in choice.items()}
+        choices = [dict(zip(columns, row, strict=True)) for row in zip(*columns.values(), strict=True)]
         f32 = np.float32
         return Acted(choices, np.asarray(logp, f32), np.asarray(value, f32), np.asarray(entropy, f32))
 
+    def to_action(self, obs: Observation, choice: dict[str, Any]) -> Action:
+        """The concrete action of one row's choice on the observation it was chosen on."""
+        return self.policy.to_action(obs, choice)
 
-def to_action(obs: Observation, choice: PolicyChoice, cfg: ModelConfig) -> Action:
-    """Turn the policy's indices into a concrete action on this observation."""
-    kind = ActionType(choice.action_type)
-    if kind == ActionType.TAP:
-        elements = obs.elements[: cfg.max_elements]
-        if choice.element < len(elements):
-            return Action.tap_element(elements[choice.element], obs.screen_size)
-        return Action.tap(0.5, 0.5)
-    if kind == ActionType.TYPE:
-        words = featurize.instruction_words(obs.instruction, cfg)
-        return Action(kind, text=words[choice.word] if choice.word < len(words) else "")
-    if kind == ActionType.SWIPE:
-        return Action(kind, direction=SwipeDirection(choice.direction))
-    return Action(kind)
+
+def stack(features: list[dict[str, np.ndarray]]) -> dict[str, np.ndarray]:
+    """Per-observation features stacked along a new leading axis (one batched call)."""
+    return {k: np.stack([f[k] for f in features]) for k in features[0]}

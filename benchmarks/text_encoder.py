@@ -21,7 +21,7 @@ import time
 import numpy as np
 
 from actors.envs.factory import make_env
-from actors.policy_runner import PolicyRunner, to_action
+from actors.policy_runner import PolicyRunner, stack
 from benchmarks.report import best_seconds, compiled_gflop, matmul_gflops
 from common import featurize, model, text_encoder, wire
 from common.config import ModelConfig
@@ -41,22 +41,22 @@ def _actor_steps(cfg: ModelConfig, steps: int) -> tuple[dict, list]:
     runner.load(0, model.params_to_flat(params))
     envs = [make_env("simphone", 16, "general", "train") for _ in range(ENVS)]
     obs = [env.reset(seed=i)[0] for i, env in enumerate(envs)]
-    runner.act(featurize.stack([featurize.featurize(o, runner.cfg) for o in obs]))  # compile
-    if runner.text is not None:
-        runner.text.lookups = runner.text.misses = 0
-        runner.text.encode_seconds = 0.0
+    runner.act(stack([runner.featurize(o) for o in obs]))  # compile
+    text = runner.policy.encoder
+    if text is not None:
+        text.lookups = text.misses = 0
+        text.encode_seconds = 0.0
     seen, seed = [], ENVS
     t0 = time.perf_counter()
     for _ in range(steps):
-        feats = [featurize.featurize(o, runner.cfg) for o in obs]
+        feats = [runner.featurize(o) for o in obs]
         seen.extend(feats)
-        choices = runner.act(featurize.stack(feats)).choices
+        choices = runner.act(stack(feats)).choices
         for i, choice in enumerate(choices):
-            obs[i], _, done, cut, _ = envs[i].step(to_action(obs[i], choice, runner.cfg))
+            obs[i], _, done, cut, _ = envs[i].step(runner.to_action(obs[i], choice))
             if done or cut:
                 obs[i], seed = envs[i].reset(seed=seed)[0], seed + 1
     seconds = time.perf_counter() - t0
-    text = runner.text
     return {
         "env_steps_per_s": steps * ENVS / seconds,
         "cache_hit_rate": text.hit_rate() if text else None,

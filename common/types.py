@@ -125,6 +125,15 @@ class PolicyChoice:
     """Index into the instruction's words (the text to type)."""
     direction: int = 0
 
+    def as_dict(self) -> dict[str, int]:
+        """The choice as the pointer family's choice arrays take it (common/policies/pointer.py)."""
+        return {
+            "action_type": self.action_type,
+            "element": self.element,
+            "word": self.word,
+            "direction": self.direction,
+        }
+
 
 @dataclass
 class Step:

@@ -196,13 +196,11 @@ class Trainer:
         return StepResult({k: float(v) for k, v in metrics.items()}, priorities, skipped)
 
     def with_inputs(self, batch: Batch) -> Batch:
-        """`batch` with what the network reads besides the features (the policy family's `inputs`): for
-        the pointer policy, the frozen encoder's states, added to the observations and to the acted ones
-        of a renamed batch."""
+        """`batch` with what the update reads besides the features: the pointer policy's frozen encoder
+        states (the one host-side input any family has today), added to the observations and to the
+        acted ones of a renamed batch; unchanged otherwise."""
         if self.text is None:
-            inputs = self.policy.inputs
-            acted = None if batch.acted_obs is None else inputs(batch.acted_obs)
-            return batch._replace(obs=inputs(batch.obs), acted_obs=acted)
+            return batch
         obs = self.text.add(batch.obs)
         # Word renaming (learner/augment.py) may give renamed words new WordPiece ids; where it did
         # not, the acted observations take the very same encoder states instead of being looked up again.

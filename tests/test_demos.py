@@ -11,9 +11,8 @@ import pytest
 
 from actors.demos import DemosConfig, load_demos, write_demos
 from actors.envs.simphone.env import SimPhoneConfig, SimPhoneEnv
-from actors.policy_runner import to_action
 from common.config import ModelConfig
-from common.types import PolicyChoice
+from common.policies import PointerPolicy
 from tests.conftest import ROOT
 
 CFG = ModelConfig()
@@ -52,10 +51,8 @@ def test_recorded_choices_replay_to_the_same_outcome(tmp_path):
         seed += 1
         obs, _ = env.reset(seed=seed)
         for t in range(ep.length):
-            choice = PolicyChoice(
-                *(int(ep.steps[k][t]) for k in ("action_type", "element", "word", "direction"))
-            )
-            obs, reward, terminated, _, info = env.step(to_action(obs, choice, CFG))
+            choice = {k: int(ep.steps[k][t]) for k in ("action_type", "element", "word", "direction")}
+            obs, reward, terminated, _, info = env.step(PointerPolicy(CFG).to_action(obs, choice))
         assert info["success"] and reward == 1.0 and terminated
 
 

@@ -6,9 +6,10 @@ import jax
 import numpy as np
 import pytest
 
-from actors.policy_runner import PolicyRunner, to_action
+from actors.policy_runner import PolicyRunner
 from common import distribution, featurize, model, protocol
 from common.config import ModelConfig
+from common.policies import PointerPolicy
 from common.types import Action, ActionType, Observation, PolicyChoice, SwipeDirection, UIElement
 
 CFG = ModelConfig(
@@ -218,12 +219,17 @@ ELEMENTS = (
 OBS = Observation("Write Milk in the Notes app please now", ELEMENTS, (1080, 2400))
 
 
+def to_action(obs: Observation, choice: PolicyChoice):
+    """The pointer policy's action for a typed choice (families take choices as dicts of ints)."""
+    return PointerPolicy(CFG).to_action(obs, choice.as_dict())
+
+
 @pytest.mark.parametrize(
     ("index", "center"),
     [(0, (540, 40)), (1, (405, 1750)), (2, (540, 2300)), (3, (20, 30))],
 )
 def test_to_action_tap_hits_the_element_center(index, center):
-    action = to_action(OBS, PolicyChoice(int(ActionType.TAP), element=index, word=3, direction=2), CFG)
+    action = to_action(OBS, PolicyChoice(int(ActionType.TAP), element=index, word=3, direction=2))
     assert action.type == ActionType.TAP
     assert action.x == pytest.approx(center[0] / 1080, abs=1e-12)
     assert action.y == pytest.approx(center[1] / 2400, abs=1e-12)
@@ -231,27 +237,27 @@ def test_to_action_tap_hits_the_element_center(index, center):
 
 def test_to_action_tap_on_a_missing_element_taps_the_middle():
     for index in (4, 7):  # cut by max_elements / not there at all
-        action = to_action(OBS, PolicyChoice(int(ActionType.TAP), element=index), CFG)
+        action = to_action(OBS, PolicyChoice(int(ActionType.TAP), element=index))
         assert action == Action.tap(0.5, 0.5)
 
 
 def test_to_action_tap_uses_the_screen_size():
     obs = Observation("x", (UIElement(_TEXT, bounds=(100, 200, 300, 600)),), (400, 800))
-    action = to_action(obs, PolicyChoice(int(ActionType.TAP), element=0), CFG)
+    action = to_action(obs, PolicyChoice(int(ActionType.TAP), element=0))
     assert (action.x, action.y) == (0.5, 0.5)
 
 
 def test_to_action_type_uses_the_chosen_instruction_word():
     words = ["Write", "Milk", "in", "the", "Notes"]  # as written (case kept), cut at max_instruction_tokens
     for i, w in enumerate(words):
-        action = to_action(OBS, PolicyChoice(int(ActionType.TYPE), element=1, word=i), CFG)
+        action = to_action(OBS, PolicyChoice(int(ActionType.TYPE), element=1, word=i))
         assert action == Action(ActionType.TYPE, text=w)
-    assert to_action(OBS, PolicyChoice(int(ActionType.TYPE), word=5), CFG).text == ""
+    assert to_action(OBS, PolicyChoice(int(ActionType.TYPE), word=5)).text == ""
 
 
 def test_to_action_swipe_and_keys():
     for d in SwipeDirection:
-        action = to_action(OBS, PolicyChoice(int(ActionType.SWIPE), element=1, word=1, direction=int(d)), CFG)
+        action = to_action(OBS, PolicyChoice(int(ActionType.SWIPE), element=1, word=1, direction=int(d)))
         assert action == Action(ActionType.SWIPE, direction=d)
     for kind in (
         ActionType.PRESS_BACK,
@@ -259,7 +265,7 @@ def test_to_action_swipe_and_keys():
         ActionType.PRESS_ENTER,
         ActionType.STATUS_COMPLETE,
     ):
-        action = to_action(OBS, PolicyChoice(int(kind), element=1, word=1, direction=3), CFG)
+        action = to_action(OBS, PolicyChoice(int(kind), element=1, word=1, direction=3))
         assert action == Action(kind)
 
 
@@ -278,11 +284,11 @@ def test_policy_runner_samples_valid_actions_with_their_log_probs(net):
     assert len(choices) == N and logp.shape == (N,) and logp.dtype == np.float32
     assert (logp <= 0).all()
     for i, c in enumerate(choices):
-        assert 0 <= c.action_type < 7 and 0 <= c.direction < 4
+        assert 0 <= c["action_type"] < 7 and 0 <= c["direction"] < 4
         if f["elem_mask"][i].any():
-            assert f["elem_mask"][i, c.element]
+            assert f["elem_mask"][i, c["element"]]
         if f["instr_mask"][i].any():
-            assert f["instr_mask"][i, c.word]
+            assert f["instr_mask"][i, c["word"]]
     logits, _ = apply(params, f)
-    choice = {k: np.array([getattr(c, k) for c in choices], np.int32) for k in distribution.CHOICE_KEYS}
+    choice = {k: np.array([c[k] for c in choices], np.int32) for k in distribution.CHOICE_KEYS}
     np.testing.assert_allclose(logp, np.asarray(distribution.log_prob(logits, choice)), rtol=1e-5, atol=1e-5)

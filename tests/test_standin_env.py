@@ -8,9 +8,9 @@ import pytest
 
 from actors.envs.standin import APPS, SCREEN, SWITCHES, TASK_FAMILIES, WORDS, StandInPhoneEnv
 from actors.envs.standin_oracle import current_screen, oracle_action
-from actors.policy_runner import to_action
 from common import featurize
 from common.config import ModelConfig
+from common.policies import PointerPolicy
 from common.types import Action, ActionType, Observation, PolicyChoice, SwipeDirection
 
 SEEDS = range(60)
@@ -88,7 +88,7 @@ def test_oracle_without_the_observation_reads_the_env():
 
 
 def test_oracle_taps_through_the_policy_action_mapping():
-    """The oracle's tap targets, expressed as the policy's element index, solve the task via to_action."""
+    """The oracle's tap targets, expressed as the policy's element index, solve the task via the pointer policy's to_action."""
     cfg = ModelConfig(max_elements=24)
     env = StandInPhoneEnv()
     for seed in range(30):
@@ -103,7 +103,7 @@ def test_oracle_taps_through_the_policy_action_mapping():
                 choice = PolicyChoice(int(ActionType.TYPE), word=words.index(action.text))
             else:
                 choice = PolicyChoice(int(action.type))
-            obs, reward, term, trunc, _ = env.step(to_action(obs, choice, cfg))
+            obs, reward, term, trunc, _ = env.step(PointerPolicy(cfg).to_action(obs, choice.as_dict()))
             if term or trunc:
                 assert reward == 1.0 and term, seed
                 break

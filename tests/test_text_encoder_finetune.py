@@ -99,14 +99,14 @@ def test_an_actor_encodes_with_each_snapshots_encoder(tiny):
     runner = PolicyRunner(cfg, seed=0)
     runner.load(1, flat)
     x = features(cfg)
-    first = runner._inputs(x)["elem_text"]
-    assert runner.text.resets == 1
+    first = runner.policy.inputs(x)["elem_text"]
+    assert runner.policy.encoder.resets == 1
     changed = {**flat}
     name = "text/encoder/word_embeddings/embedding"
     changed[name] = flat[name] * -1.0
     runner.load(2, changed)
-    assert runner.text.resets == 2
-    second = runner._inputs(x)["elem_text"]
+    assert runner.policy.encoder.resets == 2
+    second = runner.policy.inputs(x)["elem_text"]
     assert not np.allclose(first, second)  # not the stale cache
     runner.act(x)  # the policy itself runs on the cached states
 

@@ -52,11 +52,13 @@ class PolicyFamily(Protocol):
         so far (a family may ignore it)."""
 
     def inputs(self, features: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-        """What the network reads, from a batch of featurized observations, on the host (for example a
-        frozen encoder's cached states); the features themselves when there is nothing to add."""
+        """What `act` reads on an actor, from a batch of featurized observations (for example a text
+        encoder's cached states, computed on the host); the features themselves when there is nothing to
+        add."""
 
     def input_spec(self) -> Spec:
-        """Names, shapes and dtypes of `inputs(...)` per row: the learner compiles its update on them."""
+        """Names, shapes and dtypes per row of the observations the learner's update reads (`evaluate`'s
+        `obs`): the learner compiles its update on them."""
 
     def create(self, seed: int) -> tuple[Any, Any]:
         """(graphdef, params): a fresh network, parameters named by their tree path."""
@@ -72,6 +74,10 @@ class PolicyFamily(Protocol):
     ) -> Evaluation:
         """The choices taken [B, T] on observations [B, T + 1, ...] (jittable, differentiable in params):
         log-probs, exact entropies, values and the log-probs on `acted_obs` (or `obs` when None)."""
+
+    def loaded(self, params: Any) -> None:
+        """An actor loaded a new snapshot: refresh host-side state derived from the parameters (the
+        pointer policy's fine-tuned text encoder and its cache); most families do nothing."""
 
     def to_action(self, obs: Observation, choice: dict[str, int]) -> Action:
         """The concrete action of one row's choice on the observation it was chosen on."""

@@ -36,12 +36,23 @@ class PointerPolicy:
         """The frozen text encoder and its cache, built on first use (it loads the encoder: seconds);
         None without an encoder and with a fine-tuned one, which runs inside the network."""
         frozen = self.cfg.uses_text_encoder and not self.cfg.train_text_encoder
-        if self._text is None and frozen:
+        return self.encoder if frozen else None
+
+    @property
+    def encoder(self) -> text_encoder.TextEmbedder | None:
+        """The text encoder's host side (its tokenizer and cache), frozen or fine-tuned; None without one.
+        A fine-tuned encoder gets each snapshot's weights (`loaded`)."""
+        if self._text is None and self.cfg.uses_text_encoder:
             self._text = text_encoder.TextEmbedder(self.cfg)
         return self._text
 
+    def loaded(self, params) -> None:
+        encoder = model.text_encoder_state(params)
+        if encoder is not None:  # fine-tuned: encode with the snapshot's encoder (the cache starts over)
+            self.encoder.set_encoder(encoder)
+
     def inputs(self, features: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-        return features if self.text is None else self.text.add(features)
+        return features if self.encoder is None else self.encoder.add(features)
 
     def input_spec(self):
         frozen = self.cfg.uses_text_encoder and not self.cfg.train_text_encoder
