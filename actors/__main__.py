@@ -2,7 +2,8 @@
 
 `python -m actors demos ...` writes oracle demonstrations on SimPhone tasks instead (see --help);
 `python -m actors relay --host HOST` forwards the learner's parameter snapshots to this host's actors;
-`python -m actors doctor` checks an adb server and its devices before `--backend adb`.
+`python -m actors doctor` checks an adb server and its devices before `--backend adb`;
+`python -m actors eval` runs the greedy episodes of `python -m learner eval`.
 """
 
 from __future__ import annotations
@@ -22,6 +23,11 @@ def main() -> None:
         from actors.demos import DemosConfig, write_demos
 
         write_demos(tyro.cli(DemosConfig, args=sys.argv[2:], prog="python -m actors demos"))
+        return
+    if len(sys.argv) > 1 and sys.argv[1] == "eval":  # run by `python -m learner eval`
+        from actors.evaluate import EvalRunConfig, run_eval
+
+        run_eval(tyro.cli(EvalRunConfig, args=sys.argv[2:], prog="python -m actors eval"))
         return
     if len(sys.argv) > 1 and sys.argv[1] == "doctor":
         from actors.doctor import DoctorConfig, run_doctor

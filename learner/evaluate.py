@@ -1,13 +1,18 @@
 """`python -m learner eval`: run a checkpoint's policy greedily on SimPhone tasks and report success
 per template and in total.
 
-Evaluation is an offline tool, so unlike the training loop it runs environments in-process (through
-the actors' environment factory) instead of talking to actors over sockets.
+Stepping environments is actor work: the learner restores the checkpoint, writes its parameters and model
+config to a file in a temporary folder (common/params_file.py) and starts `python -m actors eval` on it
+as a subprocess (the way it starts the demonstration writer), then prints the episodes' outcomes.
 """
 
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
+import tempfile
 from collections import defaultdict
 from dataclasses import dataclass
 from pathlib import Path
@@ -16,9 +21,7 @@ import numpy as np
 from rich.console import Console
 from rich.table import Table
 
-from actors.envs.factory import make_env, task_name
-from actors.policy_runner import PolicyRunner, to_action
-from common import featurize, model
+from common import model, params_file
 from common.config import ModelConfig
 from learner.checkpoint import Checkpointer, TrainState, rng_state
 from learner.train_step import make_optimizer
@@ -44,13 +47,25 @@ class EvalConfig:
     """Also write the results here as JSON."""
 
 
-def evaluate(cfg: EvalConfig, console: Console | None = None) -> dict:
-    console = console or Console()
-    directory = (
-        cfg.checkpoint / "checkpoints" if (cfg.checkpoint / "checkpoints").is_dir() else cfg.checkpoint
-    )
+@dataclass
+class Restored:
+    """What evaluation needs of a checkpoint."""
+
+    directory: Path
+    """The checkpoints folder it came from."""
+    state: TrainState
+    """Its parameters, update and policy version."""
+    model_cfg: ModelConfig
+    """The run's model config."""
+    max_steps: int
+    """The run's step limit per episode."""
+
+
+def restore(checkpoint: Path) -> Restored:
+    """The newest checkpoint of a run dir or checkpoints folder (SystemExit with the reason if none)."""
+    directory = checkpoint / "checkpoints" if (checkpoint / "checkpoints").is_dir() else checkpoint
     if not directory.is_dir():
-        raise SystemExit(f"{cfg.checkpoint}: no such checkpoint directory")
+        raise SystemExit(f"{checkpoint}: no such checkpoint directory")
     ckpt = Checkpointer(directory)
     if ckpt.latest_update() is None:
         raise SystemExit(f"{directory}: holds no checkpoint")
@@ -64,56 +79,78 @@ def evaluate(cfg: EvalConfig, console: Console | None = None) -> dict:
         )
     except ValueError as e:
         raise SystemExit(str(e)) from e
-    ckpt.close()
-    runner = PolicyRunner(model_cfg, cfg.seed, greedy=True)
-    runner.load(state.policy_version, model.params_to_flat(state.params))
-    max_steps = int(run_cfg["max_steps"])
-    envs = [
-        make_env("simphone", max_steps, cfg.tasks, cfg.split) for _ in range(min(cfg.num_envs, cfg.episodes))
-    ]
-    seeds = iter(range(cfg.seed * 1_000_003, cfg.seed * 1_000_003 + 10 * cfg.episodes + len(envs)))
-    obs = [env.reset(seed=next(seeds))[0] for env in envs]
+    finally:
+        ckpt.close()
+    return Restored(directory, state, model_cfg, int(run_cfg["max_steps"]))
+
+
+def run_episodes(
+    cfg: EvalConfig, model_cfg: ModelConfig, flat: dict[str, np.ndarray], version: int, max_steps: int
+) -> list[dict]:
+    """Each episode's {"template", "success", "steps"}, in the order they ended, from `python -m actors
+    eval` run on these parameters; SystemExit with the evaluator's own message if it fails."""
+    with tempfile.TemporaryDirectory(prefix="learner-eval-") as tmp:
+        params, out = Path(tmp) / "params.safetensors", Path(tmp) / "outcomes.json"
+        params_file.write(params, flat, model_cfg)
+        cmd = [
+            sys.executable, "-m", "actors", "eval", "--params", str(params), "--out", str(out),
+            "--tasks", cfg.tasks, "--split", cfg.split, "--episodes", str(cfg.episodes),
+            "--num-envs", str(cfg.num_envs), "--seed", str(cfg.seed), "--max-steps", str(max_steps),
+            "--policy-version", str(version),
+        ]  # fmt: skip
+        env = {**os.environ}
+        env.setdefault("JAX_PLATFORMS", "cpu")  # actors infer on the CPU (the learner may hold the GPU)
+        done = subprocess.run(cmd, capture_output=True, text=True, env=env)
+        if done.returncode != 0:
+            raise SystemExit(f"eval: {_failure(done)}")
+        return json.loads(out.read_text())["episodes"]
+
+
+def _failure(done: subprocess.CompletedProcess) -> str:
+    """The evaluator's error: its one-line message, or all of its output when it crashed (a bug)."""
+    text = (done.stderr or "").strip()
+    if "Traceback (most recent call last)" in text:
+        return f"python -m actors eval crashed (exit status {done.returncode}):\n{done.stdout}{text}"
+    lines = text.splitlines()
+    return lines[-1] if lines else f"python -m actors eval failed (exit status {done.returncode})"
+
+
+def summarize(cfg: EvalConfig, restored: Restored, episodes: list[dict]) -> dict:
+    """The report: success in total and per template, as printed and written to --json."""
     results: dict[str, list[bool]] = defaultdict(list)
-    started = len(envs)
-    active = [*range(len(envs))]
-    while active:
-        feats = featurize.stack([featurize.featurize(obs[i], model_cfg) for i in active])
-        choices = runner.act(feats).choices
-        still = []
-        for i, choice in zip(active, choices, strict=True):
-            name = task_name(envs[i])
-            obs[i], _, terminated, truncated, info = envs[i].step(to_action(obs[i], choice, model_cfg))
-            if terminated or truncated:
-                results[name].append(bool(info["success"]))
-                if started < cfg.episodes:
-                    started += 1
-                    obs[i] = envs[i].reset(seed=next(seeds))[0]
-                    still.append(i)
-            else:
-                still.append(i)
-        active = still
-    per_template = {k: float(np.mean(v)) for k, v in sorted(results.items())}
-    total = float(np.mean([s for v in results.values() for s in v]))
-    report = {
-        "checkpoint": str(directory),
-        "update": state.update,
-        "policy_version": state.policy_version,
+    for ep in episodes:
+        results[ep["template"]].append(bool(ep["success"]))
+    return {
+        "checkpoint": str(restored.directory),
+        "update": restored.state.update,
+        "policy_version": restored.state.policy_version,
         "tasks": cfg.tasks,
         "split": cfg.split,
         "episodes": sum(len(v) for v in results.values()),
-        "success": total,
-        "per_template": per_template,
+        "success": float(np.mean([s for v in results.values() for s in v])),
+        "per_template": {k: float(np.mean(v)) for k, v in sorted(results.items())},
         "episodes_per_template": {k: len(v) for k, v in sorted(results.items())},
     }
-    table = Table(
-        title=f"{cfg.tasks}/{cfg.split}: success {total:.3f} over {report['episodes']} episodes (update {state.update})"
-    )
-    table.add_column("template")
-    table.add_column("episodes")
-    table.add_column("success")
-    for name, rate in per_template.items():
-        table.add_row(name, str(len(results[name])), f"{rate:.2f}")
-    console.print(table)
+
+
+def table(report: dict) -> Table:
+    title = f"{report['tasks']}/{report['split']}: success {report['success']:.3f} over "
+    out = Table(title=f"{title}{report['episodes']} episodes (update {report['update']})")
+    out.add_column("template")
+    out.add_column("episodes")
+    out.add_column("success")
+    for name, rate in report["per_template"].items():
+        out.add_row(name, str(report["episodes_per_template"][name]), f"{rate:.2f}")
+    return out
+
+
+def evaluate(cfg: EvalConfig, console: Console | None = None) -> dict:
+    console = console or Console()
+    restored = restore(cfg.checkpoint)
+    flat = model.params_to_flat(restored.state.params)
+    episodes = run_episodes(cfg, restored.model_cfg, flat, restored.state.policy_version, restored.max_steps)
+    report = summarize(cfg, restored, episodes)
+    console.print(table(report))
     if cfg.json:
         cfg.json.write_text(json.dumps(report, indent=2))
     return report

@@ -1,4 +1,5 @@
-"""`python -m learner eval`: greedy evaluation of a checkpoint on SimPhone tasks."""
+"""`python -m learner eval`: greedy evaluation of a checkpoint on SimPhone tasks, its episodes run by
+`python -m actors eval` on the parameters the learner hands over."""
 
 from __future__ import annotations
 
@@ -7,8 +8,11 @@ import subprocess
 import sys
 
 import numpy as np
+import pytest
 
-from common import model
+import learner.evaluate as learner_eval
+from actors import evaluate as actor_eval
+from common import model, params_file
 from common.config import ModelConfig
 from learner.checkpoint import Checkpointer, TrainState, rng_state
 from learner.evaluate import EvalConfig, evaluate
@@ -16,15 +20,27 @@ from learner.train_step import make_optimizer
 from tests.conftest import ROOT
 
 CFG = ModelConfig(vocab_size=512, d_model=16, num_heads=2, num_layers=1, mlp_dim=32)
+MAX_STEPS = 6
 
 
-def _checkpoint(directory):
-    _, params = model.create(CFG, 0)
+def _checkpoint(directory, seed=0):
+    _, params = model.create(CFG, seed)
     opt_state = make_optimizer(1e-3, 1.0).init(params)
     ckpt = Checkpointer(directory)
-    config = {"model": CFG.to_dict(), "learning_rate": 1e-3, "max_grad_norm": 1.0, "max_steps": 6}
+    config = {"model": CFG.to_dict(), "learning_rate": 1e-3, "max_grad_norm": 1.0, "max_steps": MAX_STEPS}
     ckpt.save(TrainState(params, opt_state, 7, 3, rng_state(np.random.default_rng())), config)
     ckpt.close()
+    return params
+
+
+def _in_process(cfg: EvalConfig, params) -> list[dict]:
+    """The reference: the evaluator's episode loop run here on `params` themselves."""
+    run = actor_eval.EvalRunConfig(
+        params=cfg.checkpoint, out=cfg.checkpoint, tasks=cfg.tasks, split=cfg.split,
+        episodes=cfg.episodes, num_envs=cfg.num_envs, seed=cfg.seed, max_steps=MAX_STEPS,
+    )  # fmt: skip
+    flat = model.params_to_flat(params)
+    return actor_eval.run_episodes(run, actor_eval.build(run, CFG, flat))
 
 
 def test_eval_reports_every_episode_per_template(tmp_path):
@@ -43,7 +59,62 @@ def test_eval_reports_every_episode_per_template(tmp_path):
     assert again["per_template"] == report["per_template"]
 
 
+def test_the_evaluator_runs_the_checkpoints_own_parameters(tmp_path, monkeypatch):
+    """The checkpoint holds seed-3 parameters; the learner restores onto a seed-0 template. The episodes
+    the subprocess ran (template, success and length: the length follows the greedy actions) must be
+    those of the seed-3 policy run here, which differ from the template's."""
+    params = _checkpoint(tmp_path / "run" / "checkpoints", seed=3)
+    cfg = EvalConfig(
+        checkpoint=tmp_path / "run", tasks="general", split="train", episodes=20, num_envs=4, seed=2
+    )
+    ran = []
+    real = learner_eval.run_episodes
+    monkeypatch.setattr(learner_eval, "run_episodes", lambda *a: ran.append(real(*a)) or ran[-1])
+    report = evaluate(cfg)
+    expected = _in_process(cfg, params)
+    assert ran == [expected]
+    assert expected != _in_process(cfg, model.create(CFG, 0)[1])  # the comparison can tell parameters apart
+    per_template: dict[str, list[bool]] = {}
+    for ep in expected:
+        per_template.setdefault(ep["template"], []).append(ep["success"])
+    assert report["per_template"] == {k: float(np.mean(v)) for k, v in sorted(per_template.items())}
+    assert report["episodes"] == 20 == len(expected)
+
+
 def test_eval_without_a_checkpoint_says_so(tmp_path):
     cmd = [sys.executable, "-m", "learner", "eval", "--checkpoint", str(tmp_path / "nothing")]
     result = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert result.returncode != 0 and "no such checkpoint directory" in result.stderr
+
+
+def test_a_bad_task_set_reaches_the_user_as_one_line(tmp_path):
+    _checkpoint(tmp_path / "run" / "checkpoints")
+    cmd = [sys.executable, "-m", "learner", "eval", "--checkpoint", str(tmp_path / "run"), "--tasks", "nope"]
+    result = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert result.returncode != 0 and "Traceback" not in result.stderr
+    assert result.stderr.strip().splitlines()[-1].startswith("eval: nope: no such task file, folder or suite")
+
+
+@pytest.mark.parametrize(
+    ("flags", "message"),
+    [
+        ({"split": "bogus"}, "split must be one of ('train', 'test'), got 'bogus'"),
+        ({"episodes": 0}, "--episodes must be at least 1, got 0"),
+    ],
+)
+def test_bad_flags_stop_the_evaluator_with_its_message(tmp_path, flags, message):
+    _checkpoint(tmp_path / "run" / "checkpoints")
+    with pytest.raises(SystemExit) as stop:
+        evaluate(EvalConfig(checkpoint=tmp_path / "run", **flags))
+    assert str(stop.value) == f"eval: {message}"
+
+
+def test_a_parameters_file_round_trips_and_refuses_other_files(tmp_path):
+    flat = model.params_to_flat(model.create(CFG, 1)[1])
+    params_file.write(tmp_path / "p.safetensors", flat, CFG)
+    cfg, back = params_file.read(tmp_path / "p.safetensors")
+    assert cfg == CFG and set(back) == set(flat)
+    assert all(np.array_equal(back[k], v) and back[k].dtype == v.dtype for k, v in flat.items())
+    (tmp_path / "junk").write_bytes(b"not safetensors")
+    with pytest.raises(ValueError, match="not a readable parameters file"):
+        params_file.read(tmp_path / "junk")
