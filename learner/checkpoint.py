@@ -24,7 +24,7 @@ import numpy as np
 import orbax.checkpoint as ocp
 
 from common.config import ModelConfig
-from common.featurize import feature_spec
+from common.policies import make_policy
 from common.protocol import Episode
 from learner.replay import PrioritizedReplay
 from learner.replay_file import load_replay, save_replay
@@ -199,7 +199,7 @@ class Checkpointer:
 
 def _features(model_config: dict[str, Any]) -> dict[str, list]:
     """The featurized arrays' shapes and dtypes for this model config, as JSON values."""
-    spec = feature_spec(ModelConfig.from_dict(model_config))
+    spec = make_policy(ModelConfig.from_dict(model_config)).episode_spec().observations
     return {name: [list(shape), dtype] for name, (shape, dtype) in spec.items()}
 
 

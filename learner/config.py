@@ -493,6 +493,12 @@ class LearnerConfig:
         wanted = im.warmup_updates > 0 or im.prefill_demos or im.demo_update_every > 0
         return wanted and (im.demos is not None or (self.local.env == "simphone" and im.warmup_demos > 0))
 
+    def renames_words(self) -> bool:
+        """Training batches are renamed (learner/augment.py): either rate above 0, for the pointer policy,
+        whose hashed word ids renaming rewrites (other families' observations are left as actors saw
+        them)."""
+        return self.loss.renames_words and self.model.kind == "pointer"
+
     def entropy(self) -> float:
         """--entropy-coef, or its default: 0.001 after demonstrations, 0.01 from scratch."""
         if self.loss.entropy_coef is not None:

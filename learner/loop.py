@@ -162,6 +162,8 @@ def _observe_lag(s: Session, episodes: list) -> None:
 def _renamed(s: Session, batch: Batch) -> Batch:
     """Word renaming (learner/augment.py), seeded per (update, process): a resumed run renames exactly as
     an uninterrupted one."""
+    if not s.cfg.renames_words():
+        return batch
     loss, model = s.cfg.loss, s.cfg.model
     seed = [s.cfg.seed, s.trainer.update, s.rank]
     pieces = piece_table(model.text_encoder) if loss.rename_word_pieces and model.uses_text_encoder else None

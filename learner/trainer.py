@@ -155,7 +155,7 @@ class Trainer:
         example = jax.tree.map(
             lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=sharding),
             example_batch(
-                self.policy.input_spec(), cfg.batch_size, cfg.max_steps, cfg.loss.renames_words, choices
+                self.policy.input_spec(), cfg.batch_size, cfg.max_steps, cfg.renames_words(), choices
             ),
         )
         # Imitation updates read no acted observations (see `step`).

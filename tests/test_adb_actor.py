@@ -44,7 +44,7 @@ def test_actor_streams_from_two_devices_and_survives_one_leaving(phones, tmp_pat
     ]  # fmt: skip
     env = {**ACTOR_ENV, "ADBUTILS_ADB_PATH": "/bin/false"}
     proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
-    spec = featurize.feature_spec(TINY)
+    spec = featurize.episode_spec(TINY, text_vocab_size=0)
     try:
         identity, hello = learner.recv_kind(protocol.HELLO)
         assert hello["num_envs"] == 2  # one environment per device (--num-envs is for in-process phones)
@@ -56,7 +56,7 @@ def test_actor_streams_from_two_devices_and_survives_one_leaving(phones, tmp_pat
             episodes = []
             for _ in range(n_batches):
                 _, traj = learner.recv_kind(protocol.TRAJ)
-                eps = protocol.validate_episodes(traj, spec, MAX_STEPS, 0, vocab_size=TINY.vocab_size)
+                eps = protocol.validate_episodes(traj, spec, MAX_STEPS, 0)
                 learner.reply(
                     identity, protocol.ACK, seq=traj["seq"], accepted=len(eps), grant=traj["seq"] + 8
                 )

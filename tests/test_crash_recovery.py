@@ -268,6 +268,6 @@ def _what_a_restart_reads(run_dir) -> list[protocol.Episode]:
             continue
         above.add(seq)
         traj = protocol.Traj.from_msg(protocol.parse(raw))
-        episodes += traj.validate(featurize.feature_spec(model), MAX_STEPS, 2**31 - 1, model.vocab_size)
+        episodes += traj.validate(featurize.episode_spec(model, text_vocab_size=0), MAX_STEPS, 2**31 - 1)
     wal.close()
     return episodes

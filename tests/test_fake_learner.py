@@ -145,9 +145,9 @@ def test_actor_handshakes_requests_params_and_streams_valid_episodes(fake_learne
     assert req["actor_id"] == 7 and req["have_version"] == -1
     fake_learner.router.send_multipart([identity, *fake_learner.params_frames(0)])
 
-    spec = featurize.feature_spec(TINY)
+    spec = featurize.episode_spec(TINY, text_vocab_size=0)
     _, traj = fake_learner.recv_kind(protocol.TRAJ)
-    episodes = protocol.validate_episodes(traj, spec, MAX_STEPS, newest_version=0, vocab_size=TINY.vocab_size)
+    episodes = protocol.validate_episodes(traj, spec, MAX_STEPS, newest_version=0)
     assert traj["actor_id"] == 7 and traj["seq"] == 1
     for ep in episodes:
         assert ep.length <= MAX_STEPS
@@ -165,7 +165,7 @@ def test_actor_handshakes_requests_params_and_streams_valid_episodes(fake_learne
     while time.monotonic() < deadline and not seen_v3:
         fake_learner.pub.send_multipart(fake_learner.params_frames(3))
         _, traj = fake_learner.recv_kind(protocol.TRAJ)
-        eps = protocol.validate_episodes(traj, spec, MAX_STEPS, newest_version=3, vocab_size=TINY.vocab_size)
+        eps = protocol.validate_episodes(traj, spec, MAX_STEPS, newest_version=3)
         seen_v3 = any((ep.steps["policy_version"] == 3).any() for ep in eps)
     assert seen_v3, "the actor never acted with the published version 3"
     rc, out = stop_and_read(proc)
@@ -266,14 +266,14 @@ def test_actor_joins_again_when_the_learner_forgets_it(fake_learner, actor_procs
     _, resent = fake_learner.recv_kind(protocol.TRAJ)
     assert resent["actor_id"] == 8 and resent["seq"] == 1
     assert len(resent["episodes"]["task"]) == len(traj["episodes"]["task"])
-    spec = featurize.feature_spec(TINY)
-    eps = protocol.validate_episodes(resent, spec, MAX_STEPS, 0, TINY.vocab_size)
+    spec = featurize.episode_spec(TINY, text_vocab_size=0)
+    eps = protocol.validate_episodes(resent, spec, MAX_STEPS, 0)
     assert all((ep.steps["policy_version"] == 0).all() for ep in eps), "old-run versions leaked"
     fake_learner.reply(identity, protocol.ACK, seq=1, accepted=len(eps), duplicate=False, grant=1000)
     fake_learner.router.send_multipart([identity, *fake_learner.params_frames(0)])
     _, traj = fake_learner.recv_kind(protocol.TRAJ)
     assert traj["actor_id"] == 8 and traj["seq"] >= 2
-    eps = protocol.validate_episodes(traj, spec, MAX_STEPS, 0, TINY.vocab_size)
+    eps = protocol.validate_episodes(traj, spec, MAX_STEPS, 0)
     assert all((ep.steps["policy_version"] == 0).all() for ep in eps), "old-run versions leaked"
     rc, out = stop_and_read(proc)
     assert rc == 0, out
@@ -290,7 +290,7 @@ def test_actor_streams_simphone_episodes(fake_learner, actor_procs):
     fake_learner.recv_kind(protocol.PARAM_REQ)
     fake_learner.router.send_multipart([identity, *fake_learner.params_frames(0)])
     _, traj = fake_learner.recv_kind(protocol.TRAJ)
-    eps = protocol.validate_episodes(traj, featurize.feature_spec(TINY), MAX_STEPS, 0, TINY.vocab_size)
+    eps = protocol.validate_episodes(traj, featurize.episode_spec(TINY, text_vocab_size=0), MAX_STEPS, 0)
     assert all(ep.task.startswith("shop.") for ep in eps)
     # A SimPhone screen has real content: elements beyond the status bar and instruction words.
     assert all(ep.obs["elem_mask"][0].sum() >= 4 and ep.obs["instr_mask"][0].sum() >= 3 for ep in eps)
@@ -307,12 +307,12 @@ def test_actor_survives_emulator_faults(fake_learner, actor_procs):
     fake_learner.welcome(identity)
     fake_learner.recv_kind(protocol.PARAM_REQ)
     fake_learner.router.send_multipart([identity, *fake_learner.params_frames(0)])
-    spec = featurize.feature_spec(TINY)
+    spec = featurize.episode_spec(TINY, text_vocab_size=0)
     truncated_early = 0
     deadline = time.monotonic() + START_S
     while truncated_early < 3 and time.monotonic() < deadline:
         _, traj = fake_learner.recv_kind(protocol.TRAJ)
-        for ep in protocol.validate_episodes(traj, spec, MAX_STEPS, 0, TINY.vocab_size):
+        for ep in protocol.validate_episodes(traj, spec, MAX_STEPS, 0):
             truncated_early += (
                 ep.truncated and ep.length < MAX_STEPS
             )  # only a device fault cuts an episode short

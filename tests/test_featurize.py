@@ -324,14 +324,16 @@ def test_collate_pads_with_zeros():
     np.testing.assert_array_equal(batch.terminal, [not t for t in truncs])
     assert batch.terminal.dtype == bool
     assert_matches_spec(batch.obs, lead=(b, max_steps + 1))
+    column = lambda name: batch.choice[name] if name in batch.choice else getattr(batch, name)  # noqa: E731
+    assert set(batch.choice) == {"action_type", "element", "word", "direction"}
     for name, dtype in protocol.STEP_ARRAYS.items():
-        assert getattr(batch, name).shape == (b, max_steps) and getattr(batch, name).dtype.str == dtype
+        assert column(name).shape == (b, max_steps) and column(name).dtype.str == dtype
     for i, ep in enumerate(episodes):
         n = lengths[i]
         for name in protocol.STEP_ARRAYS:
             for t in range(max_steps):
                 want = ep.steps[name][t] if t < n else 0
-                assert getattr(batch, name)[i, t] == want, (name, i, t)
+                assert column(name)[i, t] == want, (name, i, t)
         for name, arr in batch.obs.items():
             for t in range(max_steps + 1):
                 if t <= n:  # the final observation (row n) is kept for bootstrapping
@@ -349,7 +351,7 @@ def test_collate_of_validated_wire_episodes():
         1, 1, [protocol.episode_fields(e.task, e.success, e.truncated, e.obs, e.steps) for e in eps]
     ).to_msg()
     valid = protocol.validate_episodes(
-        protocol.parse(wire.encode(msg)), featurize.feature_spec(CFG), 4, 10, vocab_size=CFG.vocab_size
+        protocol.parse(wire.encode(msg)), featurize.episode_spec(CFG, text_vocab_size=0), 4, 10
     )
     batch = collate(valid, 4)
     np.testing.assert_array_equal(batch.length, [3, 3])

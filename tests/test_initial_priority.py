@@ -117,12 +117,12 @@ def _traj(**estimates) -> dict:
     cfg = ModelConfig(vocab_size=64, max_instruction_tokens=4, max_elements=5, max_element_tokens=2)
     ep = make_episode(cfg.to_dict(), 3, np.random.default_rng(0))
     ep.update(estimates)
-    return protocol.Traj(1, 1, [ep]).to_msg(), featurize.feature_spec(cfg), cfg
+    return protocol.Traj(1, 1, [ep]).to_msg(), featurize.episode_spec(cfg, text_vocab_size=0), cfg
 
 
 def _validate(**estimates):
-    msg, spec, cfg = _traj(**estimates)
-    return protocol.validate_episodes(msg, spec, 8, 10, cfg.vocab_size)
+    msg, spec, _ = _traj(**estimates)
+    return protocol.validate_episodes(msg, spec, 8, 10)
 
 
 def test_estimates_travel_checked():

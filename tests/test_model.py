@@ -23,6 +23,7 @@ CFG = ModelConfig(
     mlp_dim=32,
 )
 SPEC = featurize.feature_spec(CFG)
+EPISODE_SPEC = featurize.episode_spec(CFG, text_vocab_size=0)
 N = 6  # rows per forward pass; [N] and [2, 3] leading axes
 HEADS = {"type": 7, "element": CFG.max_elements, "word": CFG.max_instruction_tokens, "direction": 4}
 
@@ -199,11 +200,11 @@ def test_out_of_vocabulary_ids_are_refused_because_they_make_nan(net):
     steps = {k: np.zeros(N - 1, np.dtype(dt)) for k, dt in protocol.STEP_ARRAYS.items()}
     msg = protocol.Traj(1, 1, [protocol.episode_fields("t", True, False, f, steps)]).to_msg()
     with pytest.raises(protocol.ProtocolError) as e:
-        protocol.validate_episodes(msg, SPEC, max_steps=10, newest_version=0, vocab_size=CFG.vocab_size)
+        protocol.validate_episodes(msg, EPISODE_SPEC, max_steps=10, newest_version=0)
     assert e.value.code == "bad_array"
     f["instr_tokens"][0, 0] = CFG.vocab_size - 1
     msg = protocol.Traj(1, 1, [protocol.episode_fields("t", True, False, f, steps)]).to_msg()
-    (ep,) = protocol.validate_episodes(msg, SPEC, max_steps=10, newest_version=0, vocab_size=CFG.vocab_size)
+    (ep,) = protocol.validate_episodes(msg, EPISODE_SPEC, max_steps=10, newest_version=0)
     assert np.isfinite(to_np(apply(params, dict(ep.obs)))[1]).all()
 
 

@@ -68,7 +68,7 @@ def test_actor_runs_one_episode_per_environment_per_version():
         "--heartbeat-every", "0.5", "--max-batch-episodes", "1", "--learner-timeout", "600",
     ]  # fmt: skip
     proc = subprocess.Popen(cmd, cwd=ROOT, env=ACTOR_ENV, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
-    spec = featurize.feature_spec(TINY)
+    spec = featurize.episode_spec(TINY, text_vocab_size=0)
     try:
         identity, _ = learner.recv_kind(protocol.HELLO)
         learner.welcome(identity, actor_id=1, run_id="sync", mode="sync")
@@ -79,7 +79,7 @@ def test_actor_runs_one_episode_per_environment_per_version():
             episodes = []
             while len(episodes) < 3:
                 _, traj = learner.recv_kind(protocol.TRAJ)
-                got = protocol.validate_episodes(traj, spec, MAX_STEPS, version, vocab_size=TINY.vocab_size)
+                got = protocol.validate_episodes(traj, spec, MAX_STEPS, version)
                 learner.reply(identity, protocol.ACK, seq=traj["seq"], accepted=len(got), grant=1000)
                 episodes += got
             return episodes

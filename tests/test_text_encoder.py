@@ -310,8 +310,8 @@ def test_traj_word_pieces_are_checked_against_the_encoder_vocabulary(tiny):
     """The learner refuses WordPiece ids past the encoder's table and word slots past the instruction's,
     each with a message naming the array; a real featurized episode passes."""
     cfg = model_config(tiny)
-    spec = featurize.feature_spec(cfg)
     vocab = text_encoder.vocab_size(cfg)
+    spec = featurize.episode_spec(cfg, vocab)
     assert vocab == TINY["vocab_size"]
     ep = make_episode(cfg.to_dict(), 2, np.random.default_rng(0))
     real = featurize.stack(
@@ -322,7 +322,7 @@ def test_traj_word_pieces_are_checked_against_the_encoder_vocabulary(tiny):
     def check(obs_changes):
         bad = {**ep, "obs": {**ep["obs"], **obs_changes}}
         msg = protocol.parse(wire.encode(protocol.Traj(1, 1, [bad]).to_msg()))
-        return protocol.validate_episodes(msg, spec, 4, 0, cfg.vocab_size, vocab)
+        return protocol.validate_episodes(msg, spec, 4, 0)
 
     assert len(check({})) == 1
     for name, value, says in [
@@ -331,9 +331,9 @@ def test_traj_word_pieces_are_checked_against_the_encoder_vocabulary(tiny):
         (
             "instr_wp_word",
             cfg.max_instruction_tokens,
-            f"instr_wp_word outside [-1, {cfg.max_instruction_tokens})",
+            f"instr_wp_word has ids outside [-1, {cfg.max_instruction_tokens})",
         ),
-        ("instr_wp_word", -2, "instr_wp_word outside [-1,"),
+        ("instr_wp_word", -2, "instr_wp_word has ids outside [-1,"),
     ]:
         arr = ep["obs"][name].copy()
         arr.reshape(-1)[1] = value
@@ -341,6 +341,4 @@ def test_traj_word_pieces_are_checked_against_the_encoder_vocabulary(tiny):
             check({name: arr})
         assert e.value.code == "bad_array"
     with pytest.raises(ValueError, match="vocabulary size"):  # a learner that forgot to pass it
-        protocol.validate_episodes(
-            protocol.parse(wire.encode(protocol.Traj(1, 1, [ep]).to_msg())), spec, 4, 0, cfg.vocab_size
-        )
+        featurize.episode_spec(cfg, text_vocab_size=0)
