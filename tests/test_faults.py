@@ -275,11 +275,8 @@ def test_killed_actor_is_forgotten_and_a_new_one_streams(learner_process, start_
     )
     from_a = gone["episodes"]
     b = start_actor(ingest, params, "--seed", "4", "--max-episodes", "300")
-    wait_for(
-        lambda: latest(learner)["actors"] >= 1 and latest(learner)["episodes"] > from_a,
-        START_S,
-        "B streaming",
-    )
+    # No wait for B in the metrics: B may finish, and be forgotten, between two metrics lines (they can be
+    # seconds apart on a busy machine). The final count below shows that B's episodes were all stored.
     assert b.wait(START_S) == 0, b.log()
     assert learner.proc.poll() is None, learner.log()[-4000:]  # the learner never noticed a crash
     reason, stats = b.result()
@@ -363,7 +360,10 @@ def test_killed_learner_restarts_from_its_checkpoint_and_the_actor_rejoins(
     resumed = RESUMED.search(second.log())
     assert resumed, second.log()
     kept = int(resumed[3] or 0)
-    assert int(resumed[1]) >= 5 and int(resumed[1]) <= first_run["update"] + 5
+    # A checkpoint at least as new as the first (update 12 was logged, so the save at 5 had finished: orbax
+    # finishes one save before it starts the next). No upper bound from the metrics: the learner trains
+    # on between its metrics lines, so it may have saved a newer one than its last line shows.
+    assert int(resumed[1]) >= 5 and int(resumed[1]) % 5 == 0, resumed[0]
     stats = assert_rejoined_and_delivered(actor, START_S)
     final = final_metrics(second)
     assert final["run_id"] != first_run["run_id"]
