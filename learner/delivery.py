@@ -1,10 +1,12 @@
-"""Acknowledged delivery on the learner's side: which TRAJ batches are stored, and how far each actor may send.
+"""Acknowledged delivery on the learner's side: which TRAJ batches are settled, and how far each actor may send.
 
 Each actor process picks a random `instance` string at start and numbers its TRAJ batches 1, 2, 3, ...
-for its whole life, across reconnects. The ledger remembers, per instance, every stored `seq` (a
-watermark below which all are stored, plus the few stored above it), so a batch re-sent after a lost
-ACK, a reconnect or a learner restart is acknowledged again but stored once. It is saved with each
-checkpoint next to the replay, so the two always agree.
+for its whole life, across reconnects. The ledger remembers, per instance, every settled `seq`: stored,
+or refused for good (its episodes failed validation; the actor drops it). It keeps a watermark, the
+highest seq at and below which every seq is settled, plus the few settled above it, so a batch re-sent
+after a lost ACK, a reconnect or a learner restart is acknowledged again but stored once, and a refused
+one never holds the watermark back. It is saved with each checkpoint next to the replay, so the two
+always agree.
 
 Flow control is credit-based (ZeroMQ guide, "Credit-Based Flow Control"): the learner grants each
 instance an absolute `grant`, the highest `seq` it may send. Grants only grow, so they survive
@@ -24,19 +26,22 @@ from common.protocol import ProtocolError
 @dataclass
 class _Stream:
     watermark: int = 0
-    """Every seq <= watermark is stored."""
+    """Every seq <= watermark is settled (stored, or refused for good)."""
     above: set[int] = field(default_factory=set)
-    """Stored seqs above the watermark (batches that overtook a missing one)."""
+    """Settled seqs above the watermark (batches that overtook a missing one)."""
     granted: int = 0
     """The highest seq this instance may send."""
+    joined: bool = False
+    """The instance said HELLO to this process (not saved: a restored stream starts False)."""
 
 
 class DeliveryLedger:
-    """Per actor `instance`: which TRAJ seqs are stored (a watermark plus the few stored above it) and
+    """Per actor `instance`: which TRAJ seqs are settled (a watermark plus the few settled above it) and
     the grant handed out, least recently used first and bounded by `max_instances`.
 
     The IngestServer asks it whether a batch is a duplicate (acknowledge again, store nothing) or
-    beyond the grant (`no_credit`), records a batch once it is in the replay, and asks for the grant
+    beyond the grant (`no_credit`), records a batch once it is in the replay or refused for good, and
+    asks for the grant
     each ACK, WELCOME and HEARTBEAT carries. `state`/`load_state` save it with each checkpoint next to
     the replay, so after a restart the two agree on what is stored; `join` reconciles an instance that
     holds batches the restored ledger never saw."""
@@ -65,13 +70,17 @@ class DeliveryLedger:
     def join(self, instance: str, first_unacked: int) -> int:
         """An instance (re)joins holding batches from `first_unacked` on; returns its watermark for WELCOME.
 
-        Batches below `first_unacked` that this ledger never stored were acknowledged by an earlier
-        learner process and lost with it (it died after its last checkpoint): they are skipped over
-        and their number is returned by `lost_in_restart`."""
+        The actor no longer holds the batches below `first_unacked`: they are skipped over. On its first
+        HELLO to this process, those this ledger never settled were acknowledged by an earlier learner
+        process and lost with it (it died after its last checkpoint, `--durability none`): their number
+        is added to `lost_in_restart`. On a later HELLO a gap cannot be such a batch (every batch this
+        process acknowledged or refused is settled here), so nothing is counted."""
         stream = self._stream(instance)
+        first_join, stream.joined = not stream.joined, True
         if first_unacked - 1 > stream.watermark:
             gap = range(stream.watermark + 1, first_unacked)
-            self.lost_in_restart += sum(seq not in stream.above for seq in gap)
+            if first_join:
+                self.lost_in_restart += sum(seq not in stream.above for seq in gap)
             stream.above = {seq for seq in stream.above if seq >= first_unacked}
             stream.watermark = first_unacked - 1
             self.record(instance, stream.watermark)  # pull up any stored batches right above it
@@ -85,7 +94,8 @@ class DeliveryLedger:
         return stream.granted
 
     def is_duplicate(self, instance: str, seq: int) -> bool:
-        """True for a batch already stored; refuses a seq that was never granted (`no_credit`)."""
+        """True for a batch already settled (stored, or refused for good); refuses a seq that was never
+        granted (`no_credit`)."""
         stream = self._stream(instance)
         if seq < 1:
             raise ProtocolError("bad_field", f"TRAJ seq must be at least 1, got {seq}")
@@ -98,12 +108,13 @@ class DeliveryLedger:
         return False
 
     def stored(self, instance: str, seq: int) -> bool:
-        """Whether the batch is stored (no grant check, no new instance: for replaying the log)."""
+        """Whether the batch is settled (no grant check, no new instance: for replaying the log)."""
         stream = self._streams.get(instance)
         return stream is not None and (seq <= stream.watermark or seq in stream.above)
 
     def record(self, instance: str, seq: int) -> None:
-        """Mark a batch stored (call after it is in the replay, before its ACK goes out)."""
+        """Mark a batch settled: after it is in the replay, before its ACK goes out; or refused for good,
+        before its ERROR goes out (so the watermark, hence the grant, keeps rising past it)."""
         stream = self._stream(instance)
         if seq > stream.watermark:
             stream.above.add(seq)

@@ -143,3 +143,14 @@ def test_outbox_relabels_versions_a_restarted_learner_has_not_published():
     assert box.relabel_versions(5) == 2
     held = [*box.pending, *box.unacked[1].episodes]
     assert [e["policy_version"].tolist() for e in held] == [[1], [3, 5, 5]]
+
+
+def test_only_an_instances_first_join_to_this_process_counts_batches_lost_in_a_restart():
+    ledger = DeliveryLedger(credit=4)
+    ledger.load_state({"credit": 4, "streams": {"a": [1, [], 5]}})  # restored: seq 1 stored
+    assert ledger.join("a", 4) == 3  # seqs 2-3 were acknowledged by the dead process: lost
+    assert ledger.lost_in_restart == 2
+    ledger.record("a", 5)  # seq 4 never settled here (say its refusal was not logged), 5 stored
+    assert ledger.join("a", 7) == 6  # the same process: the actor dropped 4 after this process's ERROR
+    assert ledger.lost_in_restart == 2
+    assert ledger.join("b", 3) == 2 and ledger.lost_in_restart == 4  # a new instance, first seen holding 3

@@ -375,7 +375,8 @@ def test_handshake_welcome_carries_run_and_model(learner_process, fake_actor):
     assert welcome["max_steps"] == 5
     assert welcome["policy_version"] == 0  # version 0 is published before any actor is served
     model = welcome["model"]
-    assert set(model) == MODEL_FIELDS | set(TEXT_ENCODER_FIELDS)
+    assert set(model) == MODEL_FIELDS | set(TEXT_ENCODER_FIELDS) | {"kind"}
+    assert model["kind"] == "pointer"  # the policy family the episodes are featurized for
     assert model["max_elements"] == 7 and model["vocab_size"] == 321
     assert model["max_instruction_tokens"] == 16 and model["max_element_tokens"] == 6
     assert all(isinstance(model[k], int) and model[k] > 0 for k in MODEL_FIELDS)
@@ -499,7 +500,8 @@ def _bad_traj(actor_id_offset: int = 0, length: int = 3, obs: dict | None = None
         for container, changes in ((ep, change), (ep["obs"], obs or {})):
             for key, value in changes.items():
                 container[key] = value(container[key]) if callable(value) else value
-        return [encode(traj_message(bad.actor_id + actor_id_offset, 1, [ep]))]
+        seq = _next_seq(bad) if not actor_id_offset else 1  # (refused before its seq is looked at)
+        return [encode(traj_message(bad.actor_id + actor_id_offset, seq, [ep]))]
 
     return build
 
@@ -509,7 +511,7 @@ def _bad_packing(edit):
 
     def build(bad: FakeActor, rng: np.random.Generator) -> list[bytes]:
         msg = traj_message(
-            bad.actor_id, 1, [make_episode(bad.model, 3, rng), make_episode(bad.model, 2, rng)]
+            bad.actor_id, _next_seq(bad), [make_episode(bad.model, 3, rng), make_episode(bad.model, 2, rng)]
         )
         edit(msg["episodes"])
         return [encode(msg)]
@@ -533,11 +535,18 @@ def _with_nan(a: np.ndarray) -> np.ndarray:
 
 def _too_long(bad: FakeActor, rng: np.random.Generator) -> list[bytes]:
     ep = make_episode(bad.model, bad.welcome["max_steps"] + 1, rng)
-    return [encode(traj_message(bad.actor_id, 1, [ep]))]
+    return [encode(traj_message(bad.actor_id, _next_seq(bad), [ep]))]
 
 
 def _with_actor_id(kind: str, **fields: Any):
     return lambda bad, rng: [encode(message(kind, actor_id=bad.actor_id, **fields))]
+
+
+def _next_seq(bad: FakeActor) -> int:
+    """A new seq for a batch whose episodes are refused: the learner settles a seq refused for good (the
+    actor drops that batch), so each refused batch needs its own, as each stored one does."""
+    bad.seq += 1
+    return bad.seq
 
 
 BAD_CASES = [
@@ -590,12 +599,23 @@ BAD_CASES = [
     ("TRAJ beyond the grant", "no_credit", _with_actor_id("TRAJ", seq=10_000, episodes=[])),
     ("TRAJ without actor_id", "bad_field", _frames(message("TRAJ", seq=1, episodes=[]))),
     ("TRAJ without seq", "bad_field", _with_actor_id("TRAJ", episodes=[])),
-    ("TRAJ with no episodes", "bad_field", _with_actor_id("TRAJ", seq=1, episodes=[])),
+    (
+        "TRAJ with no episodes",
+        "bad_field",
+        lambda bad, rng: [encode(message("TRAJ", actor_id=bad.actor_id, seq=_next_seq(bad), episodes=[]))],
+    ),
     (
         "TRAJ with version 2 episodes (a list of maps)",
         "bad_field",
         lambda bad, rng: [
-            encode(message("TRAJ", actor_id=bad.actor_id, seq=1, episodes=[make_episode(bad.model, 2, rng)]))
+            encode(
+                message(
+                    "TRAJ",
+                    actor_id=bad.actor_id,
+                    seq=_next_seq(bad),
+                    episodes=[make_episode(bad.model, 2, rng)],
+                )
+            )
         ],
     ),
     ("TRAJ with no task names", "bad_field", _bad_packing(lambda p: p.update(task=[]))),
@@ -636,6 +656,8 @@ def test_bad_input_is_refused_and_the_learner_keeps_serving(learner_process, fak
 
     good_episodes = 0
     for name, code, build in BAD_CASES:
+        # Its grant, as HEARTBEATs tell it: each refusal for good settled a seq, so the grant kept rising.
+        assert bad.request(message("HEARTBEAT", actor_id=bad.actor_id))["kind"] == "HEARTBEAT"
         bad.dealer.send_multipart(build(bad, rng))
         reply = bad.recv()
         assert reply["kind"] == "ERROR", f"{name}: expected ERROR {code}, got {reply}"
@@ -650,6 +672,7 @@ def test_bad_input_is_refused_and_the_learner_keeps_serving(learner_process, fak
     # ... and the misbehaving actor itself, once it sends something valid.
     seq, ack = bad.traj(bad.episodes(2, rng))
     assert ack["kind"] == "ACK" and ack["seq"] == seq and ack["accepted"] == 2
+    assert seq > bad.welcome["grant"]  # past its first grant: every batch refused for good settled its seq
     good_episodes += 2
 
     total = sum(refused.values())

@@ -18,7 +18,7 @@ import zmq
 from benchmarks.ingest import random_episode
 from common import featurize, protocol, wire
 from common.config import ModelConfig
-from learner import ingest
+from learner import durable_inserter
 from learner.ingest import IngestServer
 from learner.replay import PrioritizedReplay, initial_priority_terms, oldest_version
 from learner.wal import WriteAheadLog
@@ -189,7 +189,7 @@ def test_a_log_record_already_in_the_checkpoint_is_skipped_on_recovery(world):
 def test_a_full_disk_stops_acknowledging_and_writing_again_resumes(
     world, durability, file_size_limit, monkeypatch
 ):
-    monkeypatch.setattr(ingest, "STORAGE_RETRY_S", 0.2)
+    monkeypatch.setattr(durable_inserter, "STORAGE_RETRY_S", 0.2)
     learner = world.learner(durability)
     actor = world.actor(learner)
     assert actor.send()["kind"] == protocol.ACK
@@ -202,7 +202,7 @@ def test_a_full_disk_stops_acknowledging_and_writing_again_resumes(
     assert learner.server.rejected["unavailable"] == 1
     assert len(learner.replay) == stored and not learner.server.ledger.stored("inst-a", actor.seq)
     assert learner.server.storage_error
-    grant = learner.server.ledger.grant("inst-a", learner.server._open())
+    grant = learner.server.ledger.grant("inst-a", open_=True)
     assert grant == actor.grant, "grants must not grow while nothing can be stored"
     again = actor.resend()  # within the retry pause: refused without touching the disk
     assert again["code"] == "unavailable" and learner.server.wal.stats["write_errors"] == 1

@@ -175,6 +175,9 @@ class Welcome:
     """Longest episode the learner accepts."""
     mode: str | None = None
     """"async" or "sync"; None (absent on the wire) means async."""
+    text_vocab_size: int = 0
+    """The text encoder's WordPiece vocabulary: TRAJ's WordPiece ids must lie in [0, it); 0 (absent on the
+    wire) without a text encoder."""
 
     @property
     def sync(self) -> bool:
@@ -196,16 +199,19 @@ class Welcome:
         mode = _optional(msg, "mode", str, None)
         if mode is not None and mode not in MODES:
             raise ProtocolError("bad_field", f"WELCOME mode must be one of {MODES}, got {_short(mode)}")
+        text_vocab_size = _at_least(msg, "text_vocab_size", 0) if "text_vocab_size" in msg else 0
         return cls(
-            run_id, actor_id, policy_version, acked_upto, grant, heartbeat_every, model, max_steps, mode
-        )
+            run_id, actor_id, policy_version, acked_upto, grant, heartbeat_every, model, max_steps, mode,
+            text_vocab_size,
+        )  # fmt: skip
 
     def to_msg(self) -> dict[str, Any]:
         mode = {} if self.mode is None else {"mode": self.mode}
+        text = {"text_vocab_size": self.text_vocab_size} if self.text_vocab_size else {}
         return message(
             WELCOME, run_id=self.run_id, actor_id=self.actor_id, policy_version=self.policy_version,
             acked_upto=self.acked_upto, grant=self.grant, heartbeat_every=self.heartbeat_every,
-            model=self.model.to_dict(), max_steps=self.max_steps, **mode,
+            model=self.model.to_dict(), max_steps=self.max_steps, **mode, **text,
         )  # fmt: skip
 
 
