@@ -1,7 +1,8 @@
 """The learner's training loop, readable in one sitting.
 
-open the session (learner/setup.py: mesh, trainer, replay, restore, sockets, version published, local
-actors) -> compile the update while serving actors -> repeat:
+open the session (learner/setup.py: mesh, trainer, replay, demonstrations, sockets, resume, version
+published, local actors; learner/session.py: the actions the loop takes) -> compile the update while
+serving actors -> repeat:
     ask the schedule (learner/schedule.py) whether to stop, imitate or train
     take in messages: trajectories go into the prioritized replay, ACKed once stored
     when an update is ready: a batch (demonstrations, or sampled from the replay) -> one jitted,
@@ -27,14 +28,14 @@ from __future__ import annotations
 import signal
 import time
 
-import numpy as np
 from rich.console import Console
 
 from learner import multihost
 from learner.augment import piece_table, rename_batch
 from learner.batch import Batch, collate
 from learner.config import LearnerConfig
-from learner.setup import Session, open_session
+from learner.session import Session
+from learner.setup import open_session
 from learner.trainer import StepResult, run_while_serving
 
 
@@ -60,8 +61,8 @@ def run(cfg: LearnerConfig, console: Console | None = None) -> dict:
         raise
     stopped = ""
     try:
-        s.stats.timing["compile_s"] = s.trainer.compile(bool(s.demos), serve=lambda: _serve_while_busy(s))
-        console.print(f"learner: train step compiled in {s.stats.timing['compile_s']:.1f}s")
+        seconds = s.compile(serve=lambda: _serve_while_busy(s))
+        console.print(f"learner: train step compiled in {seconds:.1f}s")
         stopped = _train(s, stop)
     finally:
         last = s.close(stopped)
@@ -80,17 +81,14 @@ def _train(s: Session, stop: _Stop) -> str:
         wanted = wanted or stop.reason
         in_warmup = schedule.in_warmup(trainer.update)
         if not in_warmup:
-            s.stats.mark_rl_start()
-            if s.prefill_pending:  # offline data joins the replay as reinforcement learning starts
-                s.prefill()
+            s.start_rl()  # offline data joins the replay as reinforcement learning starts
         imitation = schedule.imitates(trainer.update)
         can_train = schedule.can_train(len(replay), replay.counts["added"])
         round_done = schedule.sync and schedule.round_complete(s.server.connected_envs())
         if round_done and not in_warmup and not can_train:
             # The round's data is used up (as much as --samples-per-insert allows): the next round
             # starts on a new version. Warm-up imitation happens before the first round ends.
-            s.publish(serve=lambda: _serve_while_busy(s, log=False))
-            schedule.next_round()
+            s.end_round(serve=lambda: _serve_while_busy(s, log=False))
             round_done = False
         ready = imitation or (can_train and (round_done or not schedule.sync))
         s.serve(0 if ready else 50)
@@ -99,64 +97,27 @@ def _train(s: Session, stop: _Stop) -> str:
             return wanted or "another learner process stopped"
         if ready:
             _update(s, imitation)
-            if schedule.publishes_after(trainer.update):
-                s.publish(serve=lambda: _serve_while_busy(s, log=False))
-            if s.checkpointer is not None and trainer.update % s.cfg.checkpoint_every == 0:
-                s.save()
+            s.publish_if_due(serve=lambda: _serve_while_busy(s, log=False))
+            s.save_if_due()
         s.log_if_due()
 
 
 def _update(s: Session, imitation: bool) -> None:
     """One update: a batch of demonstrations (imitation) or from the replay, the jitted step, and the
     sampled trajectories' new priorities (DPER); a non-finite update is skipped and counted. The batch is
-    drawn here; a helper thread collates, renames and trains on it while this one keeps serving."""
+    drawn here (Session.draw_demos / draw_replay); a helper thread collates, renames and trains on it
+    while this one keeps serving."""
     t0 = time.monotonic()
-    sample, weights, keep = None, None, None
-    if imitation:  # behavior cloning on demonstrations; actors keep acting meanwhile
-        picks = s.trainer.demo_rng.integers(len(s.demos), size=s.trainer.local_batch)
-        episodes = [s.demos[i] for i in picks]
-        s.stats.totals["imitation_updates"] += 1
-    else:
-        sample = s.replay.sample(s.trainer.local_batch, s.trainer.version, progress=s.trainer.update)
-        episodes, weights = sample.items, sample.weights
-        keep = _instruction_filter(s, episodes)
-        _observe_lag(s, episodes)
-        s.schedule.rl_updates += 1
+    draw = s.draw_demos() if imitation else s.draw_replay()
 
     def update() -> StepResult:  # on the helper thread: reads the drawn episodes, changes only the Trainer
-        batch = collate(episodes, s.cfg.max_steps, weights)
-        if keep is not None:
-            batch = batch._replace(keep=keep)
+        batch = collate(draw.episodes, s.cfg.max_steps, draw.weights)
+        if draw.keep is not None:
+            batch = batch._replace(keep=draw.keep)
         return s.trainer.step(_renamed(s, batch), imitation)
 
     result = run_while_serving(update, lambda: _serve_while_busy(s, log=False), "train")
-    s.stats.train_metrics = result.metrics
-    if result.skipped:
-        s.stats.totals["skipped_nonfinite"] += 1
-        s.console.print(f"learner: update {s.trainer.update} had a non-finite loss or gradient; skipped")
-    elif result.priorities is not None and sample is not None:
-        p = result.priorities
-        s.replay.update_priorities(  # slots refilled during the step (their generation moved on) are skipped
-            sample.indices, sample.generations, p.delta, p.rho_clipped, p.entropy
-        )
-    s.stats.timing["train_s"] += time.monotonic() - t0
-
-
-def _instruction_filter(s: Session, episodes: list) -> np.ndarray | None:
-    """The instruction-level filter (--instruction-filter) on the actor loss: which episodes' tasks have a
-    recent success rate in range (Batch.keep); None without the filter."""
-    bounds = s.cfg.loss.instruction_filter
-    if bounds is None:
-        return None
-    keep = s.stats.tasks.keep([ep.task for ep in episodes], *bounds)
-    s.stats.totals["instruction_filtered"] += int((~keep).sum())
-    return keep
-
-
-def _observe_lag(s: Session, episodes: list) -> None:
-    """The policy lag of a replay sample's steps, for the metrics."""
-    versions = np.concatenate([ep.steps["policy_version"] for ep in episodes])
-    s.stats.observe_lag(s.trainer.version, versions, np.ones(versions.shape, bool))
+    s.finish_update(result, draw, time.monotonic() - t0)
 
 
 def _renamed(s: Session, batch: Batch) -> Batch:

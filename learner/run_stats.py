@@ -56,6 +56,13 @@ class RunStats:
         recent = self.totals["episodes"] - self.totals["episodes_at_rl_start"]
         return recent >= SUCCESS_WINDOW and self.success_rate() >= target
 
+    def instruction_keep(self, tasks: list[str], low: float, high: float) -> np.ndarray:
+        """The instruction-level filter (--instruction-filter): which of `tasks` have a recent success rate
+        in [low, high] (or cannot be judged yet); the others are counted in instruction_filtered."""
+        keep = self.tasks.keep(tasks, low, high)
+        self.totals["instruction_filtered"] += int((~keep).sum())
+        return keep
+
     def observe_lag(self, version: int, policy_versions: np.ndarray, mask: np.ndarray) -> None:
         """The policy lag (newest version minus the one that acted) of a batch's real steps."""
         lags = (version - policy_versions)[mask]

@@ -72,6 +72,10 @@ class Schedule:
         used = self.rl_updates * self.local_batch / self.cfg.buffer.samples_per_insert
         return received - used <= self.cfg.buffer.insert_slack or not self.can_train(stored, inserted)
 
+    def count_rl_update(self) -> None:
+        """One more reinforcement-learning update drew its batch (both sides of the rate limit count it)."""
+        self.rl_updates += 1
+
     def publishes_after(self, update: int) -> bool:
         """Async: a new version after every publish_every-th update (sync publishes at round ends)."""
         return not self.sync and update % self.cfg.publish_every == 0

@@ -1,0 +1,56 @@
+"""The learner's ingest: the IngestServer (ROUTER and PUB bound, CURVE when configured), its
+write-ahead log (--durability), the ReplayInserter it stores with, and the rate limit's gate."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from rich.console import Console
+
+from common import featurize, text_encoder
+from common.curve import CurveError, CurveServer
+from learner.config import LearnerConfig
+from learner.ingest import IngestServer
+from learner.inserter import ReplayInserter
+from learner.wal import WriteAheadLog
+
+
+def curve_server(cfg: LearnerConfig) -> CurveServer | None:
+    """The CURVE keys of both sockets (LearnerConfig has checked the flags), or None; SystemExit naming
+    the key file that cannot be used (read first, so a bad key stops the run before anything is built)."""
+    net = cfg.transport
+    if net.curve_secret_key is None:
+        return None
+    try:
+        return CurveServer(net.curve_secret_key, net.curve_authorized)
+    except CurveError as e:
+        raise SystemExit(f"CURVE: {e}") from e
+
+
+def open_ingest(
+    cfg: LearnerConfig, run_dir: Path, inserter: ReplayInserter, curve: CurveServer | None, console: Console
+) -> IngestServer:
+    """Bind the ingest and params sockets (ports in use raise here); settled batches go to `inserter`,
+    and with --insert-slack its `accepts` gates the actors' credit."""
+    net = cfg.transport
+    durability = cfg.durability()
+    wal = WriteAheadLog(run_dir / "wal", durability) if durability != "none" else None
+    server = IngestServer(
+        net.bind,
+        net.ingest_port,
+        net.params_port,
+        welcome_fields={"model": cfg.model.to_dict(), "max_steps": cfg.max_steps, "mode": cfg.mode},
+        feature_spec=featurize.feature_spec(cfg.model),
+        vocab_size=cfg.model.vocab_size,
+        text_vocab_size=text_encoder.vocab_size(cfg.model),
+        max_steps=cfg.max_steps,
+        on_episodes=inserter,
+        actor_timeout=net.actor_timeout,
+        credit=net.actor_credit,
+        curve=curve,
+        wal=wal,
+        log=lambda line: console.print(line, markup=False, highlight=False),
+    )
+    if cfg.buffer.insert_slack:
+        server.gate = inserter.accepts
+    return server

@@ -1,0 +1,32 @@
+"""Where a settled TRAJ batch's episodes go: the ingest calls a `ReplayInserter` with them (its
+`on_episodes`), after the batch is durable and before it is acknowledged (learner/ingest.py); the
+write-ahead log's recovery calls it the same way."""
+
+from __future__ import annotations
+
+from common.protocol import Episode
+from learner.replay import PrioritizedReplay, initial_priority_terms, oldest_version
+from learner.run_stats import RunStats
+from learner.schedule import Schedule
+
+
+class ReplayInserter:
+    """Stores episodes in the replay at the priority of the actor's own TD errors and entropy (when it
+    sent them), and counts them for the schedule (sync rounds, the rate limit) and the run statistics.
+    `accepts` is the insert side of the rate limit, the ingest's gate (--insert-slack)."""
+
+    def __init__(self, replay: PrioritizedReplay[Episode], schedule: Schedule, stats: RunStats, gamma: float):
+        self.replay, self.schedule, self.stats, self.gamma = replay, schedule, stats, gamma
+
+    def __call__(self, episodes: list[Episode]) -> None:
+        self.schedule.on_episodes(len(episodes))
+        for ep in episodes:
+            self.replay.add(ep, oldest_version(ep), initial_priority_terms(ep, self.gamma))
+        self.stats.on_episodes(episodes)
+
+    def accepts(self) -> bool:
+        """Whether actors may get new credit now (Schedule.accepts_inserts on what came in and is stored)."""
+        replay = self.replay
+        return self.schedule.accepts_inserts(
+            self.stats.totals["episodes"], len(replay), replay.counts["added"]
+        )

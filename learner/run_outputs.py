@@ -1,0 +1,54 @@
+"""What a learner run shows and leaves for readers: metrics.jsonl, the dashboards (TensorBoard, W&B), the
+console's live panel, config.json (the run's settings, for `report` and readers) and endpoints.json (the
+bound ports, for launchers and actors started after the learner)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from rich.console import Console
+
+from learner.config import LearnerConfig, flat_dict
+from learner.console import Progress
+from learner.ingest import IngestServer
+from learner.metrics import MetricsWriter
+from learner.tensorboard import Dashboards
+
+
+class RunOutputs:
+    """Every place a metrics record goes: one `write` for each record, one `close` with the last."""
+
+    def __init__(self, cfg: LearnerConfig, run_dir: Path, rank: int, console: Console):
+        """Also writes run_dir/config.json. W&B logs from process 0 only."""
+        config = flat_dict(cfg)
+        dash = cfg.dashboards
+        self.writer = MetricsWriter(run_dir)
+        self.progress = Progress(console, dash.console, cfg.checkpoint_every)  # the live panel or lines
+        self.dashboards = Dashboards(
+            run_dir, config, dash.tensorboard, dash.wandb_project if rank == 0 else ""
+        )
+        (run_dir / "config.json").write_text(json.dumps(config, indent=1))  # what report and readers see
+
+    def write(self, line: dict) -> None:
+        self.writer.write(line)
+        self.dashboards.write(line)
+        self.progress.show(line)
+
+    def close(self, last: dict) -> None:
+        """The last record to metrics.jsonl and the dashboards; the console panel's last frame stays."""
+        self.writer.write(last)
+        self.writer.close()
+        try:
+            self.dashboards.close(last)
+        finally:
+            self.progress.close(last)  # the panel's last frame stays; later messages print below it
+
+
+def write_endpoints(run_dir: Path, server: IngestServer, bind: str) -> None:
+    """run_dir/endpoints.json: the ports the ingest bound (--ingest-port 0 picks free ones), written
+    atomically so a reader never sees half a file."""
+    endpoints = {"ingest_port": server.ingest_port, "params_port": server.params_port, "bind": bind}
+    tmp = run_dir / "endpoints.json.tmp"
+    tmp.write_text(json.dumps(endpoints))
+    tmp.replace(run_dir / "endpoints.json")

@@ -1,0 +1,236 @@
+"""A learner process's run once it is built (learner/setup.py builds it): the parts, and the actions the
+loop (learner/loop.py) takes on them. The loop reads the parts where a read is simple (the update count,
+the replay's size, the schedule's answers) and changes them only through these actions."""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import NamedTuple
+
+import numpy as np
+from rich.console import Console
+
+from common.protocol import Episode
+from learner.checkpoint import Checkpointer
+from learner.config import LearnerConfig, flat_dict
+from learner.ingest import IngestServer
+from learner.local_actors import LocalActors
+from learner.replay import PrioritizedReplay, ReplaySample
+from learner.run_outputs import RunOutputs
+from learner.run_stats import RunStats
+from learner.schedule import Schedule
+from learner.trainer import StepResult, Trainer, run_while_serving
+
+
+class Draw(NamedTuple):
+    """The episodes of one update, drawn on the main thread (the step collates them on a helper thread)."""
+
+    episodes: list[Episode]
+    weights: np.ndarray | None = None
+    """Importance weights of a replay sample; None for demonstrations."""
+    keep: np.ndarray | None = None
+    """The instruction-level filter's answer per episode (Batch.keep); None without the filter."""
+    sample: ReplaySample[Episode] | None = None
+    """The replay sample, to refresh its slots' priorities after the step; None for demonstrations."""
+
+
+@dataclass
+class Session:
+    """One learner process's run: the Trainer and everything around it (replay, sockets, schedule,
+    outputs, checkpoints, local actors), with the actions that touch them."""
+
+    cfg: LearnerConfig
+    console: Console
+    run_dir: Path
+    """Where this process writes: cfg.run_dir, or cfg.run_dir/process-I for processes other than 0."""
+    rank: int
+    """This process's index in a multi-host run (0 alone)."""
+    trainer: Trainer
+    replay: PrioritizedReplay[Episode]
+    checkpointer: Checkpointer | None
+    """None with --checkpoint-every 0."""
+    demos: list[Episode]
+    """The demonstrations of imitation updates and the prefill (empty without)."""
+    stats: RunStats
+    schedule: Schedule
+    server: IngestServer
+    outputs: RunOutputs
+    actors: LocalActors | None = None
+    prefill_pending: bool = False
+    """The demonstrations still have to join the replay (they do as reinforcement learning starts)."""
+    saved_update: int = 0
+    """The update of the newest checkpoint on disk."""
+    saved_lsn: int = 0
+    """The write-ahead log position of the newest checkpoint on disk: every record below it is in it."""
+    _last_log: float = 0.0
+
+    def compile(self, serve: Callable[[], None]) -> float:
+        """Compile the update(s) while `serve` answers actors (Trainer.compile); the seconds it took."""
+        seconds = self.trainer.compile(bool(self.demos), serve=serve)
+        self.stats.timing["compile_s"] = seconds
+        return seconds
+
+    def start_rl(self) -> None:
+        """Reinforcement learning has started (called every turn after the warm-up): later success counts
+        for the target, and the demonstrations join the replay once, stamped with the current version:
+        fresh data whose exact behavior log-probs still drive the off-policy correction, ageing out by
+        max_policy_lag."""
+        self.stats.mark_rl_start()
+        if not self.prefill_pending:
+            return
+        self.prefill_pending = False
+        version = self.trainer.version
+        for ep in self.demos:
+            stamped = np.full_like(ep.steps["policy_version"], version)
+            self.replay.add(dataclasses.replace(ep, steps={**ep.steps, "policy_version": stamped}), version)
+        self.console.print(f"learner: {len(self.demos)} demonstrations added to the replay")
+
+    def publish(self, serve: Callable[[], None] | None = None) -> None:
+        """A new policy version: its snapshot goes to every actor (and answers PARAM_REQ from now on). With
+        `serve`, the parameters' host copy (seconds for a large model) is made on a helper thread while
+        this one keeps serving; every process publishes at the same point, so its collectives line up."""
+        t0 = time.monotonic()
+        version = self.trainer.new_version()
+        self.server.publish(version, run_while_serving(self.trainer.snapshot, serve, "publish"))
+        self.stats.timing["publish_s"] += time.monotonic() - t0
+
+    def end_round(self, serve: Callable[[], None] | None = None) -> None:
+        """--mode sync: the round's data is used up; a new version starts the next round."""
+        self.publish(serve)
+        self.schedule.next_round()
+
+    def publish_if_due(self, serve: Callable[[], None] | None = None) -> None:
+        """After an update: a new version when the schedule says so (async: every --publish-every)."""
+        if self.schedule.publishes_after(self.trainer.update):
+            self.publish(serve)
+
+    def save_if_due(self) -> None:
+        """After an update: a checkpoint every --checkpoint-every updates."""
+        if self.checkpointer is not None and self.trainer.update % self.cfg.checkpoint_every == 0:
+            self.save()
+
+    def save(self) -> None:
+        """A checkpoint of the training state, then this process's replay, then its delivery ledger (in
+        that order: a ledger file always describes a replay file, which the resume relies on)."""
+        t0 = time.monotonic()
+        update = self.trainer.update
+        self.trainer.save(self.checkpointer, flat_dict(self.cfg))
+        self.checkpointer.save_replay(update, self.replay, self.cfg.model, self.cfg.max_steps, self.rank)
+        wal = self.server.wal
+        position = wal.next_lsn if wal is not None else 0  # no batch waits for a sync between polls
+        self.checkpointer.save_delivery(
+            update, {**self.server.ledger.state(), "wal_next_lsn": position}, self.rank
+        )
+        if wal is not None:
+            # orbax finished the previous checkpoint before starting this one (CheckpointManager.save
+            # waits), so it is complete on disk: the log below its position is no longer needed.
+            wal.prune(self.saved_lsn)
+        self.saved_update, self.saved_lsn = update, position
+        self.stats.timing["checkpoint_s"] += time.monotonic() - t0
+
+    def draw_demos(self) -> Draw:
+        """An imitation update's batch: demonstrations drawn with the Trainer's (checkpointed) RNG."""
+        picks = self.trainer.demo_rng.integers(len(self.demos), size=self.trainer.local_batch)
+        self.stats.totals["imitation_updates"] += 1
+        return Draw([self.demos[i] for i in picks])
+
+    def draw_replay(self) -> Draw:
+        """A reinforcement-learning update's batch from the replay (stale items dropped first), with the
+        instruction filter's answer; its policy lag is observed and the update counted for the rate limit."""
+        trainer = self.trainer
+        sample = self.replay.sample(trainer.local_batch, trainer.version, progress=trainer.update)
+        episodes = sample.items
+        bounds = self.cfg.loss.instruction_filter
+        keep = None if bounds is None else self.stats.instruction_keep([ep.task for ep in episodes], *bounds)
+        versions = np.concatenate([ep.steps["policy_version"] for ep in episodes])
+        self.stats.observe_lag(trainer.version, versions, np.ones(versions.shape, bool))
+        self.schedule.count_rl_update()
+        return Draw(episodes, sample.weights, keep, sample)
+
+    def finish_update(self, result: StepResult, draw: Draw, seconds: float) -> None:
+        """After the step: its metrics, a skipped (non-finite) update counted, or the sampled slots' new
+        priorities (DPER; slots refilled during the step, whose generation moved on, are skipped)."""
+        self.stats.train_metrics = result.metrics
+        if result.skipped:
+            self.stats.totals["skipped_nonfinite"] += 1
+            self.console.print(
+                f"learner: update {self.trainer.update} had a non-finite loss or gradient; skipped"
+            )
+        elif result.priorities is not None and draw.sample is not None:
+            p, sample = result.priorities, draw.sample
+            self.replay.update_priorities(
+                sample.indices, sample.generations, p.delta, p.rho_clipped, p.entropy
+            )
+        self.stats.timing["train_s"] += seconds
+
+    def record(self) -> dict:
+        """One metrics record: what metrics.jsonl, the dashboards and the console show."""
+        s, server, replay, update = self.stats, self.server, self.replay, self.trainer.update
+        return {
+            "run_id": server.run_id,
+            "wall": round(time.monotonic() - self.schedule.start, 3),
+            "update": update,
+            "mode": self.cfg.mode,
+            "sync_rounds": self.schedule.rounds,
+            "sync_rounds_timed_out": self.schedule.rounds_timed_out,
+            "phase": "warmup" if self.schedule.in_warmup(update) else "rl",
+            "env_steps": s.totals["env_steps"],
+            "episodes": s.totals["episodes"],
+            "success_rate": s.success_rate(),
+            "success_by_task": s.tasks.values(),
+            "policy_version": self.trainer.version,
+            "policy_lag_mean": s.lag_mean,
+            "policy_lag_max": s.lag_max,
+            "skipped_nonfinite": s.totals["skipped_nonfinite"],
+            "instruction_filtered": s.totals["instruction_filtered"],
+            "imitation_updates": s.totals["imitation_updates"],
+            "behavior_version_max": s.totals["behavior_version_max"],
+            "actors": server.connected_actors(),
+            "replay_size": len(replay),
+            "rejected": sum(server.rejected.values()),
+            "rejected_by_reason": dict(server.rejected),
+            "duplicates": server.duplicates,
+            "dropped_replies": dict(server.drops),
+            "batches_lost_in_restart": server.ledger.lost_in_restart,
+            "durability": self.cfg.durability(),
+            "storage_error": server.storage_error,
+            **({f"wal/{k}": v for k, v in server.wal.stats.items()} if server.wal is not None else {}),
+            "accepting": server.accepting,
+            "dropped_episodes": replay.counts["evicted_fifo"] + replay.counts["dropped_stale"],
+            **{f"replay/{k}": v for k, v in replay.stats().items()},
+            **{f"train/{k}": v for k, v in s.train_metrics.items()},
+            **{f"time/{k}": round(v, 3) for k, v in s.timing.items()},
+        }
+
+    def log_if_due(self) -> None:
+        """Every --log-every seconds: a metrics.jsonl line, the dashboards and the console."""
+        if time.monotonic() - self._last_log >= self.cfg.dashboards.log_every:
+            self._last_log = time.monotonic()
+            self.outputs.write(self.record())
+
+    def serve(self, timeout_ms: int) -> None:
+        """Take in waiting messages (up to timeout_ms for the first), timed as ingest."""
+        t0 = time.monotonic()
+        self.server.poll(timeout_ms)
+        self.stats.timing["ingest_s"] += time.monotonic() - t0
+
+    def close(self, stopped: str) -> dict:
+        """Save what is unsaved, write the last record (with why it stopped), stop the local actors and
+        close the sockets. `stopped` is "" after an error: the parameters may be gone (donated) then."""
+        if self.checkpointer is not None:
+            if self.trainer.update > self.saved_update:
+                self.save()
+            self.checkpointer.close()
+        last = self.record()
+        last["stopped"] = stopped or "error"
+        if stopped:
+            last["params_digest"] = self.trainer.digest()
+        self.outputs.close(last)
+        if self.actors is not None:
+            self.actors.stop()
+        self.server.close()
+        return last

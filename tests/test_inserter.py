@@ -1,0 +1,84 @@
+"""The replay-insert path on its own: episodes in -> the replay holds them at the actor's own priority
+terms (the running max without them), the stale ones dropped, and the schedule and statistics counted."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+import pytest
+
+from common.protocol import Episode
+from learner.config import LearnerConfig
+from learner.inserter import ReplayInserter
+from learner.replay import PrioritizedReplay, trajectory_priority
+from learner.run_stats import RunStats
+from learner.schedule import Schedule
+
+GAMMA = 0.5
+WEIGHTS = (1.0, 0.5, 0.25)
+
+
+def episode(versions, rewards, values=None, success=False, task="t") -> Episode:
+    steps = {"policy_version": np.asarray(versions, np.int32), "reward": np.asarray(rewards, np.float32)}
+    estimates = {}
+    if values is not None:
+        estimates = {
+            "value": np.asarray(values, np.float32),
+            "entropy": np.full(len(values), 0.4, np.float32),
+        }
+    return Episode(task, success, False, {}, steps, estimates)
+
+
+def inserter(mode: str = "sync", max_policy_lag: int = 0, **buffer) -> ReplayInserter:
+    cfg = LearnerConfig(mode=mode)
+    cfg = dataclasses.replace(
+        cfg, buffer=dataclasses.replace(cfg.buffer, max_policy_lag=max_policy_lag, **buffer)
+    )
+    replay = PrioritizedReplay[Episode](8, priority_weights=WEIGHTS, max_policy_lag=max_policy_lag)
+    return ReplayInserter(replay, Schedule(cfg, local_batch=2, has_demos=False), RunStats(), GAMMA)
+
+
+def test_episodes_enter_at_the_actors_priority_and_are_counted():
+    insert = inserter()
+    with_estimates = episode([3, 4], [0.0, 1.0], values=[1.0, 2.0], success=True)
+    without = episode([5], [0.0])
+    insert([with_estimates, without])
+
+    replay = insert.replay
+    assert replay.items() == [with_estimates, without]
+    # |0 + 0.5 * 2 - 1| = 0 and |1 - 2| = 1 (terminal): mean |delta| 0.5, ratio 1, entropy 0.4
+    want = float(trajectory_priority(0.5, 1.0, 0.4, WEIGHTS, replay.eps))
+    slots = {id(item): slot for slot, item in enumerate(replay._items) if item is not None}
+    assert replay.priorities[slots[id(with_estimates)]] == pytest.approx(want)
+    assert replay.priorities[slots[id(without)]] == replay.max_priority  # no estimates: the running max
+    assert replay.counts["added_at_max"] == 1
+    assert replay._version[slots[id(with_estimates)]] == 3  # judged stale by its oldest step
+
+    stats = insert.stats
+    assert (stats.totals["episodes"], stats.totals["env_steps"], stats.totals["behavior_version_max"]) == (
+        2,
+        3,
+        5,
+    )
+    assert list(stats.recent_success) == [True, False]
+    assert insert.schedule.round_complete(connected_envs=2)  # the sync round saw both episodes
+
+
+def test_stale_episodes_are_counted_but_not_stored():
+    insert = inserter(max_policy_lag=1)
+    insert.replay.drop_stale(10)  # the learner has seen version 10: oldest version 9 is the cutoff
+    insert([episode([8, 9], [0.0, 0.0]), episode([9], [1.0], success=True)])
+    assert len(insert.replay) == 1 and insert.replay.counts["dropped_stale_at_add"] == 1
+    assert insert.stats.totals["episodes"] == 2  # received, whether stored or not
+
+
+def test_the_gate_closes_once_inserts_run_past_the_slack_and_training_could_go_on():
+    insert = inserter(mode="async", insert_slack=3, samples_per_insert=1.0)
+    insert([episode([0], [0.0]) for _ in range(3)])
+    assert insert.accepts()  # 3 received, none used: within the slack
+    insert([episode([0], [0.0])])
+    assert not insert.accepts()  # 4 past the slack of 3, and a batch of 2 could train now
+    insert.schedule.count_rl_update()
+    insert.schedule.count_rl_update()
+    assert insert.accepts()  # 2 updates of 2 used all 4
