@@ -167,10 +167,7 @@ class Actor:
         if run_id != self._run_id and world.runner.version > version:
             # A restarted learner numbers its versions again from its checkpoint's and refuses newer ones.
             changed = self.outbox.relabel_versions(version)
-            for ep in world.episodes:
-                for step in ep.steps if ep is not None else ():
-                    changed += step.policy_version > version
-                    step.policy_version = min(step.policy_version, version)
+            changed += sum(ep.cap_versions(version) for ep in world.episodes if ep is not None)
             world.runner.version, world.reload = version, True
             self.stats["steps_relabelled"] += changed
         self._run_id = run_id

@@ -22,7 +22,7 @@ class Batch:
 
     seq: int
     episodes: list[dict[str, Any]]
-    """Wire fields of each episode (protocol.trajectory_fields)."""
+    """Wire fields of each episode (protocol.episode_fields, built by common/episode.py)."""
     sent_at: float
     """time.monotonic() of its last sending (an ACK overdue from then breaks the session)."""
 

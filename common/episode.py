@@ -60,6 +60,14 @@ class EpisodeBuilder:
             self.estimates["value"].append(value)
             self.estimates["entropy"].append(entropy)
 
+    def cap_versions(self, newest: int) -> int:
+        """Lower every step's policy version above `newest` to it (a restarted learner numbers its versions
+        again from its checkpoint's and refuses newer ones); how many steps changed."""
+        versions = self.columns.get("policy_version", [])
+        changed = sum(v > newest for v in versions)
+        versions[:] = [min(v, newest) for v in versions]
+        return changed
+
     def finish(
         self, final_features: Mapping[str, np.ndarray], success: bool, truncated: bool, spec: Any = None
     ) -> dict[str, Any]:

@@ -1,4 +1,4 @@
-"""Observation, Action, Step and Trajectory: the data every backend and both sides share.
+"""Observation, Action and the pointer policy's typed choice: the data every backend and both sides share.
 
 An Observation looks like what `uiautomator dump` plus `screencap` give on a real phone, so the
 built-in phone and the ADB backend are interchangeable. An Action follows Android-in-the-Wild /
@@ -8,7 +8,7 @@ AndroidWorld: taps, swipes, typed text and key presses, with coordinates normali
 from __future__ import annotations
 
 import enum
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -133,34 +133,3 @@ class PolicyChoice:
             "word": self.word,
             "direction": self.direction,
         }
-
-
-@dataclass
-class Step:
-    """One transition as the actor records it."""
-
-    features: dict[str, np.ndarray]
-    """Featurized observation (see common.featurize)."""
-    choice: PolicyChoice
-    behavior_logp: float
-    reward: float
-    done: bool
-    """True when the episode ended on this step (terminal or truncated)."""
-    policy_version: int
-    value: float | None = None
-    """The behaviour policy's critic V(s) on this step's observation (None: not known, e.g. an oracle)."""
-    entropy: float | None = None
-    """The exact entropy of the behaviour policy at s (None: not known)."""
-
-
-@dataclass
-class Trajectory:
-    """One episode: the unit of transport and of replay."""
-
-    task: str
-    steps: list[Step] = field(default_factory=list)
-    final_features: dict[str, np.ndarray] | None = None
-    """Featurized observation after the last step, for bootstrapping a truncated episode."""
-    success: bool = False
-    truncated: bool = False
-    """Ended by the step limit (or a device fault) rather than by reaching a terminal state."""

@@ -71,3 +71,12 @@ def test_estimates_travel_only_when_every_step_has_them():
 def test_an_episode_without_steps_is_refused():
     with pytest.raises(ValueError, match="at least one step"):
         EpisodeBuilder("open_app").finish({}, False, False)
+
+
+def test_versions_are_capped_for_a_restarted_learner():
+    obs = featurize.featurize(StandInPhoneEnv().reset(seed=0)[0], CFG)
+    episode = EpisodeBuilder("t")
+    for version in (3, 7, 9):
+        episode.add(obs, PolicyChoice(0).as_dict(), -1.0, 0.0, version, None)
+    assert episode.cap_versions(5) == 2
+    np.testing.assert_array_equal(episode.finish(obs, False, True, SPEC)["policy_version"], [3, 5, 5])

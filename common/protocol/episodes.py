@@ -17,7 +17,6 @@ import numpy as np
 
 from common import wire
 from common.protocol.messages import MAX_TEXT, ProtocolError, _short, require
-from common.types import Trajectory
 
 # Per-step arrays of an episode: name -> dtype. Observations carry one more row (the final one).
 BASE_STEP_ARRAYS = {"behavior_logp": "<f4", "reward": "<f4", "policy_version": "<i4"}
@@ -124,33 +123,6 @@ def episode_fields(
             if estimates
         },
     }
-
-
-def trajectory_fields(traj: Trajectory) -> dict[str, Any]:
-    """The `episode_fields` of a finished Trajectory (its final observation included)."""
-    if traj.final_features is None or not traj.steps:
-        raise ValueError("a trajectory needs at least one step and its final observation")
-    obs = {
-        k: np.stack([s.features[k] for s in traj.steps] + [traj.final_features[k]])
-        for k in traj.final_features
-    }
-    steps = {
-        "action_type": [s.choice.action_type for s in traj.steps],
-        "element": [s.choice.element for s in traj.steps],
-        "word": [s.choice.word for s in traj.steps],
-        "direction": [s.choice.direction for s in traj.steps],
-        "behavior_logp": [s.behavior_logp for s in traj.steps],
-        "reward": [s.reward for s in traj.steps],
-        "policy_version": [s.policy_version for s in traj.steps],
-    }
-    arrays = {k: np.asarray(v, np.dtype(STEP_ARRAYS[k])) for k, v in steps.items()}
-    known = all(s.value is not None and s.entropy is not None for s in traj.steps)
-    estimates = (
-        {"value": [s.value for s in traj.steps], "entropy": [s.entropy for s in traj.steps]}
-        if known
-        else None
-    )
-    return episode_fields(traj.task, traj.success, traj.truncated, obs, arrays, estimates)
 
 
 # ---- TRAJ episodes, packed (docs/PROTOCOL.md §3.5, §6) --------------------------------------------------

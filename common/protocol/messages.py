@@ -228,7 +228,7 @@ class Traj:
     """1, 2, 3, ... per actor instance, kept when the batch is sent again."""
     episodes: Any
     """Parsed: the packed `episodes` map as it came (`pack_episodes`), not yet validated. To send: that
-    map, or a list of `episode_fields` / `trajectory_fields` maps (packed by `to_msg`)."""
+    map, or a list of `episode_fields` maps (packed by `to_msg`)."""
 
     @classmethod
     def from_msg(cls, msg: dict[str, Any]) -> Traj:

@@ -18,7 +18,7 @@ How actors handle faults
 `EmulatedPhone.step` raises a `DeviceFault` (`DeviceHang`, `DeviceCrash` or `DeviceDisconnected`)
 after it has waited as long as the real device would have made the actor wait. An actor is expected to:
 
-1. end the interrupted episode and send it as *truncated* (`Trajectory.truncated = True`, the last
+1. end the interrupted episode and send it as *truncated* (`truncated = True`, the last
    observation it has as `final_features`, so the learner bootstraps from the value instead of
    treating the fault as a terminal state; an episode with no steps yet is dropped);
 2. call `reset()` on the env, which pays for the recovery (restart after a crash, reconnect after a
