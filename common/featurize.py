@@ -59,15 +59,9 @@ def episode_spec(cfg: ModelConfig, text_vocab_size: int) -> EpisodeSpec:
     an embedding looks up inside its table: words of the hashing vocabulary, and with a text encoder
     WordPiece ids of its vocabulary (`text_vocab_size`, text_encoder.vocab_size) and word slots -1 (none)
     or a real slot."""
-    return features_episode_spec(feature_spec(cfg), cfg.vocab_size, text_vocab_size)
-
-
-def features_episode_spec(
-    features: dict[str, tuple[tuple[int, ...], str]], vocab_size: int, text_vocab_size: int
-) -> EpisodeSpec:
-    """`episode_spec` from the feature spec itself (its masks give the element and word slots)."""
-    elements, words = features["elem_mask"][0][0], features["instr_mask"][0][0]
-    ids = {"instr_tokens": (0, vocab_size), "elem_tokens": (0, vocab_size)}
+    features = feature_spec(cfg)
+    elements, words = cfg.max_elements, cfg.max_instruction_tokens
+    ids = {"instr_tokens": (0, cfg.vocab_size), "elem_tokens": (0, cfg.vocab_size)}
     if "instr_wp" in features:
         if text_vocab_size < 1:
             raise ValueError("checking WordPiece ids needs the text encoder's vocabulary size (>= 1)")

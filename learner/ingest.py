@@ -36,21 +36,15 @@ __all__ = ["ActorInfo", "EpisodeCheck", "IngestServer"]
 class EpisodeCheck:
     """What a TRAJ's episodes must satisfy (docs/PROTOCOL.md §6-7): the one place they are validated."""
 
-    feature_spec: dict[str, tuple[tuple[int, ...], str]]
-    """Observation key -> (row shape, dtype), from common/featurize.feature_spec."""
+    spec: protocol.EpisodeSpec
+    """What the policy family's episodes carry (observations, choices and their bounds, id ranges)."""
     max_steps: int
     """Longest episode accepted."""
-    vocab_size: int
-    """Word ids lie in [0, vocab_size)."""
-    text_vocab_size: int = 0
-    """The text encoder's WordPiece vocabulary (0 without one): WordPiece ids lie in [0, it)."""
 
     def episodes(self, traj: protocol.Traj, newest_version: int) -> list[Episode]:
         """The batch's episodes, or ProtocolError at the first fault (a step newer than `newest_version`
         is `future_version`)."""
-        return traj.validate(
-            self.feature_spec, self.max_steps, newest_version, self.vocab_size, self.text_vocab_size
-        )
+        return traj.validate(self.spec, self.max_steps, newest_version)
 
 
 class IngestServer:
@@ -68,8 +62,7 @@ class IngestServer:
         ingest_port: int,
         params_port: int,
         welcome_fields: dict,
-        feature_spec: dict,
-        vocab_size: int,
+        episode_spec: protocol.EpisodeSpec,
         max_steps: int,
         on_episodes: Callable[[list[Episode]], None],
         actor_timeout: float = 15.0,
@@ -83,7 +76,9 @@ class IngestServer:
         self._run_fields = {**welcome_fields, "model": ModelConfig.from_dict(welcome_fields["model"])}
         """The run-wide WELCOME fields (`welcome_fields`: `model` as a dict, `max_steps`, optionally `mode`)."""
         protocol.Welcome("", 1, 0, 0, 0, heartbeat_every, **self._run_fields)  # a wrong key fails here, once
-        self.check = EpisodeCheck(feature_spec, max_steps, vocab_size, text_vocab_size)
+        self.check = EpisodeCheck(episode_spec, max_steps)
+        self.text_vocab_size = text_vocab_size
+        """The text encoder's WordPiece vocabulary, told to actors in WELCOME (0 without one)."""
         self.transport = Transport(bind, ingest_port, params_port, curve)
         self.ingest_port, self.params_port = self.transport.ingest_port, self.transport.params_port
         self.rejected: Counter[str] = self.transport.rejected
@@ -207,7 +202,7 @@ class IngestServer:
             acked_upto=acked_upto,
             grant=self._grant(hello.instance),
             heartbeat_every=self.heartbeat_every,
-            text_vocab_size=self.check.text_vocab_size,
+            text_vocab_size=self.text_vocab_size,
             **self._run_fields,
         )
         self.transport.send(identity, welcome.to_msg())

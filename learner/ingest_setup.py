@@ -7,8 +7,9 @@ from pathlib import Path
 
 from rich.console import Console
 
-from common import featurize, text_encoder
+from common import text_encoder
 from common.curve import CurveError, CurveServer
+from common.policies import make_policy
 from learner.config import LearnerConfig
 from learner.ingest import IngestServer
 from learner.inserter import ReplayInserter
@@ -40,8 +41,7 @@ def open_ingest(
         net.ingest_port,
         net.params_port,
         welcome_fields={"model": cfg.model.to_dict(), "max_steps": cfg.max_steps, "mode": cfg.mode},
-        feature_spec=featurize.feature_spec(cfg.model),
-        vocab_size=cfg.model.vocab_size,
+        episode_spec=make_policy(cfg.model).episode_spec(),
         text_vocab_size=text_encoder.vocab_size(cfg.model),
         max_steps=cfg.max_steps,
         on_episodes=inserter,

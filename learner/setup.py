@@ -1,7 +1,9 @@
 """Everything a learner run is made of, built in order and released in reverse: `open_session` -> Session.
 
 The order, stated once:
-1. what can refuse the run before anything starts: wandb installed when asked for, the CURVE key files;
+1. what can refuse the run before anything starts: the flags handed to local actors and the demo writer
+   (checked by the actor's own parser, learner/actor_check.py), wandb installed when asked for, the CURVE
+   key files;
 2. join the other learner processes (jax.distributed), then settle the model config (--model-preset, the
    text encoder's folder and checksum);
 3. the training state and replay (learner/training_state.py): device mesh -> Trainer -> empty replay;
@@ -30,6 +32,7 @@ from common import text_encoder
 from common.backbones import CheckpointError
 from common.ports import INGEST_PORT, PARAMS_PORT, adb_clash
 from learner import multihost
+from learner.actor_check import check_local_flags
 from learner.checkpoint import Checkpointer
 from learner.config import LearnerConfig
 from learner.ingest import IngestServer
@@ -50,7 +53,8 @@ from learner.warmup_demos import demonstrations
 def open_session(cfg: LearnerConfig, console: Console) -> Session:
     """Build every part of the run in the order of the module docstring; SystemExit naming the flag or
     file when this machine cannot run `cfg`."""
-    require_wandb(cfg.dashboards.wandb_project)  # 1: a missing wandb stops the run now, not after start-up
+    check_local_flags(cfg)  # 1: bad --env/--tasks/--split/--emulator.*: one line, status 2, before any process
+    require_wandb(cfg.dashboards.wandb_project)  # a missing wandb stops the run now, not after start-up
     curve = curve_server(cfg)
     start = time.monotonic()
     cfg = _joined_config(cfg)  # 2

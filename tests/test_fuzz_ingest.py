@@ -34,7 +34,7 @@ class RunningIngest:
         self.server = IngestServer(
             "127.0.0.1", 0, 0,
             welcome_fields={"model": MODEL.to_dict(), "max_steps": MAX_STEPS},
-            feature_spec=featurize.feature_spec(MODEL), vocab_size=MODEL.vocab_size, max_steps=MAX_STEPS,
+            episode_spec=featurize.episode_spec(MODEL, 0), max_steps=MAX_STEPS,
             on_episodes=self.stored.extend, credit=1_000_000, actor_timeout=3600,
         )  # fmt: skip
         self.server.publish(0, {"w": np.zeros(3, np.float32)})

@@ -19,7 +19,7 @@ MODEL = ModelConfig(vocab_size=64, max_instruction_tokens=4, max_elements=5, max
 def test_welcome_carries_the_word_piece_bound(text_vocab_size):
     server = IngestServer(
         "127.0.0.1", 0, 0, welcome_fields={"model": MODEL.to_dict(), "max_steps": 4},
-        feature_spec=featurize.feature_spec(MODEL), vocab_size=MODEL.vocab_size, max_steps=4,
+        episode_spec=featurize.episode_spec(MODEL, 0), max_steps=4,
         on_episodes=lambda _: None, text_vocab_size=text_vocab_size,
     )  # fmt: skip
     ctx = zmq.Context()

@@ -129,9 +129,6 @@ def test_impossible_actor_settings_are_refused_clearly(args, says):
     assert "no answer from the learner" not in done.stdout  # refused before trying to connect
 
 
-@pytest.mark.xfail(
-    strict=True, reason="until learner/setup.py calls learner.actor_check.check_local_flags (issue 29)"
-)
 def test_a_bad_actor_side_flag_stops_the_learner_before_any_process(tmp_path):
     learner = [sys.executable, "-m", "learner", "--run-dir", str(tmp_path), "--ingest-port", "0"]
     cmd = [*learner, "--tasks", "nosuchsuite"]

@@ -40,7 +40,7 @@ class _Learner:
         self.server = IngestServer(
             "127.0.0.1", 0, 0,
             welcome_fields={"model": MODEL.to_dict(), "max_steps": MAX_STEPS},
-            feature_spec=featurize.feature_spec(MODEL), vocab_size=MODEL.vocab_size, max_steps=MAX_STEPS,
+            episode_spec=featurize.episode_spec(MODEL, 0), max_steps=MAX_STEPS,
             on_episodes=self._store, credit=CREDIT, heartbeat_every=60.0,
             wal=WriteAheadLog(wal_dir, durability), log=self.logged.append,
         )  # fmt: skip

@@ -191,36 +191,11 @@ def unpack_episodes(packed: Any) -> PackedEpisodes:
 
 
 def validate_episodes(
-    msg: dict[str, Any],
-    spec: EpisodeSpec,
-    max_steps: int,
-    newest_version: int,
-    vocab_size: int | None = None,
-    text_vocab_size: int = 0,
+    msg: dict[str, Any], spec: EpisodeSpec, max_steps: int, newest_version: int
 ) -> list[Episode]:
-    """The episodes of a TRAJ message, checked against `spec` as `validate_packed` checks them.
-
-    Transitional: a caller may still pass the pointer family's feature-spec dict with `vocab_size` (and
-    `text_vocab_size` for the WordPiece ids), as before EpisodeSpec; it is turned into
-    `featurize.episode_spec`'s spec. Remove both parameters with the last such caller (issue 29)."""
-    return validate_packed(
-        msg.get("episodes"), _spec_of(spec, vocab_size, text_vocab_size), max_steps, newest_version
-    )
-
-
-def _spec_of(spec: Any, vocab_size: int | None, text_vocab_size: int) -> EpisodeSpec:
-    """`spec` itself, or the pointer family's EpisodeSpec for a feature-spec dict (see validate_episodes)."""
-    if isinstance(spec, EpisodeSpec):
-        if vocab_size is not None or text_vocab_size:
-            raise TypeError("an EpisodeSpec carries its own id ranges: pass no vocabulary sizes with it")
-        return spec
-    if not isinstance(spec, dict) or vocab_size is None:
-        raise TypeError(
-            "episodes are validated against an EpisodeSpec (featurize.episode_spec for the pointer family)"
-        )
-    from common import featurize  # (featurize imports this package)
-
-    return featurize.features_episode_spec(spec, vocab_size, text_vocab_size)
+    """The episodes of a TRAJ message, checked against the policy family's `spec` as `validate_packed`
+    checks them."""
+    return validate_packed(msg.get("episodes"), spec, max_steps, newest_version)
 
 
 def validate_packed(packed: Any, spec: EpisodeSpec, max_steps: int, newest_version: int) -> list[Episode]:

@@ -243,17 +243,12 @@ class Traj:
         spec: EpisodeSpec,
         max_steps: int,
         newest_version: int,
-        vocab_size: int | None = None,
-        text_vocab_size: int = 0,
     ) -> list[Episode]:
         """The episodes, checked against the policy family's `spec` straight from the parsed `episodes`
-        (as `validate_episodes` checks a TRAJ's; a list is refused, never packed here). The vocabulary
-        sizes are transitional, as in `validate_episodes`."""
-        from common.protocol.episodes import _spec_of, validate_packed  # (episodes.py imports this module)
+        (as `validate_episodes` checks a TRAJ's; a list is refused, never packed here)."""
+        from common.protocol.episodes import validate_packed  # (episodes.py imports this module)
 
-        return validate_packed(
-            self.episodes, _spec_of(spec, vocab_size, text_vocab_size), max_steps, newest_version
-        )
+        return validate_packed(self.episodes, spec, max_steps, newest_version)
 
     def to_msg(self) -> dict[str, Any]:
         from common.protocol.episodes import pack_episodes  # (episodes.py imports this module)
