@@ -1,0 +1,74 @@
+"""The Session's actions on a real, freshly opened session (no local actors, no demonstrations): what the
+loop used to change by reaching into the parts (the schedule's update count, the statistics, the
+replay's priorities) now happens through one action each."""
+
+from __future__ import annotations
+
+import io
+import json
+import math
+
+import numpy as np
+import pytest
+from rich.console import Console
+
+from common.protocol import Episode
+from learner.config import parse_args
+from learner.losses.base import PriorityTerms
+from learner.session import Session
+from learner.setup import open_session
+from learner.trainer import StepResult
+
+
+def episode(version: int, task: str = "t") -> Episode:
+    steps = {"policy_version": np.full(3, version, np.int32), "reward": np.zeros(3, np.float32)}
+    return Episode(task, False, False, {}, steps)
+
+
+def opened(run_dir, *args: str) -> Session:
+    """A session on free ports, with the stand-in environments (no demonstrations to write)."""
+    ports = ["--ingest-port", "0", "--params-port", "0", "--local-actors", "0", "--env", "standin"]
+    cfg = parse_args(["--run-dir", str(run_dir), *ports, "--checkpoint-every", "0", *args])
+    return open_session(cfg, Console(file=io.StringIO()))
+
+
+@pytest.fixture
+def session(tmp_path):
+    s = opened(tmp_path, "--batch-size", "4")
+    yield s
+    s.close("test")
+
+
+def test_opening_writes_the_run_files_and_publishes(session, tmp_path):
+    endpoints = json.loads((tmp_path / "endpoints.json").read_text())
+    assert endpoints["ingest_port"] == session.server.ingest_port > 0
+    assert json.loads((tmp_path / "config.json").read_text())["batch_size"] == 4
+    assert session.schedule.sync is False and not session.demos and not session.prefill_pending
+    assert "episodes_at_rl_start" in session.stats.totals  # no warm-up: reinforcement learning from the start
+
+
+def test_a_replay_update_is_drawn_counted_and_settled_through_the_session(session):
+    for v in (0, 0, 0, 0, 0):
+        session.replay.add(episode(v), v)
+    session.trainer.version = 2  # two versions published since the episodes were acted
+    draw = session.draw_replay()
+    assert len(draw.episodes) == session.trainer.local_batch == 4 and draw.sample is not None
+    assert session.schedule.rl_updates == 1  # the rate limit counts it
+    assert (session.stats.lag_mean, session.stats.lag_max) == (2.0, 2)
+
+    ones = np.ones(4, np.float32)
+    terms = PriorityTerms(5 * ones, ones, ones)
+    session.finish_update(StepResult({"loss": 0.5}, terms, skipped=False), draw, seconds=1.5)
+    assert session.replay.priorities[draw.sample.indices].min() > 5  # the step's new priorities
+    assert session.stats.train_metrics == {"loss": 0.5} and session.stats.timing["train_s"] == 1.5
+
+    session.finish_update(StepResult({"loss": float("nan")}, None, skipped=True), session.draw_replay(), 0.5)
+    assert session.stats.totals["skipped_nonfinite"] == 1 and session.schedule.rl_updates == 2
+    record = session.record()
+    assert (record["skipped_nonfinite"], record["replay_size"]) == (1, 5) and math.isnan(record["train/loss"])
+
+
+def test_close_writes_the_last_record_with_why_it_stopped(tmp_path):
+    last = opened(tmp_path).close("update limit")
+    lines = (tmp_path / "metrics.jsonl").read_text().splitlines()
+    assert json.loads(lines[-1])["stopped"] == last["stopped"] == "update limit" and "params_digest" in last
