@@ -23,6 +23,7 @@ from tyro.conf import OmitArgPrefixes
 
 from common.config import EmulatorModelConfig, ModelConfig
 from common.curve import is_loopback
+from common.policies import make_policy
 from common.ports import INGEST_PORT, PARAMS_PORT
 from learner.losses import DEFAULTS, LOSSES
 
@@ -455,6 +456,9 @@ class LearnerConfig:
 
     def __post_init__(self) -> None:
         """Rules across groups and of the top-level settings (each group checks its own)."""
+        make_policy(
+            self.model
+        )  # ValueError naming --model.kind when it names no family (imports a module:Class)
         _check(
             not (self.mode == "sync" and self.multihost.num_processes > 1),
             "--mode sync runs on one learner process (its rounds are not coordinated across hosts)",
