@@ -142,7 +142,7 @@ def _serve_while_busy(s: Session, log: bool = True) -> None:
     update's (train_s) or the compile's, not as ingest_s. During an update it does not log: train_s
     grows by a whole update once it is done, so a record written during one would leave the update's
     seconds out of its interval and give them all to the next (time/train_share above 1)."""
-    s.server.poll(0)
+    s.serve(0, timed=False)
     if log:
         s.log_if_due()
 

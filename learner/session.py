@@ -212,11 +212,13 @@ class Session:
             self._last_log = time.monotonic()
             self.outputs.write(self.record())
 
-    def serve(self, timeout_ms: int) -> None:
-        """Take in waiting messages (up to timeout_ms for the first), timed as ingest."""
+    def serve(self, timeout_ms: int, timed: bool = True) -> None:
+        """Take in waiting messages (up to timeout_ms for the first), timed as ingest; `timed=False` while
+        a helper thread compiles or trains (those seconds are the compile's or the update's)."""
         t0 = time.monotonic()
         self.server.poll(timeout_ms)
-        self.stats.timing["ingest_s"] += time.monotonic() - t0
+        if timed:
+            self.stats.timing["ingest_s"] += time.monotonic() - t0
 
     def close(self, stopped: str) -> dict:
         """Save what is unsaved, write the last record (with why it stopped), stop the local actors and
