@@ -1,6 +1,6 @@
 """The command lines of `python -m actors` processes, spelled once for every side that starts one.
 
-The learner starts local actors and the demo writer (learner/local_actors.py, learner/setup.py), the Ray
+The learner starts local actors and the demo writer (learner/local_actors.py, learner/warmup_demos.py), the Ray
 launcher places actors on its nodes (learner/launch.py), and the learner checks the actor-side flags
 first with `python -m actors check-args` (actors/check_args.py). This module lives in common/ so the
 learner can build an actor's argv without importing actor code; tests parse what it builds with the

@@ -29,7 +29,7 @@ STARTING, RUNNING = "starting", "running"
 
 EPISODES_KEY = "episodes"
 """The running count of episodes the learner stored, in each RUN_DIR/metrics.jsonl record
-(learner/setup.py `Session.record`)."""
+(learner/session.py `Session.record`)."""
 
 
 @dataclass

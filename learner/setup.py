@@ -53,7 +53,9 @@ from learner.warmup_demos import demonstrations
 def open_session(cfg: LearnerConfig, console: Console) -> Session:
     """Build every part of the run in the order of the module docstring; SystemExit naming the flag or
     file when this machine cannot run `cfg`."""
-    check_local_flags(cfg)  # 1: bad --env/--tasks/--split/--emulator.*: one line, status 2, before any process
+    check_local_flags(
+        cfg
+    )  # 1: bad --env/--tasks/--split/--emulator.*: one line, status 2, before any process
     require_wandb(cfg.dashboards.wandb_project)  # a missing wandb stops the run now, not after start-up
     curve = curve_server(cfg)
     start = time.monotonic()
