@@ -124,8 +124,10 @@ def test_actor_heartbeats_while_its_policy_compiles():
     from actors.actor import Actor
     from actors.config import ActorConfig
     from actors.connection import LearnerConnection
+    from actors.policy_runner import PolicyRunner
     from common.config import ModelConfig
     from common.featurize import feature_spec
+    from common.policies import PointerPolicy
 
     class Connection:  # records what the actor sends; nothing arrives
         actor_id = 3
@@ -149,7 +151,9 @@ def test_actor_heartbeats_while_its_policy_compiles():
 
     class SlowRunner:
         cfg = ModelConfig()
+        policy = PointerPolicy(cfg)
         shapes = None
+        example_features = PolicyRunner.example_features  # the real one: reads only `policy`
 
         def compile(self, features):
             # Done only once the actor has heartbeaten three times meanwhile (or after 20 s: a slow
