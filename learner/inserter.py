@@ -20,13 +20,12 @@ class ReplayInserter:
 
     def __call__(self, episodes: list[Episode]) -> None:
         self.schedule.on_episodes(len(episodes))
-        for ep in episodes:
-            self.replay.add(ep, oldest_version(ep), initial_priority_terms(ep, self.gamma))
+        slots = [
+            self.replay.add(ep, oldest_version(ep), initial_priority_terms(ep, self.gamma)) for ep in episodes
+        ]
+        self.schedule.count_inserts(sum(slot is not None for slot in slots))  # the stale ones are not stored
         self.stats.on_episodes(episodes)
 
     def accepts(self) -> bool:
         """Whether actors may get new credit now (Schedule.accepts_inserts on what came in and is stored)."""
-        replay = self.replay
-        return self.schedule.accepts_inserts(
-            self.stats.totals["episodes"], len(replay), replay.counts["added"]
-        )
+        return self.schedule.accepts_inserts(self.stats.totals["episodes"], len(self.replay))

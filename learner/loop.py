@@ -83,7 +83,7 @@ def _train(s: Session, stop: _Stop) -> str:
         if not in_warmup:
             s.start_rl()  # offline data joins the replay as reinforcement learning starts
         imitation = schedule.imitates(trainer.update)
-        can_train = schedule.can_train(len(replay), replay.counts["added"])
+        can_train = schedule.can_train(len(replay))
         round_done = schedule.sync and schedule.round_complete(s.server.connected_envs())
         if round_done and not in_warmup and not can_train:
             # The round's data is used up (as much as --samples-per-insert allows): the next round

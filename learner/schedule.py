@@ -17,7 +17,8 @@ class Schedule:
       update needs no replay data, so it is always ready.
     - **Sample side of the rate limit** (`can_train`): a reinforcement-learning update needs a full local
       batch in the replay, and may not sample more than samples_per_insert times per inserted episode on
-      average (Reverb's SampleToInsertRatio); it waits for new episodes otherwise.
+      average (Reverb's SampleToInsertRatio); it waits for new episodes otherwise. Both sides count
+      `inserted`: episodes from actors, never the demonstrations.
     - **Insert side** (`accepts_inserts`, the ingest's gate, --insert-slack): actors get no new credit
       while stored episodes run more than the slack ahead of what reinforcement learning has used, unless
       it could train right now (closing then would wedge it: it needs data to catch up).
@@ -40,6 +41,12 @@ class Schedule:
     rl_updates: int = 0
     """Reinforcement-learning updates made by this run (not restored: the rate limit counts this run's
     inserts)."""
+    inserted: int = 0
+    """Episodes from actors this run stored in the replay (`count_inserts`; those the write-ahead log
+    recovers at a resume included): the inserts of the rate limit. Not the demonstrations: they join the
+    replay as data when reinforcement learning starts but are no new experience (counted, they gave a run
+    about 50 updates on demonstrations alone). Not restored either: a resumed run's budget starts at 0
+    updates on 0 inserts, whatever its restored replay holds."""
     rounds: int = 0
     """--mode sync: rounds completed."""
     rounds_timed_out: int = 0
@@ -61,16 +68,21 @@ class Schedule:
         after = update - self.cfg.imitation.warmup_updates
         return self.in_warmup(update) or bool(self.has_demos and every and after % every == every - 1)
 
-    def can_train(self, stored: int, inserted: int) -> bool:
-        """The sample side: `stored` episodes in the replay now, `inserted` ever added to it."""
+    def can_train(self, stored: int) -> bool:
+        """The sample side: `stored` episodes in the replay now (demonstrations included: they are data),
+        at most samples_per_insert draws per episode `inserted` by actors."""
         spi = self.cfg.buffer.samples_per_insert
-        return stored >= self.local_batch and (self.rl_updates + 1) * self.local_batch <= spi * inserted
+        return stored >= self.local_batch and (self.rl_updates + 1) * self.local_batch <= spi * self.inserted
 
-    def accepts_inserts(self, received: int, stored: int, inserted: int) -> bool:
-        """The insert side: False while the `received` episodes run more than --insert-slack ahead of what
-        reinforcement-learning updates have used, as long as it could train right now."""
+    def accepts_inserts(self, received: int, stored: int) -> bool:
+        """The insert side: False while the `received` episodes run more than the insert slack ahead of
+        what reinforcement-learning updates have used, as long as it could train right now."""
         used = self.rl_updates * self.local_batch / self.cfg.buffer.samples_per_insert
-        return received - used <= self.cfg.buffer.insert_slack or not self.can_train(stored, inserted)
+        return received - used <= self.cfg.buffer.insert_slack or not self.can_train(stored)
+
+    def count_inserts(self, count: int) -> None:
+        """`count` more episodes from actors are stored in the replay (both sides of the rate limit)."""
+        self.inserted += count
 
     def count_rl_update(self) -> None:
         """One more reinforcement-learning update drew its batch (both sides of the rate limit count it)."""

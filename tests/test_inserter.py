@@ -82,3 +82,24 @@ def test_the_gate_closes_once_inserts_run_past_the_slack_and_training_could_go_o
     insert.schedule.count_rl_update()
     insert.schedule.count_rl_update()
     assert insert.accepts()  # 2 updates of 2 used all 4
+
+
+def test_demonstrations_in_the_replay_give_no_update_budget():
+    insert = inserter(mode="async", samples_per_insert=4.0)
+    for _ in range(8):  # as Session.start_rl prefills them: straight into the replay, not through actors
+        insert.replay.add(episode([0], [1.0], success=True), 0)
+    schedule = insert.schedule
+    assert len(insert.replay) == 8 and not schedule.can_train(len(insert.replay))
+    assert insert.accepts()  # nothing came from actors: the insert side stays open
+    insert([episode([0], [0.0])])  # one actor episode: 4 samples, two updates of 2
+    assert schedule.inserted == 1 and schedule.can_train(len(insert.replay))
+    schedule.count_rl_update()
+    schedule.count_rl_update()
+    assert not schedule.can_train(len(insert.replay))
+
+
+def test_stale_episodes_are_no_inserts_of_the_rate_limit():
+    insert = inserter(max_policy_lag=1)
+    insert.replay.drop_stale(10)
+    insert([episode([8], [0.0]), episode([9], [1.0])])
+    assert insert.schedule.inserted == 1

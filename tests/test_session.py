@@ -14,6 +14,7 @@ from rich.console import Console
 
 from common.protocol import Episode
 from learner.config import parse_args
+from learner.inserter import ReplayInserter
 from learner.losses.base import PriorityTerms
 from learner.session import Session
 from learner.setup import open_session
@@ -66,6 +67,19 @@ def test_a_replay_update_is_drawn_counted_and_settled_through_the_session(sessio
     assert session.stats.totals["skipped_nonfinite"] == 1 and session.schedule.rl_updates == 2
     record = session.record()
     assert (record["skipped_nonfinite"], record["replay_size"]) == (1, 5) and math.isnan(record["train/loss"])
+
+
+def test_demonstrations_join_the_replay_at_rl_start_but_buy_no_updates(session):
+    session.demos = [episode(0, task=f"demo {i}") for i in range(8)]
+    session.prefill_pending = True
+    session.start_rl()
+    assert len(session.replay) == 8 and not session.prefill_pending
+    assert not session.schedule.can_train(len(session.replay))  # the loop's question: no update yet
+    inserter = ReplayInserter(session.replay, session.schedule, session.stats, gamma=0.9)
+    inserter([episode(0)])  # one actor episode: 4 samples at --samples-per-insert 4, one update of 4
+    assert session.schedule.can_train(len(session.replay))
+    session.draw_replay()
+    assert not session.schedule.can_train(len(session.replay))
 
 
 def test_close_writes_the_last_record_with_why_it_stopped(tmp_path):
