@@ -253,7 +253,7 @@ class Actor:
                 obs, choice = slots[i].obs, acted.choices[k]
                 estimates = (float(acted.logp[k]), float(acted.value[k]), float(acted.entropy[k]))
                 action = runner.to_action(obs, choice)
-                tag = (features[k], choice, action, estimates, runner.version, obs)
+                tag = (features[k], choice, action, estimates, runner.version)
                 slots.step(i, action, tag)
         finished = []
         for out in slots.collect(timeout=0.0 if ready else 0.05):
@@ -261,40 +261,58 @@ class Actor:
                 if out.fault is None:
                     world.episodes[out.slot] = EpisodeBuilder(task_name(slots[out.slot].env))
                     world.started[out.slot] = runner.version
-                continue
-            features_i, choice, action, (logp, value, entropy), version, last_obs = out.tag
-            if out.fault is not None:
-                # The device failed mid-step: the episode ends here, truncated (it would have gone
-                # on), with the last observation we have; reset() restarts or reconnects the device.
-                self._count_fault(out.fault)
-                obs, reward, terminated, truncated = last_obs, 0.0, False, True
-                info = {"success": False, "fault": out.fault.kind}
             else:
-                obs, reward, terminated, truncated, info = out.result
-            done = terminated or truncated
-            episode = world.episodes[out.slot]
-            # min(): a step in flight while the actor joined a restarted learner gets its version capped too.
-            version = min(version, runner.version)
-            episode.add(features_i, choice, logp, float(reward), version, action, value, entropy)
-            self.stats["env_steps"] += 1
-            if done:
-                success = bool(info.get("success", False))
-                final = runner.featurize(obs, episode.actions)
-                finished.append(
-                    episode.finish(final, success, bool(truncated and not terminated), world.spec)
-                )
-                self.stats["successes"] += success
-                world.episodes[out.slot] = None
-                if self._sync:
-                    world.parked.add(out.slot)
-                    slots.park(out.slot)
-                else:
-                    slots.reset(out.slot)
+                finished += self._settle(world, out)
         if finished:
             self.stats["episodes_finished"] += len(finished)
             self.outbox.add(finished)
             if self.cfg.max_episodes and self.stats["episodes_finished"] >= self.cfg.max_episodes:
                 self.request_stop("episode limit")
+
+    def _settle(self, world: _World, out) -> list[dict]:
+        """Record one step's outcome in its episode; the finished episode's wire fields when it ended."""
+        features_i, choice, action, (logp, value, entropy), version = out.tag
+        if out.fault is not None:
+            return self._faulted(world, out.slot, out.fault, features_i)
+        obs, reward, terminated, truncated, info = out.result
+        episode = world.episodes[out.slot]
+        # min(): a step in flight while the actor joined a restarted learner gets its version capped too.
+        version = min(version, world.runner.version)
+        episode.add(features_i, choice, logp, float(reward), version, action, value, entropy)
+        self.stats["env_steps"] += 1
+        if not (terminated or truncated):
+            return []
+        success = bool(info.get("success", False))
+        self.stats["successes"] += success
+        final = world.runner.featurize(obs, episode.actions)
+        return [self._finish(world, out.slot, final, success, bool(truncated and not terminated))]
+
+    def _faulted(self, world: _World, i: int, fault: DeviceFault, chosen_on: dict) -> list[dict]:
+        """The device failed mid-step: the step's outcome is unknown, so it is dropped, and the episode
+        ends truncated (it would have gone on) at the step before, bootstrapping from the observation
+        the dropped action was chosen on: the last real one (`chosen_on`, its features). Keeping the
+        step with that observation as its own bootstrap would teach -(1 - gamma) V(s) for it. A fault on
+        the first step leaves nothing to send: counted as episodes_dropped_fault, and the slot starts
+        again at once (in --mode sync too: this round still needs its episode)."""
+        self._count_fault(fault)
+        if world.episodes[i].length:
+            return [self._finish(world, i, chosen_on, False, True)]
+        self.stats["episodes_dropped_fault"] += 1
+        world.episodes[i] = None
+        world.slots.reset(i)  # reset() restarts or reconnects the device
+        return []
+
+    def _finish(self, world: _World, i: int, final: dict, success: bool, truncated: bool) -> dict:
+        """Close slot i's episode with its final observation's features, then park the slot (--mode
+        sync) or start its next episode."""
+        episode = world.episodes[i].finish(final, success, truncated, world.spec)
+        world.episodes[i] = None
+        if self._sync:
+            world.parked.add(i)
+            world.slots.park(i)
+        else:
+            world.slots.reset(i)
+        return episode
 
     def _next_round(self, world: _World) -> bool:
         """--mode sync: start the next episode of every parked slot whose episode used an older version
