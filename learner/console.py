@@ -47,10 +47,11 @@ def by_family(by_task: dict[str, float]) -> dict[str, float]:
 
 
 def print_line(console: Console, m: dict[str, Any]) -> None:
-    """The one-line progress form (its format is stable: logs and tests grep it)."""
+    """The one-line progress form (its format is stable: logs and tests grep it). The phase ("warmup" or
+    "rl") comes first: a benchmark's numbers mean different things in each."""
     tasks = " ".join(f"{k} {v:.2f}" for k, v in by_family(m["success_by_task"]).items())
     console.print(
-        f"{m['wall']:6.1f}s upd {m['update']:5d} v{m['policy_version']:<4d} eps {m['episodes']:6d} "
+        f"{m['wall']:6.1f}s {m['phase']:<6} upd {m['update']:5d} v{m['policy_version']:<4d} eps {m['episodes']:6d} "
         f"success {m['success_rate']:.2f} lag {m['policy_lag_mean']:.1f} actors {m['actors']} "
         f"replay {m['replay_size']} rej {m['rejected']} | {tasks}",
         highlight=False,

@@ -95,7 +95,7 @@ def test_lines_mode_prints_the_progress_line():
     progress.close(RECORDS[2])  # the final record is printed too
     lines = console.file.getvalue().splitlines()
     assert lines == [
-        f"{m['wall']:6.1f}s upd {m['update']:5d} v{m['policy_version']:<4d} eps {m['episodes']:6d} "
+        f"{m['wall']:6.1f}s rl     upd {m['update']:5d} v{m['policy_version']:<4d} eps {m['episodes']:6d} "
         "success 0.62 lag 1.5 actors 2 replay 2048 rej 3 | app 0.90 notes 0.50 clock 0.20"
         for m in RECORDS
     ]
@@ -103,10 +103,12 @@ def test_lines_mode_prints_the_progress_line():
 
 def test_print_line_keeps_the_documented_format():
     console = Console(file=io.StringIO(), width=300)
-    print_line(console, record(12.34, 5, 96, success_by_task={"open_app": 0.5}))
-    assert console.file.getvalue() == (
-        "  12.3s upd     5 v2    eps     12 success 0.62 lag 1.5 actors 2 replay 2048 rej 3 | open_app 0.50\n"
-    )
+    print_line(console, record(12.34, 5, 96, phase="warmup", success_by_task={"open_app": 0.5}))
+    print_line(console, record(87.2, 189, 96, success_by_task={"open_app": 0.5}))
+    assert console.file.getvalue().splitlines() == [
+        "  12.3s warmup upd     5 v2    eps     12 success 0.62 lag 1.5 actors 2 replay 2048 rej 3 | open_app 0.50",
+        "  87.2s rl     upd   189 v94   eps     12 success 0.62 lag 1.5 actors 2 replay 2048 rej 3 | open_app 0.50",
+    ]  # the phase in a column of its own
 
 
 def test_auto_is_live_on_a_terminal_only():
