@@ -18,9 +18,7 @@ BENCHMARKS = {
     "ingest": "benchmarks.ingest",
     "adb_step": "benchmarks.adb_step",
     "collection": "benchmarks.collection",
-    "time_to_success": "benchmarks.time_to_success",
-    "final_success": "benchmarks.final_success",
-    "ablation": "benchmarks.ablation",
+    "paper": "benchmarks.paper",
     "text_encoder": "benchmarks.text_encoder",
     "ray_launch": "benchmarks.ray_launch",
 }
@@ -34,7 +32,7 @@ def main() -> None:
     parser.add_argument(
         "--learner-args",
         default="",
-        help="extra learner flags for the benchmarks that run the learner and take them (time_to_success), "
+        help="extra learner flags for the benchmarks that run the learner and take them, "
         "e.g. --learner-args='--max-policy-lag 50'",
     )
     args = parser.parse_args()

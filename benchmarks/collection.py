@@ -52,12 +52,18 @@ def mean_step_latency(time_scale: float) -> float:
     return (LATENCY["step-latency-mean"] + LATENCY["stall-prob"] * LATENCY["stall-mean"]) * time_scale
 
 
+def emulator_flags(time_scale: float) -> list[str]:
+    """The learner flags that put every local environment behind the latency model above."""
+    flags = ["--emulator.enabled", "--emulator.time-scale", str(time_scale)]
+    for key, value in LATENCY.items():
+        flags += [f"--emulator.{key}", str(value)]
+    return flags
+
+
 def learner_command(
     mode: str, run_dir: Path, seconds: float, time_scale: float, extra: tuple = ()
 ) -> list[str]:
-    emulator = ["--emulator.enabled", "--emulator.time-scale", str(time_scale)]
-    for key, value in LATENCY.items():
-        emulator += [f"--emulator.{key}", str(value)]
+    emulator = emulator_flags(time_scale)
     return [
         sys.executable, "-m", "learner", "--mode", mode, "--run-dir", str(run_dir),
         "--ingest-port", "0", "--params-port", "0",
@@ -81,10 +87,10 @@ def run_learner(cmd: list[str], run_dir: Path, timeout: float, pinned: bool = Fa
     return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
 
 
-def steps_per_second(lines: list[dict]) -> tuple[float, float]:
-    """(env steps/s as the least-squares slope of env_steps over wall, window seconds), from the first
-    line with an episode on."""
-    rows = [(m["wall"], m["env_steps"]) for m in lines if "stopped" not in m]
+def steps_per_second(lines: list[dict], key: str = "env_steps") -> tuple[float, float]:
+    """(`key` per second, env steps by default, as the least-squares slope of `key` over wall, window
+    seconds), from the first line with an episode on."""
+    rows = [(m["wall"], m[key]) for m in lines if "stopped" not in m]
     first = next(i for i, (_, steps) in enumerate(rows) if steps > 0)
     wall, steps = np.array(rows[first:], dtype=float).T
     slope = np.polyfit(wall, steps, 1)[0] if len(wall) >= 3 else float("nan")

@@ -22,6 +22,8 @@ import numpy as np
 import tyro
 from matplotlib.figure import Figure
 
+from learner.report_greedy import plot_greedy, read_points
+
 REQUIRED = ("wall", "update", "env_steps", "episodes", "success_rate")
 """Fields a line needs to be used; a line without them is counted as corrupt."""
 
@@ -91,6 +93,12 @@ def report(cfg: ReportConfig) -> dict[str, Any]:
     ]
     if len(runs) > 1:
         files.append(_save(plot_comparison(stats, cfg.target), out / "comparison.png"))
+    try:
+        greedy = [(run.label, read_points(run.path)) for run in runs]
+    except ValueError as e:
+        raise SystemExit(f"report: {e}") from None
+    if any(points for _, points in greedy):
+        files.append(_save(plot_greedy([g for g in greedy if g[1]], cfg.target), out / "greedy_success.png"))
     summary = out / "summary.md"
     summary.write_text(summary_markdown(stats, cfg.target, [f.name for f in files]), encoding="utf-8")
     files.append(summary)

@@ -1,4 +1,4 @@
-"""The collection and time-to-success benchmarks' arithmetic and the learner command they build (the
+"""The collection benchmark's arithmetic and the learner command they build (the
 runs themselves take minutes: they are benchmarks, not tests)."""
 
 from __future__ import annotations
@@ -11,7 +11,6 @@ import tyro
 
 from benchmarks import pinning
 from benchmarks.collection import LATENCY, learner_command, mean_step_latency, steps_per_second
-from benchmarks.time_to_success import _time_to_target
 from learner.config import LearnerConfig
 
 
@@ -26,20 +25,6 @@ def test_steps_per_second_is_the_slope_after_the_first_episode():
     lines.append({"wall": 14.0, "env_steps": 560, "stopped": "time limit"})
     rate, window = steps_per_second(lines)
     assert rate == pytest.approx(50.0) and window == pytest.approx(9.0)
-
-
-def test_time_to_target_counts_from_the_end_of_the_warmup():
-    lines = [
-        {"wall": 5.0, "phase": "warmup", "update": 10, "success_rate": 0.0, "env_steps": 100},
-        {"wall": 20.0, "phase": "rl", "update": 60, "success_rate": 0.1, "env_steps": 900},
-        {"wall": 50.0, "phase": "rl", "update": 90, "success_rate": 0.45, "env_steps": 2000,
-         "replay/stale_dropped_share": 0.25, "stopped": "success target"},
-    ]  # fmt: skip
-    got = _time_to_target(lines)
-    assert got == {"reached": True, "after_warmup_s": 30.0, "total_s": 50.0, "updates": 90,
-                   "success": 0.45, "env_steps": 2000, "stale_dropped_share": 0.25}  # fmt: skip
-    lines[-1]["stopped"] = "time limit"
-    assert not _time_to_target(lines)["reached"]
 
 
 @pytest.mark.parametrize("mode", ["async", "sync"])
@@ -65,7 +50,7 @@ def test_emulator_flags_reach_the_local_actors_unchanged():
 
 @pytest.mark.skipif(not pinning.available(), reason="needs Linux sched_setaffinity and 2+ cores")
 def test_pinning_puts_the_learner_on_one_core_and_its_children_on_the_others():
-    """What benchmarks/time_to_success.py relies on to mimic a separate learner machine."""
+    """What benchmarks/paper.py relies on to mimic a separate learner machine."""
     child = "import os, time; time.sleep(2.5); print(sorted(os.sched_getaffinity(0)))"
     parent = (
         "import os, subprocess, sys; print(sorted(os.sched_getaffinity(0)), flush=True); "

@@ -213,3 +213,19 @@ def test_every_bad_run_is_listed_and_labels_must_match(fast, tmp_path):
 def _bad_config(run: Path) -> Path:
     (run / "config.json").write_text("{mode: sync")
     return run
+
+
+def test_greedy_curves_are_plotted_when_a_run_has_them(fast, slow, tmp_path):
+    """A run dir with greedy.jsonl (benchmarks/paper.py) gets greedy_success.png; one without does not
+    stop the report; a corrupt one is a clear error."""
+    points = [
+        {"t": 25 * i, "update": 10 * i, "env_steps": 100 * i, "train": 0.1 * i, "test": 0.05 * i}
+        for i in (1, 2)
+    ]
+    (fast / "greedy.jsonl").write_text("".join(json.dumps(p) + "\n" for p in points))
+    got = report(ReportConfig(runs=(fast, slow), out=tmp_path / "out"))
+    assert_png(tmp_path / "out" / "greedy_success.png")
+    assert "greedy_success.png" in [f.name for f in got["files"]]
+    (fast / "greedy.jsonl").write_text('{"t": 1}\n')
+    with pytest.raises(SystemExit, match="greedy.jsonl: points without"):
+        report(ReportConfig(runs=(fast,), out=tmp_path / "out2"))
