@@ -17,7 +17,7 @@ import os
 import signal
 import time
 import uuid
-from collections import Counter
+from collections import Counter, deque
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -26,6 +26,7 @@ from actors.connection import LearnerConnection
 from actors.envs.factory import build_envs, task_name
 from actors.envs.faults import DeviceFault
 from actors.outbox import Batch, Outbox
+from actors.pacing import TokenBucket
 from actors.policy_runner import PolicyRunner, stack
 from actors.slots import EnvSlots
 from common import protocol
@@ -55,6 +56,8 @@ class _World:
     """Policy version each slot's episode began with."""
     parked: set[int] = dataclasses.field(default_factory=set)
     """--mode sync: slots whose episode of this round is done, waiting for a newer version to start again."""
+    waiting: deque[int] = dataclasses.field(default_factory=deque)
+    """--max-episode-rate: slots whose episode ended, oldest first, waiting for a token to start again."""
 
 
 class Actor:
@@ -85,6 +88,8 @@ class Actor:
         """The learner runs DigiRL's synchronous loop: one episode per environment per policy version."""
         self._devices: tuple[list, bool] | None = None
         """Environments built before joining (devices: booting takes minutes, a bad setup stops us first)."""
+        self._pacer = TokenBucket(cfg.max_episode_rate) if cfg.max_episode_rate else None
+        """--max-episode-rate: what lets a slot start its next episode (None: no limit)."""
 
     def request_stop(self, reason: str) -> None:
         """Stop taking steps, then deliver what is held (up to --flush-timeout); a second request means
@@ -228,6 +233,8 @@ class Actor:
                 self.stats["blocked_s"] = round(self.stats["blocked_s"] + time.monotonic() - t0, 1)
             elif self._sync and not self._next_round(world):
                 conn.wait(50)  # this actor's part of the round is done: wait for the learner's next version
+            elif not self._release(world):  # every slot waits for --max-episode-rate (or a version)
+                conn.wait(min(50, 1 + int(1000 * self._pacer.wait_s())) if self._pacer else 50)
             else:
                 self._step(world)
             self._send(conn, self.outbox.take_batches())
@@ -299,7 +306,7 @@ class Actor:
             return [self._finish(world, i, chosen_on, False, True)]
         self.stats["episodes_dropped_fault"] += 1
         world.episodes[i] = None
-        world.slots.reset(i)  # reset() restarts or reconnects the device
+        self._begin(world, i)  # its reset restarts or reconnects the device
         return []
 
     def _finish(self, world: _World, i: int, final: dict, success: bool, truncated: bool) -> dict:
@@ -311,15 +318,31 @@ class Actor:
             world.parked.add(i)
             world.slots.park(i)
         else:
-            world.slots.reset(i)
+            self._begin(world, i)
         return episode
+
+    def _begin(self, world: _World, i: int) -> None:
+        """Start slot i's next episode now, or, under --max-episode-rate, once `_release` lets it."""
+        if self._pacer is None:
+            world.slots.reset(i)
+        else:
+            world.slots.park(i)
+            world.waiting.append(i)
+
+    def _release(self, world: _World) -> bool:
+        """--max-episode-rate: start the waiting slots' episodes the token bucket allows, oldest first;
+        False when no slot has anything to step (every one waits for a token or, in --mode sync, for a
+        newer version)."""
+        while world.waiting and self._pacer.take():
+            world.slots.reset(world.waiting.popleft())
+        return len(world.waiting) + len(world.parked) < len(world.slots)
 
     def _next_round(self, world: _World) -> bool:
         """--mode sync: start the next episode of every parked slot whose episode used an older version
         than the newest; False when every slot is parked (nothing to step until a new version comes)."""
         for i in [i for i in world.parked if world.runner.version > world.started.get(i, -1)]:
             world.parked.discard(i)
-            world.slots.reset(i)
+            self._begin(world, i)
         return len(world.parked) < len(world.slots)
 
     def _count_fault(self, fault: DeviceFault) -> None:

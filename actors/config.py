@@ -59,6 +59,11 @@ class ActorConfig:
     max_episodes: int = 0
     """Stop after this many episodes have finished, once they are acknowledged (or flush_timeout has
     passed); 0 = run until stopped."""
+    max_episode_rate: float = 0.0
+    """Start at most this many episodes per second in this actor process (all its environments
+    together); 0 = no limit. After each slot's first episode, a slot whose episode ended waits until a
+    token bucket (burst 1: starts evenly spaced) lets it reset. A benchmark control: async collection
+    throttled to sync's episode rate."""
     handshake_timeout: float = 2.0
     """Seconds to wait for the learner's WELCOME before retrying; doubles per retry up to max_backoff."""
     max_backoff: float = 15.0
@@ -104,7 +109,7 @@ class ActorConfig:
             raise ValueError(
                 f"--max-batch-episodes must be in [1, {MAX_EPISODES_PER_BATCH}], got {self.max_batch_episodes}"
             )
-        for name in ("flush_timeout", "max_episodes", "seed", "parent_pid"):
+        for name in ("flush_timeout", "max_episodes", "max_episode_rate", "seed", "parent_pid"):
             value = getattr(self, name)
             if not (value >= 0 and math.isfinite(value)):
                 raise ValueError(f"{_flag(name)} must be >= 0, got {value}")
