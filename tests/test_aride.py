@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 from functools import partial
 
 import jax
@@ -132,13 +133,17 @@ def loss_ref(batch, cfg: LossParams, weights=None, keep=None):
     policy = value = ent = adv_sum = target_sum = rho_sum = clipped = trained = kl = 0.0
     grads = {"logp": np.zeros((B, T)), "entropy": np.zeros((B, T)), "values": np.zeros((B, T + 1))}
     prio = {k: np.zeros(B) for k in ("priority_delta", "priority_rho_clipped", "priority_entropy")}
+    coefs = []
     for b in range(B):
         n = int(length[b])
         for t in range(n):
             a = adv[b, t]
             trains = kept[b] and (cfg.advantage_threshold is None or a > cfg.advantage_threshold)
             used = (1.0 if a > 0 else 0.0) if cfg.binarize_advantage else a
+            if cfg.binarize_advantage and cfg.actor_weighting == "binary_ratio":
+                used *= min(cfg.pg_rho_clip, rho[b, t])
             coef = w[b] * used if trains else 0.0
+            coefs.append(coef)
             policy -= coef * logp[b, t]
             value += 0.5 * w[b] * (v[b, t] - values[b, t]) ** 2
             ent += entropy[b, t]
@@ -167,8 +172,17 @@ def loss_ref(batch, cfg: LossParams, weights=None, keep=None):
         "rho_clipped_fraction": clipped / count,
         "actor_step_fraction": trained / count,
         "behavior_kl": kl / count,
+        "kl_penalty": 0.0,
+        "actor_weight_sum": sum(coefs) / count,
+        "actor_ess": ess_fraction(coefs, count),
     }
     return metrics, prio, grads, adv
+
+
+def ess_fraction(coefs, count):
+    """Kish's effective sample size of the actor's per-step weights, as a share of the real steps."""
+    squares = sum(c * c for c in coefs)
+    return sum(abs(c) for c in coefs) ** 2 / squares / count if squares > 0 else 0.0
 
 
 def call_loss(batch, cfg, weights=None, keep=None):
@@ -311,7 +325,16 @@ CONFIGS = {
         gamma=0.9, lambda_=0.8, rho_clip=1e9, c_clip=1.0, pg_rho_clip=2.0, entropy_coef=0.05
     ),
     "filtered": LossParams(gamma=1.0, value_coef=1.3, advantage_threshold=0.2, c_clip=1.5),
-    "binarized": LossParams(rho_clip=2.0, binarize_advantage=True, advantage_threshold=0.0, entropy_coef=0.0),
+    "binarized": LossParams(
+        rho_clip=2.0,
+        binarize_advantage=True,
+        actor_weighting="binary",
+        advantage_threshold=0.0,
+        entropy_coef=0.0,
+    ),
+    "binary_ratio": LossParams(
+        pg_rho_clip=1.5, binarize_advantage=True, actor_weighting="binary_ratio", advantage_threshold=0.1
+    ),
 }
 
 
@@ -379,12 +402,13 @@ def test_binarized_advantage_is_an_indicator():
     batch = random_batch(5)
     mask = real(batch["length"])
     _, _, _, adv = loss_ref(batch, LossParams())
-    g = loss_grads(batch, LossParams(binarize_advantage=True), "policy_loss")["logp"]
+    binary = LossParams(binarize_advantage=True, actor_weighting="binary")
+    g = loss_grads(batch, binary, "policy_loss")["logp"]
     want = np.where(mask & (adv > 0), -1.0 / mask.sum(), 0.0)
     assert (mask & (adv > 0)).any() and (mask & (adv <= 0)).any()
     np.testing.assert_allclose(g, want, rtol=1e-6, atol=0)
     # filtering is decided on the raw advantage, before binarization
-    g = loss_grads(batch, LossParams(binarize_advantage=True, advantage_threshold=0.5), "policy_loss")["logp"]
+    g = loss_grads(batch, replace(binary, advantage_threshold=0.5), "policy_loss")["logp"]
     np.testing.assert_allclose(g, np.where(mask & (adv > 0.5), -1.0 / mask.sum(), 0.0), rtol=1e-6, atol=0)
 
 

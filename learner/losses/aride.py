@@ -41,8 +41,12 @@ Options from DigiRL (Bai et al. 2024) and DistRL, all off in LossParams (the lea
 after a warm-up on demonstrations, learner/config.py:LossSettings.binarize_advantage):
 - advantage filtering, `advantage_threshold`: f_bt = 1[A_bt > threshold] (DigiRL: threshold 0, keep only
   positive advantages); filtered steps still count in `count`, so filtering never rescales kept steps;
-- advantage binarization, `binarize_advantage`: A~ = 1[A > 0] instead of A (filtering, when on, is
-  decided on the raw A first);
+- advantage binarization, `binarize_advantage`: the actor never pushes a sampled action down; how it
+  weighs the steps instead is `actor_weighting` (learner/losses/actor_weighting.py, with the maths):
+  "binary" A~ = 1[A > 0] (DigiRL's form, which drops the importance ratio, since rho > 0),
+  "binary_ratio" A~ = min(pg_rho_clip, rho) * 1[A > 0] (the default: it ignores nothing), or "vmpo"
+  (V-MPO / AWR: softmax weights exp((q - V) / eta) on the better half of the steps, times the clipped
+  ratio, plus a KL(mu || pi) penalty). Filtering, when on, is decided on the unbinarized A first;
 - instruction-level critic filter: `Batch.keep` [B] bool, a per-trajectory flag (for example
   `instruction_keep(V_instr(c), low, high)`: the instruction-level value estimate says the task is
   neither solved nor hopeless, so its trajectories are informative); it multiplies the actor loss only,
@@ -64,6 +68,7 @@ import jax
 import jax.numpy as jnp
 
 from learner.batch import Batch
+from learner.losses.actor_weighting import actor_coefficients, behavior_kl_k3, weight_metrics
 from learner.losses.base import LossOutput, LossParams, PriorityTerms
 from learner.losses.shared import behavior_cloning, step_mask
 
@@ -129,17 +134,16 @@ def retrace_targets(
     return targets, delta
 
 
-def pg_advantages(
-    rho: jax.Array,
+def q_advantages(
     targets: jax.Array,
     values: jax.Array,
     rewards: jax.Array,
     length: jax.Array,
     terminal: jax.Array,
     gamma: float,
-    pg_rho_clip: float = 1.0,
 ) -> jax.Array:
-    """A_t = min(pg_rho_clip, rho_t) * (r_t + gamma (1 - d_t) v_{t+1} - V(s_t)), [B, T], 0 on padding.
+    """q_t - V(s_t) = r_t + gamma (1 - d_t) v_{t+1} - V(s_t), [B, T], 0 on padding: the advantage before
+    its ratio weight (what "vmpo" ranks, learner/losses/actor_weighting.py).
 
     v_{t+1} is the Retrace target of the next step, and V(s_L) after the last step of a truncated episode
     (Espeholt et al. 2018, section 4.2: q_s = r_s + gamma v_{s+1}). Note rlax's
@@ -155,8 +159,24 @@ def pg_advantages(
     v_next = jnp.where(_continues(length, terminal, num_steps), v_next, 0.0)
     v_now = jnp.where(mask, values[:, :-1], 0.0)
     r = jnp.where(mask, rewards, 0.0)
+    return jnp.where(mask, r + gamma * v_next - v_now, 0.0)
+
+
+def pg_advantages(
+    rho: jax.Array,
+    targets: jax.Array,
+    values: jax.Array,
+    rewards: jax.Array,
+    length: jax.Array,
+    terminal: jax.Array,
+    gamma: float,
+    pg_rho_clip: float = 1.0,
+) -> jax.Array:
+    """A_t = min(pg_rho_clip, rho_t) * (q_t - V(s_t)) (q_advantages), [B, T], 0 on padding."""
+    mask = step_mask(length, rewards.shape[1])
+    q_minus_v = q_advantages(targets, values, rewards, length, terminal, gamma)
     rho = jnp.where(mask, rho, 0.0)
-    return jnp.where(mask, jnp.minimum(pg_rho_clip, rho) * (r + gamma * v_next - v_now), 0.0)
+    return jnp.where(mask, jnp.minimum(pg_rho_clip, rho) * q_minus_v, 0.0)
 
 
 def shape_advantages(
@@ -218,9 +238,11 @@ def aride_loss(
 
     Metrics: scalars loss, policy_loss, value_loss, entropy, advantage_mean (raw A), target_mean,
     rho_mean (unclipped), rho_clipped_fraction (share of real steps with rho > rho_clip),
-    actor_step_fraction (share of real steps that train the actor), behavior_kl (how far pi has moved
-    from mu: the mean of rho - 1 - log rho over real steps, an unbiased estimate of KL(mu || pi) from
-    mu's actions, Schulman's "k3"; it ignores `off_policy_correction`). Priority terms for the replay
+    actor_step_fraction (share of real steps that train the actor; for "vmpo" its kept half),
+    behavior_kl (how far pi has moved from mu: the mean of rho - 1 - log rho over real steps, an unbiased
+    estimate of KL(mu || pi) from mu's actions, Schulman's "k3"; it ignores `off_policy_correction`),
+    kl_penalty ("vmpo"'s vmpo_kl_coef * behavior_kl, in the loss; 0 otherwise), actor_weight_sum and
+    actor_ess (learner/losses/actor_weighting.py:weight_metrics). Priority terms for the replay
     (PriorityTerms, [B] each, 0 for empty trajectories): mean |delta|, mean rho_bar, mean H.
     """
     rewards, length, terminal = batch.reward, batch.length, batch.terminal
@@ -236,16 +258,21 @@ def aride_loss(
     sg_values = jax.lax.stop_gradient(values)
     acted = logp if ratio_logp is None else ratio_logp  # log pi on what mu saw: every ratio uses it
     rho, targets, delta = _ratios_and_targets(acted, values, batch, cfg)
+    q_minus_v = q_advantages(targets, sg_values, rewards, length, terminal, cfg.gamma)
     advantage = pg_advantages(rho, targets, sg_values, rewards, length, terminal, cfg.gamma, cfg.pg_rho_clip)
     used, trains = shape_advantages(advantage, mask, cfg.advantage_threshold, cfg.binarize_advantage)
     trains = trains & kept[:, None]
-    actor_coef = jnp.where(trains, w[:, None] * used, 0.0)
+    actor_coef, trains = actor_coefficients(used, q_minus_v, rho, trains, w, count, cfg)
 
     policy_loss = -jnp.sum(actor_coef * logp_real) / count
     mean_entropy = jnp.sum(jnp.where(mask, entropy, 0.0)) / count
     v_now = jnp.where(mask, values[:, :-1], 0.0)
     value_loss = 0.5 * jnp.sum(jnp.where(mask, w[:, None] * (targets - v_now) ** 2, 0.0)) / count
     total = policy_loss - cfg.entropy_coef * mean_entropy + cfg.value_coef * value_loss
+    kl_penalty = jnp.zeros((), total.dtype)
+    if cfg.binarize_advantage and cfg.actor_weighting == "vmpo":
+        kl_penalty = cfg.vmpo_kl_coef * behavior_kl_k3(logp, acted, batch.behavior_logp, mask)
+        total = total + kl_penalty
 
     def mean(x):
         return jnp.sum(jnp.where(mask, x, 0.0)) / count
@@ -266,6 +293,8 @@ def aride_loss(
         "rho_clipped_fraction": mean((rho > cfg.rho_clip).astype(jnp.float32)),
         "actor_step_fraction": mean(trains.astype(jnp.float32)),
         "behavior_kl": mean(jnp.expm1(log_rho) - log_rho),
+        "kl_penalty": kl_penalty,
+        **weight_metrics(actor_coef, count),
     }
     priorities = PriorityTerms(
         delta=traj_mean(jnp.abs(delta)),

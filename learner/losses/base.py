@@ -13,11 +13,18 @@ import math
 from collections.abc import Callable
 from dataclasses import dataclass
 from functools import partial
-from typing import Any, NamedTuple
+from typing import Any, Literal, NamedTuple, get_args
 
 import jax
 
-_NUMBERS = ("gamma", "lambda_", "rho_clip", "c_clip", "pg_rho_clip", "entropy_coef", "value_coef")
+_NUMBERS = (
+    "gamma", "lambda_", "rho_clip", "c_clip", "pg_rho_clip", "entropy_coef", "value_coef",
+    "vmpo_eta", "vmpo_kl_coef",
+)  # fmt: skip
+
+ActorWeighting = Literal["binary", "binary_ratio", "vmpo"]
+ACTOR_WEIGHTINGS: tuple[str, ...] = get_args(ActorWeighting)
+"""How A-RIDE's actor weighs its steps when the advantage is binarized (learner/losses/actor_weighting.py)."""
 
 
 class PriorityTerms(NamedTuple):
@@ -44,7 +51,7 @@ class LossOutput(NamedTuple):
 @partial(
     jax.tree_util.register_dataclass,
     data_fields=[*_NUMBERS, "advantage_threshold"],
-    meta_fields=["binarize_advantage", "off_policy_correction"],
+    meta_fields=["binarize_advantage", "actor_weighting", "off_policy_correction"],
 )
 @dataclass(frozen=True)
 class LossParams:
@@ -52,7 +59,8 @@ class LossParams:
     from these). The plain actor-critic reads gamma, rho_clip, entropy_coef and value_coef.
 
     A JAX pytree: pass it to a jitted function like any argument (the numbers are traced, so changing
-    them does not recompile; switching binarization, or the threshold between None and a number, does),
+    them does not recompile; switching binarization, the actor weighting, or the threshold between None
+    and a number, does),
     or close over it. It is also hashable, so `static_argnames` works too.
     """
 
@@ -73,7 +81,24 @@ class LossParams:
     advantage_threshold: float | None = None
     """If set, only steps with advantage > this train the actor (DigiRL-style filtering uses 0)."""
     binarize_advantage: bool = False
-    """Replace the actor's advantage A by 1[A > 0] (DigiRL-style binarization)."""
+    """The actor never pushes a sampled action down: instead of the signed advantage A it weighs steps
+    with A > 0 (or, for "vmpo", the better half) by non-negative weights that `actor_weighting` picks
+    (DigiRL-style binarization). False: the signed A, and `actor_weighting` is not read."""
+    actor_weighting: ActorWeighting = "binary_ratio"
+    """With binarize_advantage, the actor's weight of step t (learner/losses/actor_weighting.py):
+    "binary": 1[A_t > 0], DigiRL's form; since rho_t > 0 it ignores the importance ratio (not
+    off-policy corrected; kept for the ablation);
+    "binary_ratio": min(pg_rho_clip, rho_t) * 1[A_t > 0], the truncated-IS form of the same;
+    "vmpo": V-MPO / AWR: the better half of the steps by advantage, weighted by
+    min(pg_rho_clip, rho_t) * exp(A_t / vmpo_eta) normalised to sum 1, plus a KL penalty to mu."""
+    vmpo_eta: float = 0.5
+    """"vmpo": temperature eta of exp(A / eta), fixed (V-MPO learns it). SimPhone advantages lie in about
+    [-1, 1] (success rewards 0 / 1), so among the kept steps the largest weight is at most about
+    e^(1 / 0.5) ~ 7x the smallest: the best steps count more, no single step takes the whole batch."""
+    vmpo_kl_coef: float = 1.0
+    """"vmpo": weight of the KL(mu || pi) penalty (mean k3 = rho - 1 - log rho over real steps). At V-MPO's
+    trust-region scale (a KL of 0.01) it costs 0.01 against an actor term of order 1, so it is silent
+    while pi stays near mu and pulls back (gradient (rho - 1) / count per step) once pi has moved far."""
     off_policy_correction: bool = True
     """False sets every ratio rho (so rho_bar, c and the policy-gradient weight) to 1: the data is
     treated as on-policy however stale it is (the ablation of the correction)."""
@@ -84,7 +109,7 @@ class LossParams:
             x = getattr(self, name)
             return x if isinstance(x, int | float) and not isinstance(x, bool) else None
 
-        gamma, lam, rho, c, pg, ent, val = (number(n) for n in _NUMBERS)
+        gamma, lam, rho, c, pg, ent, val, eta, kl = (number(n) for n in _NUMBERS)
         threshold = number("advantage_threshold")
         checks = {
             "gamma must be in [0, 1]": gamma is None or 0.0 <= gamma <= 1.0,
@@ -95,6 +120,9 @@ class LossParams:
             "entropy_coef must be >= 0": ent is None or ent >= 0,
             "value_coef must be >= 0": val is None or val >= 0,
             "advantage_threshold must be finite or None": threshold is None or math.isfinite(threshold),
+            "vmpo_eta must be > 0": eta is None or eta > 0,
+            "vmpo_kl_coef must be >= 0": kl is None or kl >= 0,
+            f"actor_weighting must be one of {ACTOR_WEIGHTINGS}": self.actor_weighting in ACTOR_WEIGHTINGS,
         }
         bad = [msg for msg, ok in checks.items() if not ok]
         if bad:
