@@ -10,6 +10,11 @@ from pathlib import Path
 from common.actor_command import actor_command
 from common.config import EmulatorModelConfig
 
+PENDING_PER_ENV = 2
+"""Finished episodes a local actor keeps waiting for credit, per environment (--max-pending-episodes):
+few, so that when the learner's insert side withholds credit (--insert-slack, on by default with local
+actors) they wait within a couple of episodes, not after buffering the actor's default of 256."""
+
 
 class LocalActors:
     """N `python -m actors` children, each with its own log file in the run dir."""
@@ -30,32 +35,18 @@ class LocalActors:
         emulator: EmulatorModelConfig | None = None,
     ):
         """`env`, `tasks`, `split` and `emulator`: the actors' environments (None: the actor's default);
-        `extra_args`: further `python -m actors` flags, last."""
+        `extra_args`: further `python -m actors` flags, last (so they win over PENDING_PER_ENV's)."""
         self.procs: list[subprocess.Popen] = []
         self._logs = []
         env_vars = dict(os.environ)
         # Actors run small batched inference; one XLA thread each keeps them off the learner's cores.
         env_vars.setdefault("XLA_FLAGS", "--xla_cpu_multi_thread_eigen=false intra_op_parallelism_threads=1")
         env_vars.setdefault("JAX_PLATFORMS", "cpu")
+        where = {"env": env, "tasks": tasks, "split": split, "emulator": emulator}
         for i in range(count):
             log = (run_dir / f"actor-{i}.log").open("ab")
             self._logs.append(log)
-            cmd = actor_command(
-                host="127.0.0.1",
-                ingest_port=ingest_port,
-                params_port=params_port,
-                num_envs=num_envs,
-                seed=seed * 1000 + i,
-                name=f"local-{i}",
-                parent_pid=os.getpid(),
-                # The learner stops them after its last record: nothing they could flush then is stored.
-                flush_timeout=0,
-                env=env,
-                tasks=tasks,
-                split=split,
-                emulator=emulator,
-                extra=extra_args,
-            )
+            cmd = local_actor_command(i, ingest_port, params_port, num_envs, seed, extra_args, **where)
             self.procs.append(subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env_vars))
 
     def alive(self) -> int:
@@ -74,3 +65,35 @@ class LocalActors:
                 p.wait()
         for log in self._logs:
             log.close()
+
+
+def local_actor_command(
+    index: int,
+    ingest_port: int,
+    params_port: int,
+    num_envs: int,
+    seed: int,
+    extra_args: tuple[str, ...] = (),
+    *,
+    env: str | None = None,
+    tasks: str | None = None,
+    split: str | None = None,
+    emulator: EmulatorModelConfig | None = None,
+) -> list[str]:
+    """Local actor `index`'s argv (the arguments are LocalActors')."""
+    return actor_command(
+        host="127.0.0.1",
+        ingest_port=ingest_port,
+        params_port=params_port,
+        num_envs=num_envs,
+        seed=seed * 1000 + index,
+        name=f"local-{index}",
+        parent_pid=os.getpid(),
+        # The learner stops them after its last record: nothing they could flush then is stored.
+        flush_timeout=0,
+        env=env,
+        tasks=tasks,
+        split=split,
+        emulator=emulator,
+        extra=("--max-pending-episodes", str(PENDING_PER_ENV * num_envs), *extra_args),
+    )

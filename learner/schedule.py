@@ -19,9 +19,12 @@ class Schedule:
       batch in the replay, and may not sample more than samples_per_insert times per inserted episode on
       average (Reverb's SampleToInsertRatio); it waits for new episodes otherwise. Both sides count
       `inserted`: episodes from actors, never the demonstrations.
-    - **Insert side** (`accepts_inserts`, the ingest's gate, --insert-slack): actors get no new credit
-      while stored episodes run more than the slack ahead of what reinforcement learning has used, unless
-      it could train right now (closing then would wedge it: it needs data to catch up).
+    - **Insert side** (`accepts_inserts`, the ingest's gate, --insert-slack, on by default with local
+      actors): actors get no new credit while their episodes run more than the slack ahead of what
+      reinforcement learning has used, unless it could train right now (closing then would wedge it: it
+      needs data to catch up). During an imitation warm-up nothing is used, so actors wait once they are
+      the slack ahead, until reinforcement learning starts (the warm-up's early policies do not fill the
+      replay).
     - **Async** (DistRL): train whenever ready; publish a new version every publish_every updates.
     - **Sync** (DigiRL's loop): a round ends when every connected environment has delivered its episode
       (`on_episodes`, `round_complete`), or sync_round_timeout seconds after the round's first episode
@@ -78,7 +81,7 @@ class Schedule:
         """The insert side: False while the `received` episodes run more than the insert slack ahead of
         what reinforcement-learning updates have used, as long as it could train right now."""
         used = self.rl_updates * self.local_batch / self.cfg.buffer.samples_per_insert
-        return received - used <= self.cfg.buffer.insert_slack or not self.can_train(stored)
+        return received - used <= self.cfg.insert_slack() or not self.can_train(stored)
 
     def count_inserts(self, count: int) -> None:
         """`count` more episodes from actors are stored in the replay (both sides of the rate limit)."""

@@ -191,3 +191,13 @@ def test_the_flags_defaults_are_the_losses_defaults():
         "off_policy_correction",
     ):
         assert getattr(loss, name) == getattr(DEFAULTS, name), name
+
+
+def test_the_insert_slack_bounds_local_actors_by_default_and_an_explicit_value_wins():
+    local = dataclasses.replace(LearnerConfig().local, local_actors=2)
+    assert LearnerConfig(local=local, batch_size=8).insert_slack() == 32  # 4 batches
+    assert LearnerConfig().insert_slack() == 0  # remote actors collect freely
+    assert LearnerConfig(local=local, mode="sync").insert_slack() == 0  # rounds bound collection
+    assert parse_args(["--local-actors", "2", "--insert-slack", "0"]).insert_slack() == 0
+    assert parse_args(["--insert-slack", "7"]).insert_slack() == 7
+    assert flat_dict(LearnerConfig(local=local, batch_size=8))["insert_slack"] == 32  # config.json
