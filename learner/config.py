@@ -429,6 +429,10 @@ class LearnerConfig:
     checkpoint_every: int = 200
     """Save a checkpoint (orbax) to RUN_DIR/checkpoints every this many updates and at exit; a run dir
     that holds one resumes from it. 0 disables checkpoints."""
+    snapshot_every: int = 0
+    """Write the parameters to RUN_DIR/snapshots/tNNNNN.safetensors each time the wall clock since the
+    start passes a multiple NNNNN of this many seconds, with a line in RUN_DIR/snapshots/index.jsonl
+    (learner/snapshots.py): policies to evaluate at equal times across runs. 0: never."""
     seed: int = 0
     """Seed of the model initialization and of the local actors' environments."""
     model: ModelConfig = field(default_factory=lambda: ModelConfig(text_encoder="minilm"))
@@ -476,6 +480,7 @@ class LearnerConfig:
         )
         _check(self.time_limit >= 0, f"--time-limit must be >= 0, got {self.time_limit}")
         _check(self.max_updates >= 0, f"--max-updates must be >= 0, got {self.max_updates}")
+        _check(self.snapshot_every >= 0, f"--snapshot-every must be >= 0 seconds, got {self.snapshot_every}")
         _check(
             0.0 <= self.stop_at_success <= 1.0,
             f"--stop-at-success must be in [0, 1], got {self.stop_at_success}",

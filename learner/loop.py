@@ -5,6 +5,7 @@ published, local actors; learner/session.py: the actions the loop takes) -> comp
 serving actors -> repeat:
     ask the schedule (learner/schedule.py) whether to stop, imitate or train
     take in messages: trajectories go into the prioritized replay, ACKed once stored
+    a parameter snapshot when the wall clock has passed a multiple of --snapshot-every (learner/snapshots.py)
     when an update is ready: a batch (demonstrations, or sampled from the replay) -> one jitted,
         sharded update (learner/trainer.py) while serving actors -> refresh the sampled priorities ->
         publish a new version when due (async: every few updates; sync: when the round's data is used
@@ -17,8 +18,8 @@ Liveness: the main thread owns the sockets, the replay and the statistics. The c
 from collating its batch to fetching its metrics, and the host copy of each published snapshot run on a
 helper thread while the main thread keeps serving (learner/trainer.py `run_while_serving`,
 `_serve_while_busy`), so actors are answered within about 10 ms plus one poll however long a step takes.
-Still on the main thread, between polls: drawing a sample, the PUB send of a snapshot, and a checkpoint
-save (Session.save: the training state, the replay file, the delivery ledger; 0.3 s for the default
+Still on the main thread, between polls: drawing a sample, the PUB send of a snapshot, a wall-clock
+snapshot's file (--snapshot-every), and a checkpoint save (Session.save: the training state, the replay file, the delivery ledger; 0.3 s for the default
 2048-episode replay on a 2-core CPU, more for a larger one). Actors wait that long for replies, which is
 why --actor-timeout counts silence only once the learner has read what waited (learner/ingest.py).
 """
@@ -95,6 +96,7 @@ def _train(s: Session, stop: _Stop) -> str:
         ready, stopping = multihost.agree(ready, bool(wanted))  # every process steps together
         if stopping:
             return wanted or "another learner process stopped"
+        s.snapshot_if_due()  # before the update: the parameters of the time passed (the compile's too)
         if ready:
             _update(s, imitation)
             s.publish_if_due(serve=lambda: _serve_while_busy(s, log=False))

@@ -65,6 +65,10 @@ class Schedule:
     def in_warmup(self, update: int) -> bool:
         return self.has_demos and update < self.cfg.imitation.warmup_updates
 
+    def phase(self, update: int) -> str:
+        """ "warmup" during the imitation warm-up, "rl" after it (metrics.jsonl's "phase")."""
+        return "warmup" if self.in_warmup(update) else "rl"
+
     def imitates(self, update: int) -> bool:
         """Whether update number `update` (0-based) is behavior cloning on the demonstrations."""
         every = self.cfg.imitation.demo_update_every

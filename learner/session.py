@@ -15,6 +15,7 @@ import numpy as np
 from rich.console import Console
 
 from common.protocol import Episode
+from learner import multihost
 from learner.checkpoint import Checkpointer
 from learner.config import LearnerConfig, flat_dict
 from learner.ingest import IngestServer
@@ -23,6 +24,7 @@ from learner.replay import PrioritizedReplay, ReplaySample
 from learner.run_outputs import RunOutputs
 from learner.run_stats import RunStats
 from learner.schedule import Schedule
+from learner.snapshots import WallSnapshots
 from learner.trainer import StepResult, Trainer, run_while_serving
 
 
@@ -67,6 +69,7 @@ class Session:
     saved_lsn: int = 0
     """The write-ahead log position of the newest checkpoint on disk: every record below it is in it."""
     _last_log: float = 0.0
+    _snapshots: WallSnapshots | None = None
 
     def compile(self, serve: Callable[[], None]) -> float:
         """Compile the update(s) while `serve` answers actors (Trainer.compile); the seconds it took."""
@@ -132,6 +135,27 @@ class Session:
         self.saved_update, self.saved_lsn = update, position
         self.stats.timing["checkpoint_s"] += time.monotonic() - t0
 
+    def snapshot_if_due(self) -> None:
+        """--snapshot-every: the parameters for the latest multiple of the period the wall clock has
+        passed (learner/snapshots.py). Every process agrees first (the host copy is a collective of all of
+        them); process 0 writes. Counted as checkpoint time."""
+        if not self.cfg.snapshot_every:
+            return
+        if self._snapshots is None:
+            self._snapshots = WallSnapshots(
+                self.run_dir / "snapshots", self.cfg.snapshot_every, self.rank == 0
+            )
+        wall = time.monotonic() - self.schedule.start
+        _, due = multihost.agree(True, self._snapshots.due(wall))
+        if not due:
+            return
+        t0 = time.monotonic()
+        update, totals = self.trainer.update, self.stats.totals
+        fields = {"update": update, "version": self.trainer.version, "episodes": totals["episodes"]}
+        fields |= {"env_steps": totals["env_steps"], "phase": self.schedule.phase(update)}
+        self._snapshots.write(wall, self.trainer.snapshot(), self.cfg.model, fields)
+        self.stats.timing["checkpoint_s"] += time.monotonic() - t0
+
     def draw_demos(self) -> Draw:
         """An imitation update's batch: demonstrations drawn with the Trainer's (checkpointed) RNG."""
         picks = self.trainer.demo_rng.integers(len(self.demos), size=self.trainer.local_batch)
@@ -177,7 +201,7 @@ class Session:
             "mode": self.cfg.mode,
             "sync_rounds": self.schedule.rounds,
             "sync_rounds_timed_out": self.schedule.rounds_timed_out,
-            "phase": "warmup" if self.schedule.in_warmup(update) else "rl",
+            "phase": self.schedule.phase(update),
             "env_steps": s.totals["env_steps"],
             "episodes": s.totals["episodes"],
             "success_rate": s.success_rate(),

@@ -1,0 +1,72 @@
+"""--snapshot-every: the parameters at fixed wall times, for benchmarks that evaluate policies greedily at
+equal times across runs (a run's last checkpoint compares runs only at their end).
+
+RUN_DIR/snapshots/tNNNNN.safetensors (common/params_file.py, what `python -m actors eval --params` reads)
+holds the parameters as they were when the run's wall clock (seconds since the learner started, the
+"wall" of metrics.jsonl) first passed the multiple NNNNN of the period; RUN_DIR/snapshots/index.jsonl gets
+one line per file once it is complete: {"t", "wall", "update", "version", "episodes", "env_steps",
+"phase"}, "wall" the exact seconds, the rest as in metrics.jsonl. The learner looks between updates, so a
+file is at most one update late; a multiple passed entirely within one update (or the compile) gets no
+file of its own, and the file after it is named by the latest multiple passed. A resumed run's clock
+starts at 0 again: its files replace the earlier ones of the same name, and index.jsonl goes on.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from common import params_file
+from common.config import ModelConfig
+
+INDEX = "index.jsonl"
+
+
+@dataclass
+class WallSnapshots:
+    """When the next snapshot is due and how one is written (only process 0 writes)."""
+
+    directory: Path
+    """RUN_DIR/snapshots."""
+    every: int
+    """--snapshot-every: the period in seconds (0: off)."""
+    writes: bool
+    """This process writes the files (process 0 of a multi-host run; the others take part in the
+    parameters' host copy, a collective, and count along)."""
+    next_multiple: int = 1
+    """The next multiple of `every` without a file: the names only ever increase."""
+
+    def due(self, wall: float) -> bool:
+        """Whether `wall` seconds since the start have passed the next multiple of the period."""
+        return self.every > 0 and wall >= self.next_multiple * self.every
+
+    def write(
+        self, wall: float, flat: dict[str, np.ndarray], model_cfg: ModelConfig, fields: dict[str, Any]
+    ) -> Path:
+        """The parameters `flat` under the latest multiple passed (at least the next one: in a multi-host
+        run another process's clock may have said so first), then their index line (`fields`: update,
+        version, episodes, env_steps, phase). Written to a temporary name first, so a reader never sees
+        half a file. Returns the file's path (not written unless `writes`)."""
+        multiple = max(int(wall // self.every), self.next_multiple)
+        self.next_multiple = multiple + 1
+        t = multiple * self.every
+        path = self.directory / f"t{t:05d}.safetensors"
+        if not self.writes:
+            return path
+        self.directory.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(".tmp")
+        params_file.write(tmp, flat, model_cfg)
+        tmp.replace(path)
+        with (self.directory / INDEX).open("a") as index:
+            index.write(json.dumps({"t": t, "wall": round(wall, 3), **fields}) + "\n")
+        return path
+
+
+def read_index(directory: Path) -> list[dict[str, Any]]:
+    """The index lines of RUN_DIR/snapshots, in the order written."""
+    lines = (directory / INDEX).read_text().splitlines()
+    return [json.loads(line) for line in lines if line.strip()]
