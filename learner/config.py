@@ -25,7 +25,7 @@ from common.config import EmulatorModelConfig, ModelConfig
 from common.curve import is_loopback
 from common.policies import make_policy
 from common.ports import INGEST_PORT, PARAMS_PORT
-from learner.losses import DEFAULTS, LOSSES
+from learner.losses import ACTOR_WEIGHTINGS, DEFAULTS, LOSSES, ActorWeighting
 
 ParamSharding = Literal["replicated", "fsdp", "model"]
 PARAM_SHARDINGS: tuple[str, ...] = ("replicated", "fsdp", "model")
@@ -234,11 +234,23 @@ class LossSettings:
     advantage_threshold: float | None = DEFAULTS.advantage_threshold
     """A-RIDE: only steps with advantage above this train the actor (DigiRL's filtering uses 0; None: all)."""
     binarize_advantage: bool | None = None
-    """A-RIDE: the actor uses 1[A > 0] instead of the advantage A (DigiRL's binarization): it imitates
-    the steps that did better than the critic expected and never pushes a sampled action down. Default:
+    """A-RIDE: instead of the signed advantage A, the actor weighs the steps that did better than the
+    critic expected by non-negative weights (DigiRL's binarization; which weights is --actor-weighting):
+    it imitates them and never pushes a sampled action down. Default:
     on after a warm-up on demonstrations, off from scratch. After a warm-up, the signed advantage's
     push-downs raised the entropy and cut sampled success by 0.2 to 0.4 within 30 updates, and held-out
-    greedy success came out 0.36 against 0.49 binarized (BENCHMARKS.md, "The dip after the warm-up")."""
+    greedy success came out 0.36 against 0.49 binarized (BENCHMARKS.md, "The dip after the warm-up";
+    measured with --actor-weighting binary)."""
+    actor_weighting: ActorWeighting = DEFAULTS.actor_weighting
+    """A-RIDE with binarization on: the actor's weight of each step (learner/losses/actor_weighting.py).
+    "binary_ratio": min(rho_clip, rho) * 1[A > 0], the truncated-IS form, off-policy corrected; "binary":
+    1[A > 0], DigiRL's form, which ignores the importance ratio rho = pi/mu (the ablation; the form of
+    the BENCHMARKS.md runs before this flag); "vmpo": V-MPO / AWR weights, softmax of (q - V) / --vmpo-eta
+    over the better half of the steps, times min(rho_clip, rho), plus --vmpo-kl-coef * KL(mu || pi)."""
+    vmpo_eta: float = DEFAULTS.vmpo_eta
+    """--actor-weighting vmpo: the fixed temperature eta of the weights exp((q - V) / eta)."""
+    vmpo_kl_coef: float = DEFAULTS.vmpo_kl_coef
+    """--actor-weighting vmpo: the weight of the KL(mu || pi) penalty that keeps pi near the actors' policy."""
     off_policy_correction: bool = DEFAULTS.off_policy_correction
     """A-RIDE: --no-off-policy-correction sets every importance ratio to 1 (rho = c = 1), treating
     stale data as on-policy: the ablation of the correction (benchmarks/ablation.py)."""
@@ -290,6 +302,12 @@ class LossSettings:
             f"--entropy-coef must be >= 0, got {self.entropy_coef}",
         )
         _check(self.value_coef >= 0, f"--value-coef must be >= 0, got {self.value_coef}")
+        _check(
+            self.actor_weighting in ACTOR_WEIGHTINGS,
+            f"--actor-weighting must be one of {ACTOR_WEIGHTINGS}, got {self.actor_weighting!r}",
+        )
+        _check(self.vmpo_eta > 0, f"--vmpo-eta must be positive, got {self.vmpo_eta}")
+        _check(self.vmpo_kl_coef >= 0, f"--vmpo-kl-coef must be >= 0, got {self.vmpo_kl_coef}")
         for flag, rate in (
             ("--word-rename-rate", self.word_rename_rate),
             ("--typed-word-rename-rate", self.typed_word_rename_rate),

@@ -11,9 +11,27 @@ from __future__ import annotations
 from common.policies.evaluation import Evaluation
 from learner.batch import Batch
 from learner.losses import a2c, aride
-from learner.losses.base import DEFAULTS, Loss, LossOutput, LossParams, PriorityTerms
+from learner.losses.base import (
+    ACTOR_WEIGHTINGS,
+    DEFAULTS,
+    ActorWeighting,
+    Loss,
+    LossOutput,
+    LossParams,
+    PriorityTerms,
+)
 
-__all__ = ["DEFAULTS", "LOSSES", "Loss", "LossOutput", "LossParams", "PriorityTerms", "get_loss"]
+__all__ = [
+    "ACTOR_WEIGHTINGS",
+    "DEFAULTS",
+    "LOSSES",
+    "ActorWeighting",
+    "Loss",
+    "LossOutput",
+    "LossParams",
+    "PriorityTerms",
+    "get_loss",
+]
 
 
 def _aride_rl(ev: Evaluation, batch: Batch, params: LossParams) -> LossOutput:
