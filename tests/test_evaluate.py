@@ -6,14 +6,17 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
 
 import learner.evaluate as learner_eval
 from actors import evaluate as actor_eval
+from actors.policy_runner import PolicyRunner
 from common import model, params_file
 from common.config import ModelConfig
+from common.types import ActionType
 from learner.checkpoint import Checkpointer, TrainState, rng_state
 from learner.evaluate import EvalConfig, evaluate
 from learner.train_step import make_optimizer
@@ -36,11 +39,12 @@ def _checkpoint(directory, seed=0):
 def _in_process(cfg: EvalConfig, params) -> list[dict]:
     """The reference: the evaluator's episode loop run here on `params` themselves."""
     run = actor_eval.EvalRunConfig(
-        params=cfg.checkpoint, out=cfg.checkpoint, tasks=cfg.tasks, split=cfg.split,
+        params=(cfg.checkpoint,), out=cfg.checkpoint, tasks=cfg.tasks, split=(cfg.split,),
         episodes=cfg.episodes, num_envs=cfg.num_envs, seed=cfg.seed, max_steps=MAX_STEPS,
     )  # fmt: skip
-    flat = model.params_to_flat(params)
-    return actor_eval.run_episodes(run, actor_eval.build(run, CFG, flat))
+    runner = PolicyRunner(CFG, cfg.seed, greedy=True)
+    runner.load(0, model.params_to_flat(params))
+    return actor_eval.run_episodes(run, actor_eval.start(run, runner, cfg.split))
 
 
 def test_eval_reports_every_episode_per_template(tmp_path):
@@ -118,3 +122,65 @@ def test_a_parameters_file_round_trips_and_refuses_other_files(tmp_path):
     (tmp_path / "junk").write_bytes(b"not safetensors")
     with pytest.raises(ValueError, match="not a readable parameters file"):
         params_file.read(tmp_path / "junk")
+
+
+def _params_files(tmp_path, *seeds: int, cfg: ModelConfig = CFG, quitter: bool = False) -> list:
+    """Freshly initialised parameters per seed; a `quitter` declares every task done at once."""
+    paths = []
+    for seed in seeds:
+        paths.append(tmp_path / f"p{seed}.safetensors")
+        flat = model.params_to_flat(model.create(cfg, seed)[1])
+        if quitter:
+            flat["type_head/bias"][ActionType.STATUS_COMPLETE] = 100.0
+        params_file.write(paths[-1], flat, cfg)
+    return paths
+
+
+def _run(tmp_path, name: str, params, splits, versions=(0,)) -> dict:
+    out = tmp_path / f"{name}.json"
+    actor_eval.run_eval(
+        actor_eval.EvalRunConfig(
+            params=tuple(params), out=out, split=tuple(splits), episodes=8, num_envs=3, seed=5,
+            max_steps=MAX_STEPS, policy_version=tuple(versions),
+        )
+    )  # fmt: skip
+    return json.loads(out.read_text())
+
+
+def test_several_files_and_splits_in_one_call_match_one_call_each(tmp_path):
+    """One process, the policy built once: each (file, split) entry has the episodes that a one-file,
+    one-split call gives (same seeds), and the parameters are really swapped between files."""
+    (a,), (b,) = _params_files(tmp_path, 1), _params_files(tmp_path, 2, quitter=True)
+    both = _run(tmp_path, "both", [a, b], ["train", "test"], versions=(4, 9))["results"]
+    assert [(r["params"], r["split"], r["policy_version"]) for r in both] == [
+        (str(a), "train", 4), (str(a), "test", 4), (str(b), "train", 9), (str(b), "test", 9),
+    ]  # fmt: skip
+    for entry in both:
+        alone = _run(tmp_path, "alone", [entry["params"]], [entry["split"]], [entry["policy_version"]])
+        assert alone == {"policy_version": entry["policy_version"], "episodes": entry["outcomes"]}
+        assert entry["episodes"] == 8 == sum(entry["episodes_per_template"].values())
+        successes = [ep["success"] for ep in entry["outcomes"]]
+        assert entry["success"] == sum(successes) / 8
+    # The parameters really were swapped: the second file's policy ends every episode at its first step.
+    assert {ep["steps"] for ep in both[2]["outcomes"]} == {1} != {ep["steps"] for ep in both[0]["outcomes"]}
+
+
+def test_files_of_different_models_are_refused_before_anything_runs(tmp_path):
+    (a,) = _params_files(tmp_path, 1)
+    (other,) = _params_files(tmp_path / "..", 3, cfg=ModelConfig(vocab_size=512, d_model=32))
+    with pytest.raises(SystemExit, match="its model config differs from"):
+        _run(tmp_path, "mixed", [a, other], ["test"])
+    with pytest.raises(SystemExit, match="--policy-version takes one version or one per --params file"):
+        _run(tmp_path, "versions", [a, a], ["test"], versions=(1, 2, 3))
+    assert not list(tmp_path.glob("*.json"))
+
+
+def test_the_command_line_takes_several_files_and_splits():
+    import tyro
+
+    args = ["--params", "a", "b", "--out", "o", "--split", "train", "test", "--policy-version", "3", "4"]
+    cfg = tyro.cli(actor_eval.EvalRunConfig, args=args)
+    assert cfg.params == (Path("a"), Path("b")) and cfg.split == ("train", "test")
+    assert cfg.policy_version == (3, 4)
+    one = tyro.cli(actor_eval.EvalRunConfig, args=["--params", "a", "--out", "o", "--split", "train"])
+    assert one.params == (Path("a"),) and one.split == ("train",)
