@@ -126,8 +126,9 @@ def test_grouped_settings_keep_their_flags_and_their_stored_layout():
     nested = {"model", "mesh", "emulator"}
     assert nested <= set(flat) and not set(GROUPS) & set(flat)
     # The 65 settings from before the grouping, --off-policy-correction, --rl-lr-scale, --text-encoder-lr-scale,
-    # --rename-word-pieces, --durability, --weight-decay, --snapshot-every.
-    assert len(flat) == 72
+    # --rename-word-pieces, --durability, --weight-decay, --snapshot-every, --actor-weighting, --vmpo-eta,
+    # --vmpo-kl-coef.
+    assert len(flat) == 75
     flags = [
         "--lambda" if name == "lambda_" else "--" + name.replace("_", "-") for name in set(flat) - nested
     ]
