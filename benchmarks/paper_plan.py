@@ -144,5 +144,5 @@ def learner_command(recipe: Recipe, run: Run, run_dir: Path, extra: tuple[str, .
     if run.cell == "async_no_correction":
         cmd += ["--no-off-policy-correction"]
     if run.episode_rate_per_actor:
-        cmd += ["--local-actor-args", f"--max-episode-rate {run.episode_rate_per_actor:.4f}"]
+        cmd += [f"--local-actor-args=--max-episode-rate {run.episode_rate_per_actor:.4f}"]
     return cmd + list(extra)

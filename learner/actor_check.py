@@ -8,6 +8,7 @@ the demo writer will use, so the two can never disagree about what is valid.
 from __future__ import annotations
 
 import os
+import shlex
 import subprocess
 import sys
 from collections.abc import Sequence
@@ -46,11 +47,14 @@ def check_actor_flags(command: Sequence[str]) -> None:
 
 def check_local_flags(cfg: LearnerConfig) -> None:
     """Check the flags this learner hands its local actors and its demo writer (--env, --tasks, --split,
-    --emulator.*), when it will start either; see `check_actor_flags`. The demo writer plays the same
+    --emulator.*, --local-actor-args), when it will start either; see `check_actor_flags`. The demo writer plays the same
     SimPhone --tasks and --split (only with --env simphone), so the actors' check covers it."""
     local = cfg.local
     writes_demos = cfg.uses_demonstrations() and cfg.imitation.demos is None
     if local.local_actors or writes_demos:
+        extra = shlex.split(local.local_actor_args) if local.local_actors else ()
         check_actor_flags(
-            actor_command(env=local.env, tasks=local.tasks, split=local.split, emulator=cfg.emulator)
+            actor_command(
+                env=local.env, tasks=local.tasks, split=local.split, emulator=cfg.emulator, extra=extra
+            )
         )

@@ -126,6 +126,10 @@ class LocalActorsConfig:
     """SimPhone tasks of the local actors (a suite name, a .json file or a folder)."""
     split: str = "train"
     """SimPhone split of the local actors."""
+    local_actor_args: str = ""
+    """Further `python -m actors` flags for every local actor, one string, e.g.
+    --local-actor-args="--max-episode-rate 0.5" (with "=": the value starts with dashes); they come last, so they win, and are checked by the actor's own parser
+    before anything starts."""
 
     def __post_init__(self) -> None:
         _check(self.local_actors >= 0, f"--local-actors must be >= 0, got {self.local_actors}")

@@ -51,6 +51,6 @@ def open_ingest(
         wal=wal,
         log=lambda line: console.print(line, markup=False, highlight=False),
     )
-    if cfg.buffer.insert_slack:
+    if cfg.insert_slack():
         server.gate = inserter.accepts
     return server

@@ -22,6 +22,7 @@ the run here with one message naming the flag or file; the sockets are closed ag
 from __future__ import annotations
 
 import dataclasses
+import shlex
 import time
 from pathlib import Path
 
@@ -157,6 +158,7 @@ def _start_local_actors(
         local.envs_per_actor,
         cfg.seed + 1000 * rank,
         run_dir,
+        tuple(shlex.split(local.local_actor_args)),
         env=local.env,
         tasks=local.tasks,
         split=local.split,

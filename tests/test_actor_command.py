@@ -9,6 +9,8 @@ import json
 import subprocess
 import sys
 
+import shlex
+
 import pytest
 import tyro
 
@@ -196,3 +198,15 @@ def test_the_learner_checks_what_its_local_actors_and_demo_writer_would_get(caps
         )
     assert e.value.code == 2 and "--split must be one of train, test" in capsys.readouterr().err
     check_local_flags(parse_args(["--env", "standin", "--tasks", "nosuchsuite"]))  # starts neither: no check
+
+
+def test_local_actor_args_are_checked_by_the_actors_parser_and_reach_the_actors(capsys):
+    from learner.local_actors import local_actor_command
+
+    with pytest.raises(SystemExit) as e:
+        check_local_flags(parse_args(["--local-actors", "1", "--local-actor-args=--max-episode-rate -1"]))
+    assert e.value.code == 2 and "max-episode-rate" in capsys.readouterr().err
+    cfg = parse_args(["--local-actors", "1", "--local-actor-args=--max-episode-rate 0.5"])
+    check_local_flags(cfg)  # good flags: nothing happens
+    cmd = local_actor_command(0, 1, 2, 4, 0, tuple(shlex.split(cfg.local.local_actor_args)))
+    assert cmd[-2:] == ["--max-episode-rate", "0.5"]
