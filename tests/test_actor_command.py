@@ -6,10 +6,9 @@ check, the demo writer itself), never with a traceback."""
 from __future__ import annotations
 
 import json
+import shlex
 import subprocess
 import sys
-
-import shlex
 
 import pytest
 import tyro

@@ -227,5 +227,5 @@ def test_greedy_curves_are_plotted_when_a_run_has_them(fast, slow, tmp_path):
     assert_png(tmp_path / "out" / "greedy_success.png")
     assert "greedy_success.png" in [f.name for f in got["files"]]
     (fast / "greedy.jsonl").write_text('{"t": 1}\n')
-    with pytest.raises(SystemExit, match="greedy.jsonl: points without"):
+    with pytest.raises(SystemExit, match=r"greedy\.jsonl: points without"):
         report(ReportConfig(runs=(fast,), out=tmp_path / "out2"))
