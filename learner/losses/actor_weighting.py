@@ -83,6 +83,15 @@ def behavior_kl_k3(
     return jnp.sum(k3) / jnp.maximum(jnp.sum(mask), 1)
 
 
+def trust_region_penalty(
+    logp: jax.Array, ratio_logp: jax.Array, behavior_logp: jax.Array, mask: jax.Array, cfg: LossParams
+) -> jax.Array:
+    """The actor's KL term in the loss: "vmpo"'s vmpo_kl_coef * behavior_kl_k3, 0 for every other form."""
+    if cfg.binarize_advantage and cfg.actor_weighting == "vmpo":
+        return cfg.vmpo_kl_coef * behavior_kl_k3(logp, ratio_logp, behavior_logp, mask)
+    return jnp.zeros((), jnp.float32)
+
+
 def actor_coefficients(
     used: jax.Array,
     score: jax.Array,

@@ -68,7 +68,7 @@ import jax
 import jax.numpy as jnp
 
 from learner.batch import Batch
-from learner.losses.actor_weighting import actor_coefficients, behavior_kl_k3, weight_metrics
+from learner.losses.actor_weighting import actor_coefficients, trust_region_penalty, weight_metrics
 from learner.losses.base import LossOutput, LossParams, PriorityTerms
 from learner.losses.shared import behavior_cloning, step_mask
 
@@ -261,18 +261,14 @@ def aride_loss(
     q_minus_v = q_advantages(targets, sg_values, rewards, length, terminal, cfg.gamma)
     advantage = pg_advantages(rho, targets, sg_values, rewards, length, terminal, cfg.gamma, cfg.pg_rho_clip)
     used, trains = shape_advantages(advantage, mask, cfg.advantage_threshold, cfg.binarize_advantage)
-    trains = trains & kept[:, None]
-    actor_coef, trains = actor_coefficients(used, q_minus_v, rho, trains, w, count, cfg)
+    actor_coef, trains = actor_coefficients(used, q_minus_v, rho, trains & kept[:, None], w, count, cfg)
 
     policy_loss = -jnp.sum(actor_coef * logp_real) / count
     mean_entropy = jnp.sum(jnp.where(mask, entropy, 0.0)) / count
     v_now = jnp.where(mask, values[:, :-1], 0.0)
     value_loss = 0.5 * jnp.sum(jnp.where(mask, w[:, None] * (targets - v_now) ** 2, 0.0)) / count
-    total = policy_loss - cfg.entropy_coef * mean_entropy + cfg.value_coef * value_loss
-    kl_penalty = jnp.zeros((), total.dtype)
-    if cfg.binarize_advantage and cfg.actor_weighting == "vmpo":
-        kl_penalty = cfg.vmpo_kl_coef * behavior_kl_k3(logp, acted, batch.behavior_logp, mask)
-        total = total + kl_penalty
+    kl_penalty = trust_region_penalty(logp, acted, batch.behavior_logp, mask, cfg)  # 0 but for "vmpo"
+    total = policy_loss - cfg.entropy_coef * mean_entropy + cfg.value_coef * value_loss + kl_penalty
 
     def mean(x):
         return jnp.sum(jnp.where(mask, x, 0.0)) / count
