@@ -257,6 +257,9 @@ def loss_params(cfg: LearnerConfig) -> LossParams:
         value_coef=loss.value_coef,
         advantage_threshold=loss.advantage_threshold,
         binarize_advantage=cfg.binarize_advantage(),
+        actor_weighting=loss.actor_weighting,
+        vmpo_eta=loss.vmpo_eta,
+        vmpo_kl_coef=loss.vmpo_kl_coef,
         off_policy_correction=loss.off_policy_correction,
     )
 

@@ -127,8 +127,8 @@ def test_grouped_settings_keep_their_flags_and_their_stored_layout():
     assert nested <= set(flat) and not set(GROUPS) & set(flat)
     # The 65 settings from before the grouping, --off-policy-correction, --rl-lr-scale, --text-encoder-lr-scale,
     # --rename-word-pieces, --durability, --weight-decay, --snapshot-every, --actor-weighting, --vmpo-eta,
-    # --vmpo-kl-coef.
-    assert len(flat) == 75
+    # --vmpo-kl-coef, --local-actor-args.
+    assert len(flat) == 76
     flags = [
         "--lambda" if name == "lambda_" else "--" + name.replace("_", "-") for name in set(flat) - nested
     ]
@@ -202,3 +202,12 @@ def test_the_insert_slack_bounds_local_actors_by_default_and_an_explicit_value_w
     assert parse_args(["--local-actors", "2", "--insert-slack", "0"]).insert_slack() == 0
     assert parse_args(["--insert-slack", "7"]).insert_slack() == 7
     assert flat_dict(LearnerConfig(local=local, batch_size=8))["insert_slack"] == 32  # config.json
+
+
+def test_the_actor_weighting_flags_reach_the_loss():
+    from learner.config import parse_args
+    from learner.trainer import loss_params
+
+    got = loss_params(parse_args(["--actor-weighting", "vmpo", "--vmpo-eta", "0.3", "--vmpo-kl-coef", "2"]))
+    assert (got.actor_weighting, got.vmpo_eta, got.vmpo_kl_coef) == ("vmpo", 0.3, 2.0)
+    assert loss_params(parse_args([])).actor_weighting == DEFAULTS.actor_weighting
