@@ -178,11 +178,15 @@ class ReplayConfig:
     beta_start: float = 0.4
     """Initial importance-weight exponent, annealed linearly to 1."""
     beta_steps: int = 1200
-    """Updates (imitation ones included) over which beta reaches 1: about two thirds of a 15-minute
-    SimPhone run's 1,700 updates."""
-    priority_weights: tuple[float, float, float] = (1.0, 0.5, 0.1)
+    """Updates (imitation ones included) over which beta reaches 1; with --time-limit, beta reaches 1 by
+    the end of the run at the latest (its share of the time limit counts as that share of these updates,
+    learner/schedule.py `beta_progress`): a 15-minute run on a 2-core CPU makes only about 500 updates."""
+    priority_weights: tuple[float, float, float] = (1.0, 0.1, 0.02)
     """(w1, w2, w3) of the trajectory priority w1*mean|delta| + w2*mean(min(rho_clip, rho)) + w3*mean(H),
-    H the exact entropy of the current policy."""
+    H the exact entropy of the current policy. Dominated by |delta|, so that sampling steers towards what
+    the critic gets wrong: with DistRL-like (1, 0.5, 0.1) the three weighted terms spread alike (standard
+    deviations 0.05, 0.06 and 0.03 over refreshed trajectories, BENCHMARKS.md) and sampling was nearly
+    uniform."""
     max_policy_lag: int = 0
     """If > 0, trajectories whose oldest step is more than this many policy versions old are dropped.
     0 (the default) keeps everything: the clipped importance ratios correct stale steps, and the

@@ -91,6 +91,15 @@ class Schedule:
         """`count` more episodes from actors are stored in the replay (both sides of the rate limit)."""
         self.inserted += count
 
+    def beta_progress(self, update: int) -> int:
+        """Where the replay's beta is in its annealing (PrioritizedReplay.sample's `progress`): the update
+        count, or with a time limit the share of it passed times --beta-steps when that is further, so
+        beta reaches 1 by the end of a time-limited run however few updates the machine makes."""
+        steps, limit = self.cfg.buffer.beta_steps, self.cfg.time_limit
+        if not limit or not steps:
+            return update
+        return max(update, int(steps * (time.monotonic() - self.start) / limit))
+
     def count_rl_update(self) -> None:
         """One more reinforcement-learning update drew its batch (both sides of the rate limit count it)."""
         self.rl_updates += 1

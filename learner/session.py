@@ -166,7 +166,9 @@ class Session:
         """A reinforcement-learning update's batch from the replay (stale items dropped first), with the
         instruction filter's answer; its policy lag is observed and the update counted for the rate limit."""
         trainer = self.trainer
-        sample = self.replay.sample(trainer.local_batch, trainer.version, progress=trainer.update)
+        sample = self.replay.sample(
+            trainer.local_batch, trainer.version, progress=self.schedule.beta_progress(trainer.update)
+        )
         episodes = sample.items
         bounds = self.cfg.loss.instruction_filter
         keep = None if bounds is None else self.stats.instruction_keep([ep.task for ep in episodes], *bounds)
