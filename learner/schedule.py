@@ -44,6 +44,8 @@ class Schedule:
     rl_updates: int = 0
     """Reinforcement-learning updates made by this run (not restored: the rate limit counts this run's
     inserts)."""
+    imitation_updates: int = 0
+    """Imitation updates made by this run: they pace the insert side too (`accepts_inserts`)."""
     inserted: int = 0
     """Episodes from actors this run stored in the replay (`count_inserts`; those the write-ahead log
     recovers at a resume included): the inserts of the rate limit. Not the demonstrations: they join the
@@ -83,8 +85,11 @@ class Schedule:
 
     def accepts_inserts(self, received: int, stored: int) -> bool:
         """The insert side: False while the `received` episodes run more than the insert slack ahead of
-        what reinforcement-learning updates have used, as long as it could train right now."""
-        used = self.rl_updates * self.local_batch / self.cfg.buffer.samples_per_insert
+        what the updates have used (as if each drew a batch from the replay: imitation updates count, so
+        that during the warm-up actors keep collecting at the pace of training, with the policy they are
+        sent, rather than stopping at the slack), as long as it could train right now."""
+        updates = self.rl_updates + self.imitation_updates
+        used = updates * self.local_batch / self.cfg.buffer.samples_per_insert
         return received - used <= self.cfg.insert_slack() or not self.can_train(stored)
 
     def count_inserts(self, count: int) -> None:
@@ -99,6 +104,10 @@ class Schedule:
         if not limit or not steps:
             return update
         return max(update, int(steps * (time.monotonic() - self.start) / limit))
+
+    def count_imitation_update(self) -> None:
+        """One more imitation update drew its batch of demonstrations (the insert side counts it)."""
+        self.imitation_updates += 1
 
     def count_rl_update(self) -> None:
         """One more reinforcement-learning update drew its batch (both sides of the rate limit count it)."""

@@ -160,6 +160,7 @@ class Session:
         """An imitation update's batch: demonstrations drawn with the Trainer's (checkpointed) RNG."""
         picks = self.trainer.demo_rng.integers(len(self.demos), size=self.trainer.local_batch)
         self.stats.totals["imitation_updates"] += 1
+        self.schedule.count_imitation_update()
         return Draw([self.demos[i] for i in picks])
 
     def draw_replay(self) -> Draw:

@@ -84,6 +84,16 @@ def test_the_gate_closes_once_inserts_run_past_the_slack_and_training_could_go_o
     assert insert.accepts()  # 2 updates of 2 used all 4
 
 
+def test_imitation_updates_pace_the_insert_side_during_the_warmup():
+    """Actors keep collecting at the pace of training while the learner imitates demonstrations (the
+    user watches the warmed-up policy's success), instead of stopping at the slack."""
+    insert = inserter(mode="async", insert_slack=3, samples_per_insert=1.0)
+    insert([episode([0], [0.0]) for _ in range(5)])
+    assert not insert.accepts()  # 5 received, nothing used: past the slack of 3
+    insert.schedule.count_imitation_update()  # as Session.draw_demos does
+    assert insert.accepts()  # one update's batch of 2 counts as used: 5 - 2 <= 3
+
+
 def test_demonstrations_in_the_replay_give_no_update_budget():
     insert = inserter(mode="async", samples_per_insert=4.0)
     for _ in range(8):  # as Session.start_rl prefills them: straight into the replay, not through actors
