@@ -19,6 +19,7 @@ BENCHMARKS = {
     "adb_step": "benchmarks.adb_step",
     "collection": "benchmarks.collection",
     "paper": "benchmarks.paper",
+    "actor_loss": "benchmarks.actor_loss",
     "text_encoder": "benchmarks.text_encoder",
     "ray_launch": "benchmarks.ray_launch",
 }

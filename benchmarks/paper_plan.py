@@ -81,7 +81,7 @@ FULL = Recipe(
 )  # fmt: skip
 QUICK = Recipe(
     name="quick", envs=(16,), seeds=(0, 1), seconds=100, snapshot_every=25,
-    eval_episodes=50, time_scale=0.25, warmup_updates=30, warmup_demos=200, target=0.3,
+    eval_episodes=50, time_scale=0.25, warmup_updates=10, warmup_demos=200, target=0.3,
     cells=("sync", "async", "async_throttled", "sync_matched"),
 )  # fmt: skip
 

@@ -113,3 +113,18 @@ def test_the_throttled_command_caps_each_local_actor(tmp_path):
     cfg = tyro.cli(LearnerConfig, args=cmd[3:])
     actor = tyro.cli(ActorConfig, args=["--host", "127.0.0.1", *shlex.split(cfg.local.local_actor_args)])
     assert actor.max_episode_rate == 0.5
+
+
+def test_a_seed_where_neither_run_reaches_the_target_says_nothing_about_efficiency():
+    a = {
+        0: _row("async", 0, time_to_target=None, time_to_target_bound=100),
+        1: _row("async", 1, time_to_target=50, time_to_target_bound=50),
+    }
+    s = {0: _row("sync", 0, time_to_target=None, time_to_target_bound=100), 1: _row("sync", 1)}
+    got = compare(a, s)
+    assert got["training_efficiency"] == {"mean": 2.0, "min": 2.0, "max": 2.0, "seeds": 1}
+    assert got["efficiency_bound"] == "exact"
+    a[1] |= {"time_to_target": None, "time_to_target_bound": 100}
+    s[1] |= {"time_to_target": None, "time_to_target_bound": 100}
+    got = compare(a, s)
+    assert got["training_efficiency"]["mean"] is None and got["efficiency_bound"].startswith("neither")
