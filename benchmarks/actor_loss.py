@@ -25,6 +25,7 @@ VARIANTS: dict[str, tuple[str, ...]] = {
     "binary": ("--actor-weighting", "binary"),
     "binary_ratio": ("--actor-weighting", "binary_ratio"),
     "vmpo": ("--actor-weighting", "vmpo"),
+    "binary_no_correction": ("--actor-weighting", "binary", "--no-off-policy-correction"),
     "binary_ratio_no_correction": ("--actor-weighting", "binary_ratio", "--no-off-policy-correction"),
     "vmpo_no_correction": ("--actor-weighting", "vmpo", "--no-off-policy-correction"),
 }

@@ -251,9 +251,9 @@ class LossSettings:
     measured with --actor-weighting binary)."""
     actor_weighting: ActorWeighting = DEFAULTS.actor_weighting
     """A-RIDE with binarization on: the actor's weight of each step (learner/losses/actor_weighting.py).
-    "binary_ratio": min(rho_clip, rho) * 1[A > 0], the truncated-IS form, off-policy corrected; "binary":
-    1[A > 0], DigiRL's form, which ignores the importance ratio rho = pi/mu (the ablation; the form of
-    the BENCHMARKS.md runs before this flag); "vmpo": V-MPO / AWR weights, softmax of (q - V) / --vmpo-eta
+    "binary" (the default, chosen by `python -m benchmarks actor_loss`): 1[A > 0], DigiRL's form, which
+    ignores the importance ratio rho = pi/mu; "binary_ratio": min(rho_clip, rho) * 1[A > 0], the
+    truncated-IS form, off-policy corrected; "vmpo": V-MPO / AWR weights, softmax of (q - V) / --vmpo-eta
     over the better half of the steps, times min(rho_clip, rho), plus --vmpo-kl-coef * KL(mu || pi)."""
     vmpo_eta: float = DEFAULTS.vmpo_eta
     """--actor-weighting vmpo: the fixed temperature eta of the weights exp((q - V) / eta)."""

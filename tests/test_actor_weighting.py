@@ -189,6 +189,6 @@ def test_flags_choose_the_weighting_and_default_to_the_losses_defaults():
         DEFAULTS.vmpo_eta,
         DEFAULTS.vmpo_kl_coef,
     )
-    assert DEFAULTS.actor_weighting == "binary_ratio"  # the default corrects for the ratio
+    assert DEFAULTS.actor_weighting == "binary"  # chosen by `python -m benchmarks actor_loss` (BENCHMARKS.md)
     cfg = parse_args(["--actor-weighting", "vmpo", "--vmpo-eta", "0.25", "--vmpo-kl-coef", "2"]).loss
     assert (cfg.actor_weighting, cfg.vmpo_eta, cfg.vmpo_kl_coef) == ("vmpo", 0.25, 2.0)

@@ -43,8 +43,8 @@ after a warm-up on demonstrations, learner/config.py:LossSettings.binarize_advan
   positive advantages); filtered steps still count in `count`, so filtering never rescales kept steps;
 - advantage binarization, `binarize_advantage`: the actor never pushes a sampled action down; how it
   weighs the steps instead is `actor_weighting` (learner/losses/actor_weighting.py, with the maths):
-  "binary" A~ = 1[A > 0] (DigiRL's form, which drops the importance ratio, since rho > 0),
-  "binary_ratio" A~ = min(pg_rho_clip, rho) * 1[A > 0] (the default: it ignores nothing), or "vmpo"
+  "binary" A~ = 1[A > 0] (DigiRL's form, which drops the importance ratio, since rho > 0; the default,
+  by measurement), "binary_ratio" A~ = min(pg_rho_clip, rho) * 1[A > 0] (it ignores nothing), or "vmpo"
   (V-MPO / AWR: softmax weights exp((q - V) / eta) on the better half of the steps, times the clipped
   ratio, plus a KL(mu || pi) penalty). Filtering, when on, is decided on the unbinarized A first;
 - instruction-level critic filter: `Batch.keep` [B] bool, a per-trajectory flag (for example
