@@ -98,7 +98,7 @@ def _one(recipe: Recipe, run_dir: Path, spec: Run, pinned: bool, extra: tuple[st
     row = {
         "cell": spec.cell, "base_envs": spec.base_envs,
         "envs": spec.envs, "seed": spec.seed, "episode_rate_per_actor": spec.episode_rate_per_actor,
-        **run_rates(lines, BATCH_SIZE), **curve_summary(points, recipe.target, recipe.seconds),
+        **run_rates(lines, BATCH_SIZE), **curve_summary(points, recipe.target, recipe.seconds, recipe.snapshot_every),
     }  # fmt: skip
     result.write_text(json.dumps(row, indent=1))
     print(f"paper: {spec.key}: {json.dumps(row)}", flush=True)

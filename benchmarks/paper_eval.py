@@ -43,15 +43,18 @@ def evaluate_snapshots(recipe: Recipe, run_dir: Path) -> list[dict]:
     return points
 
 
-def curve_summary(points: list[dict], target: float, seconds: float) -> dict:
+def curve_summary(points: list[dict], target: float, seconds: int, every: int) -> dict:
     """Final greedy success (the last snapshot), the area under each split's curve (the mean over the
-    snapshot grid: equal spacing, so comparable between runs of one recipe), and the time to `target` on
-    train (the first snapshot at or above it; None if never, its resolution the snapshot spacing)."""
+    recipe's grid every, 2 every, ..., seconds, so equal between runs of one recipe), and the time to
+    `target` on train (the first snapshot at or above it; None if never, its resolution the spacing).
+    A grid time without a snapshot of its own (it passed during the compile or one long update) takes
+    the next snapshot's value: the parameters of that time had at most that much training."""
     out: dict = {"snapshots": len(points), "final_t": points[-1]["t"]}
+    grid = range(every, seconds + 1, every)
+    on_grid = [next((p for p in points if p["t"] >= t), points[-1]) for t in grid]
     for split in SPLITS:
-        values = [p[split] for p in points]
-        out[f"final_{split}"] = round(values[-1], 4)
-        out[f"auc_{split}"] = round(float(np.mean(values)), 4)
+        out[f"final_{split}"] = round(points[-1][split], 4)
+        out[f"auc_{split}"] = round(float(np.mean([p[split] for p in on_grid])), 4)
     reached = next((p for p in points if p["train"] >= target), None)
     out["time_to_target"] = reached["t"] if reached else None
     out["updates_to_target"] = reached["update"] if reached else None

@@ -22,14 +22,24 @@ def _points(train: list[float], test: list[float], every: int = 25) -> list[dict
 
 
 def test_curve_summary_is_final_value_grid_mean_and_first_crossing():
-    got = curve_summary(_points([0.1, 0.35, 0.2, 0.5], [0.0, 0.2, 0.2, 0.4]), target=0.3, seconds=100)
+    got = curve_summary(
+        _points([0.1, 0.35, 0.2, 0.5], [0.0, 0.2, 0.2, 0.4]), target=0.3, seconds=100, every=25
+    )
     assert got["final_train"] == 0.5 and got["final_test"] == 0.4
     assert got["auc_train"] == pytest.approx(0.2875) and got["auc_test"] == pytest.approx(0.2)
     assert (
         got["time_to_target"] == 50 and got["updates_to_target"] == 20 and got["env_steps_to_target"] == 200
     )
-    never = curve_summary(_points([0.1, 0.2], [0.0, 0.1]), target=0.3, seconds=100)
+    never = curve_summary(_points([0.1, 0.2], [0.0, 0.1], every=50), target=0.3, seconds=100, every=50)
     assert never["time_to_target"] is None and never["time_to_target_bound"] == 100
+
+
+def test_a_grid_time_without_its_own_snapshot_takes_the_next_one():
+    """t=25 passed during the compile: no file; the AUC still averages over the whole grid."""
+    points = [p for p in _points([0.0, 0.2, 0.4, 0.6], [0.0, 0.1, 0.2, 0.3]) if p["t"] != 25]
+    got = curve_summary(points, target=0.9, seconds=100, every=25)
+    assert got["snapshots"] == 3
+    assert got["auc_train"] == pytest.approx((0.2 + 0.2 + 0.4 + 0.6) / 4)
 
 
 def test_run_rates_are_slopes_after_the_first_episode_and_the_replay_ratio():
