@@ -132,6 +132,14 @@ def read_gguf(path, *, sha256: str | None = None) -> GgufCheckpoint:
     return GgufCheckpoint(path=path, config=config, tensors=tensors, metadata=metadata)
 
 
+def read_metadata(path) -> dict[str, Any]:
+    """Only the file's metadata (the tokenizer, the chat template), without dequantising any tensor."""
+    path = Path(path)
+    if not path.is_file():
+        raise CheckpointError(f"{path}: no such file (give the path of a .gguf file)")
+    return _metadata(_open(path), path)
+
+
 def _open(path: Path):
     """gguf's memory-mapped reader; a file that is not GGUF or is cut short fails here with its message."""
     from gguf import GGUFReader
