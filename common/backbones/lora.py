@@ -75,15 +75,15 @@ class Projection(nnx.Module):
         init = nnx.initializers.normal(0.02)  # transformers' initializer_range
         self.kernel = nnx.Param(init(rngs.params(), (d_in, d_out), param_dtype), **names(*axes))
         self.bias = nnx.Param(jnp.zeros((d_out,), param_dtype), **names("bias")) if bias else None
-        self.lora_a = self.lora_b = None
-        self.scale = 0.0
-        if lora is not None:  # PEFT's init: A kaiming-uniform (bound 1/sqrt(d_in)), B zero
+        if lora is None:
+            self.lora_a = self.lora_b = None
+            self.scale = 0.0
+        else:  # PEFT's init: A kaiming-uniform (bound 1/sqrt(d_in)), B zero
             bound = 1.0 / np.sqrt(d_in)
             a = jax.random.uniform(rngs.params(), (d_in, lora.rank), param_dtype, -bound, bound)
             self.lora_a = nnx.LoRAParam(a, **names(axes[0], "lora_rank"))
-            self.lora_b = nnx.LoRAParam(
-                jnp.zeros((lora.rank, d_out), param_dtype), **names("lora_rank", axes[1])
-            )
+            b = jnp.zeros((lora.rank, d_out), param_dtype)
+            self.lora_b = nnx.LoRAParam(b, **names("lora_rank", axes[1]))
             self.scale = lora.scale
 
     def __call__(self, x: jax.Array) -> jax.Array:
