@@ -21,6 +21,7 @@ BENCHMARKS = {
     "paper": "benchmarks.paper",
     "actor_loss": "benchmarks.actor_loss",
     "text_encoder": "benchmarks.text_encoder",
+    "decoder_speed": "benchmarks.decoder_speed",
     "ray_launch": "benchmarks.ray_launch",
 }
 

@@ -1,6 +1,7 @@
 """`python -m learner`: train from actors over ZeroMQ. Subcommands: `eval` evaluates a checkpoint, `keys`
 writes CURVE key pairs, `report` plots and summarizes runs from their metrics.jsonl, `launch` places the
-learner and its actors on a running Ray cluster (each has --help)."""
+learner and its actors on a running Ray cluster, `generate` continues a prompt with a pretrained decoder,
+`export` writes a decoder as a Hugging Face folder (each has --help)."""
 
 from __future__ import annotations
 
@@ -31,6 +32,16 @@ def main() -> None:
         from learner.launch import LaunchConfig, launch
 
         sys.exit(launch(tyro.cli(LaunchConfig, args=sys.argv[2:], prog="python -m learner launch")))
+    if len(sys.argv) > 1 and sys.argv[1] == "generate":
+        from learner.generate_cli import GenerateConfig
+        from learner.generate_cli import main as generate
+
+        sys.exit(generate(tyro.cli(GenerateConfig, args=sys.argv[2:], prog="python -m learner generate")))
+    if len(sys.argv) > 1 and sys.argv[1] == "export":
+        from learner.export_cli import ExportConfig
+        from learner.export_cli import main as export
+
+        sys.exit(export(tyro.cli(ExportConfig, args=sys.argv[2:], prog="python -m learner export")))
     from learner.loop import run
 
     run(parse_args())

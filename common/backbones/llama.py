@@ -227,7 +227,12 @@ class Decoder(nnx.Module):
         )
 
     def __call__(
-        self, tokens: jax.Array, positions: jax.Array, mask: jax.Array, cache: KVCache | None = None
+        self,
+        tokens: jax.Array,
+        positions: jax.Array,
+        mask: jax.Array,
+        cache: KVCache | None = None,
+        last_only: bool = False,
     ) -> tuple[jax.Array, KVCache | None]:
         """Logits [B, L, vocab] (float32) for tokens [B, L] (int32) at RoPE `positions` [B, L] (with left
         padding: cumsum(mask) - 1), `mask` [B, L] True on real tokens; and the extended cache (None without).
@@ -235,7 +240,8 @@ class Decoder(nnx.Module):
         Without a cache, query i attends to keys j <= i with mask[j]. With one, the L new keys and values
         go to slots end .. end + L - 1 (valid there = mask), query i attends to valid slots s <= end + i,
         and the returned cache has end + L. The caller keeps end + L <= T: past T, XLA would clamp the
-        write onto the last L slots."""
+        write onto the last L slots. `last_only` returns the last position's logits alone [B, 1, vocab]
+        (generation's prefill: the full [B, L, vocab] would be most of its memory)."""
         mask = jnp.asarray(mask, bool)
         _check_shapes(tokens, positions, mask, cache)
         x = self.embed_tokens(tokens)
@@ -252,7 +258,7 @@ class Decoder(nnx.Module):
             layer_kv = LayerKV(cache.keys, cache.values, cache.end)
         for i, layer in enumerate(self.layers):
             x, layer_kv = layer(x, positions, allowed, inv_freq, layer_kv, i)
-        logits = self._head(self.norm(x))
+        logits = self._head(self.norm(x[:, -1:] if last_only else x))
         if cache is None:
             return logits, None
         new_end = cache.end + tokens.shape[1]
