@@ -78,7 +78,9 @@ def write_folder(out: Path, loaded, model, dtype: str) -> None:
         str(out / "model.safetensors"),
         metadata={"format": "pt"},
     )
-    (out / "model.safetensors").chmod(0o644)  # safetensors creates it private; a served folder is read by others
+    (out / "model.safetensors").chmod(
+        0o644
+    )  # safetensors creates it private; a served folder is read by others
     eos = list(loaded.config.eos_token_id)
     generation = {
         "bos_token_id": loaded.config.bos_token_id,
