@@ -79,22 +79,22 @@ def _train_row(lora: LoraConfig | None, batch: int, length: int, repeats: int, r
     positions = jnp.broadcast_to(jnp.arange(length, dtype=jnp.int32), (batch, length))
     mask = jnp.ones((batch, length), bool)
 
-    def loss(params):
+    def loss(params, rest):  # the frozen rest is an argument: closed over, XLA would fold 0.5 GB of constants
         logits, _ = nnx.merge(graphdef, params, rest)(tokens, positions, mask)
         logp = jax.nn.log_softmax(logits[:, :-1], axis=-1)
         return -jnp.take_along_axis(logp, tokens[:, 1:, None], axis=-1).mean()
 
-    def step(params, opt_state):
-        value, grads = jax.value_and_grad(loss)(params)
+    def step(params, opt_state, rest):
+        value, grads = jax.value_and_grad(loss)(params, rest)
         updates, opt_state = optimizer.update(grads, opt_state, params)
         return optax.apply_updates(params, updates), opt_state, value
 
     jitted = jax.jit(step, donate_argnums=(0, 1))
-    gflop = compiled_gflop(jitted, params, opt_state)
+    gflop = compiled_gflop(jitted, params, opt_state, rest)
     state = [params, opt_state]
 
     def once():
-        state[0], state[1], value = jitted(state[0], state[1])
+        state[0], state[1], value = jitted(state[0], state[1], rest)
         jax.block_until_ready(value)
 
     once()
