@@ -3,8 +3,11 @@
 The learning tests assert what the learner guarantees, not a snapshot of a noisy process: with
 `--stop-at-success TARGET --max-updates BUDGET` the learner stops on "success target" as soon as the
 last 100 episodes (all collected after any warm-up) reach TARGET, and on "update limit" at BUDGET if
-they never do. A learning run must stop on the target within the budget; the same run with a learning
-rate of 0 must not (the sabotage test), which shows the budget cannot be met without learning.
+they never do. A learning run must stop on the target within the budget. The same run with a learning
+rate of 0 (the sabotaged twin) ended on the update limit, never near the target, in every suite run from
+issue 8 to issue 31; it then left the suite, whose 15 minutes it cost 100 s (its assertions, for a rerun:
+`--learning-rate 0` gives stopped == "update limit" at BUDGET and a highest success below TARGET). The
+learning test itself asserts that the first 100 episodes succeed below half the target.
 Targets and budgets come from repeated runs (the spread is in each test's docstring): the budget is
 about twice the slowest run seen, the target well under what runs reach by then.
 """
@@ -94,28 +97,10 @@ def test_learner_and_two_actors_reach_a_success_target(learner_process):
 
 
 @pytest.mark.long
-@pytest.mark.timeout(800)
-def test_without_learning_the_success_target_is_not_reached(learner_process):
-    """The sabotaged twin of the test above (--learning-rate 0: the parameters never change) runs its
-    whole budget without reaching the target: the criterion fails when nothing learns."""
-    learner, metrics = _run(
-        learner_process,
-        *STANDIN,
-        *("--max-updates", str(STANDIN_BUDGET), "--stop-at-success", str(STANDIN_TARGET)),
-        *("--learning-rate", "0"),
-        timeout=760,
-    )
-    final = metrics[-1]
-    assert final["stopped"] == "update limit" and final["update"] == STANDIN_BUDGET
-    assert max(m["success_rate"] for m in metrics) < STANDIN_TARGET
-    _assert_two_actors_delivered_and_stopped(learner, metrics)
-
-
-@pytest.mark.long
 @pytest.mark.timeout(1000)
 def test_default_simphone_run_warms_up_then_trains_a_policy_that_succeeds_greedily(learner_process, tmp_path):
     """The default SimPhone configuration (warm-up on 600 oracle demonstrations for 100 updates, then
-    RL with one imitation update in 4) trains, in 140 updates, a policy whose greedy success on 200
+    RL with one imitation update in 4) trains, in 140 updates, a policy whose greedy success on 100
     training-split episodes (`python -m learner eval`) is at least 0.1 (the initial policy: about 0).
 
     Greedy success of the final checkpoint, not a sampled rate: the warm-up alone lifts the sampled
@@ -126,7 +111,8 @@ def test_default_simphone_run_warms_up_then_trains_a_policy_that_succeeds_greedi
     0.45 / 0.45 / 0.46 / 0.565 (held-out test split: 0.215 to 0.40), wall 275 s to 434 s. With issue 15's
     A-RIDE, two runs at a time (seeds 1-6): 0.25 / 0.265 / 0.275 / 0.48 / 0.51 / 0.56 (test 0.17 to
     0.395), wall 198 s to 258 s; one clean-clone CI run on two xdist workers: 0.185. The bar, 0.1, is about
-    half the lowest of these n=13."""
+    half the lowest of these n=13 (measured on 200 episodes; 100 since issue 31, for the suite's time: at
+    0.185 the chance of fewer than 10 successes in 100 is 0.7%, at 0.25 it is 0.004%)."""
     learner, metrics = _run(learner_process, *SIMPHONE, "--max-updates", str(SIMPHONE_BUDGET), timeout=840)
     log = learner.log()
     assert "600 demonstrations (success" in log and "for warm-up for 100 updates and the replay" in log
@@ -149,9 +135,9 @@ def test_default_simphone_run_warms_up_then_trains_a_policy_that_succeeds_greedi
     # The last checkpoint (saved at exit), run greedily on the tasks it trained on.
     out = tmp_path / "eval.json"
     cmd = [sys.executable, "-m", "learner", "eval", "--checkpoint", str(learner.run_dir), "--split", "train"]
-    cmd += ["--episodes", "200", "--json", str(out)]
+    cmd += ["--episodes", "100", "--json", str(out)]
     done = subprocess.run(cmd, cwd=ROOT, env=ACTOR_ENV, capture_output=True, text=True, timeout=480)
     assert done.returncode == 0, done.stdout + done.stderr
     report = json.loads(out.read_text())
-    assert report["update"] == SIMPHONE_BUDGET and report["episodes"] == 200
+    assert report["update"] == SIMPHONE_BUDGET and report["episodes"] == 100
     assert report["success"] >= SIMPHONE_GREEDY, report["per_template"]

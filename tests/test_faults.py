@@ -401,7 +401,7 @@ def test_insert_slack_bounds_what_the_learner_stores_ahead_of_training(
     # The rate limit applies from the training loop on: while the train step compiles the learner accepts
     # everything (see the module notes), so the actor starts after that.
     wait_for(lambda: "train step compiled" in learner.log(), START_S, "the train step compiled")
-    episodes = 600 if when_blocked == "discard" else 150
+    episodes = 600 if when_blocked == "discard" else 100
     actor = start_actor(
         *ports_of(learner), "--seed", "7", "--when-blocked", when_blocked, "--max-pending-episodes", "8",
         "--max-batch-episodes", str(MAX_BATCH), "--max-episodes", str(episodes), "--flush-timeout", "120", *STEADY_ACTOR,
