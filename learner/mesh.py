@@ -13,8 +13,9 @@ collectives (gradient all-reduce over 'data', all-gathers of FSDP shards, the te
 reductions over 'model'), so the result equals the unsharded step up to float summation order.
 
 Parameter shardings of the policy are derived here from parameter names and shapes (see `param_specs`),
-because the policy carries no sharding annotations; a fine-tuned pretrained text encoder inside it carries
-logical axis names, and its layout comes from those (common/backbones/bert.py). Typical use:
+because the policy carries no sharding annotations; a pretrained backbone inside it (a fine-tuned text
+encoder, a decoder) carries logical axis names, and its layout comes from those
+(common/backbones/axes.py). Typical use:
 
     mesh = make_mesh(MeshConfig(data=-1, model=2, param_sharding="model"))
     policy = make_policy(model_cfg)
@@ -43,7 +44,7 @@ from jax.sharding import AbstractMesh, AxisType, Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from common import model
-from common.backbones import bert
+from common.backbones import axes
 from common.config import ModelConfig
 from learner.batch import Batch
 from learner.config import PARAM_SHARDINGS, MeshConfig, ParamSharding  # noqa: F401 (re-exported)
@@ -176,29 +177,28 @@ def param_specs(params_state: Any, mesh: Mesh | AbstractMesh, mode: str, *, min_
     specs = jax.tree_util.tree_map_with_path(
         lambda path, x: _spec_for(param_name(path), tuple(x.shape), mesh_shape, mode, min_size), params_state
     )
-    return _with_encoder_specs(params_state, specs, mesh, mode)
+    return _with_logical_specs(params_state, specs, mesh, mode)
 
 
-def _with_encoder_specs(params_state: Any, specs: Any, mesh: Mesh | AbstractMesh, mode: str) -> Any:
-    """`specs` with a fine-tuned text encoder's part (`text/encoder/...`) laid out by the encoder's own
-    logical axis names and rule table (bert.partition_specs: FSDP over 'data', heads and MLP over 'model')
-    instead of by name patterns; "model" keeps only the 'model' splits, "replicated" none."""
-    encoder = _encoder_part(params_state)
-    if encoder is None or mode == "replicated":
+def _with_logical_specs(params_state: Any, specs: Any, mesh: Mesh | AbstractMesh, mode: str) -> Any:
+    """`specs` with every parameter that names its logical axes (the `out_sharding` metadata of the
+    pretrained backbones in common/backbones/: a fine-tuned text encoder, a decoder) laid out by those
+    names and axes.LOGICAL_AXIS_RULES (FSDP over 'data', heads and MLP over 'model') instead of by name
+    patterns; "model" keeps only the 'model' splits, "replicated" none."""
+    if mode == "replicated":
         return specs
-    by_axes = bert.partition_specs(encoder, mesh)
-    if mode == "model":
-        by_axes = jax.tree.map(lambda spec: P(*(a if a == MODEL else None for a in spec)), by_axes)
-    specs["text"]["encoder"] = by_axes
-    return specs
+    sizes = dict(mesh.shape)
 
+    def pick(variable: Any, spec: Any) -> Any:
+        logical = variable.get_metadata().get("out_sharding") if isinstance(variable, nnx.Variable) else None
+        if logical is None:
+            return spec
+        by_axes = axes.logical_to_mesh_spec(tuple(logical), variable.get_value().shape, sizes)
+        if mode == "model":
+            by_axes = P(*(a if a == MODEL else None for a in by_axes))
+        return spec.replace(by_axes) if isinstance(spec, nnx.Variable) else by_axes
 
-def _encoder_part(params_state: Any) -> Any:
-    """The `text/encoder` subtree of a policy's parameters (None without a fine-tuned encoder)."""
-    try:
-        return params_state["text"]["encoder"]
-    except (KeyError, TypeError):
-        return None
+    return jax.tree.map(pick, params_state, specs, is_leaf=lambda x: isinstance(x, nnx.Variable))
 
 
 def named_shardings(specs: Any, mesh: Mesh) -> Any:
