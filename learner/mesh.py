@@ -49,7 +49,7 @@ from common.config import ModelConfig
 from learner.batch import Batch
 from learner.config import PARAM_SHARDINGS, MeshConfig, ParamSharding  # noqa: F401 (re-exported)
 from learner.losses.base import LossFn, LossParams
-from learner.train_step import make_train_step
+from learner.train_step import make_train_step, split_trained
 
 DATA, MODEL = "data", "model"
 AXES = (DATA, MODEL)
@@ -244,10 +244,11 @@ def opt_state_shardings(optimizer: optax.GradientTransformation, param_shardings
 
 
 def init_opt_state(optimizer: optax.GradientTransformation, params: Any, mesh: Mesh, param_shardings: Any):
-    """optimizer.init(params), created directly in the shardings of `opt_state_shardings` (jit
-    out_shardings), so an FSDP/tensor-parallel state is never materialized whole on one device."""
-    out = opt_state_shardings(optimizer, param_shardings, mesh)
-    return jax.jit(optimizer.init, out_shardings=out)(params)
+    """optimizer.init of what trains (all of `params`, or their LoRA adapters alone: train_step's
+    `split_trained`), created directly in the shardings of `opt_state_shardings` (jit out_shardings), so an
+    FSDP/tensor-parallel state is never materialized whole on one device."""
+    out = opt_state_shardings(optimizer, split_trained(param_shardings)[0], mesh)
+    return jax.jit(optimizer.init, out_shardings=out)(split_trained(params)[0])
 
 
 # ---- the step ---------------------------------------------------------------------------------------------
@@ -292,7 +293,7 @@ def make_sharded_train_step(
         encoder_update_scale=encoder_update_scale,
     )
     params_sh = named_shardings(param_shardings, mesh)
-    opt_sh = opt_state_shardings(optimizer, params_sh, mesh)
+    opt_sh = opt_state_shardings(optimizer, split_trained(params_sh)[0], mesh)
     replicated = NamedSharding(mesh, P())
     return jax.jit(
         inner,

@@ -42,6 +42,22 @@ def make_optimizer(
     )
 
 
+def has_adapters(params: Any) -> bool:
+    """Whether `params` (an nnx.State, or a tree of the same structure such as its shardings) holds LoRA
+    adapters (nnx.LoRAParam, common/backbones/lora.py): then only the adapters train."""
+    is_variable = lambda x: isinstance(x, nnx.Variable)  # noqa: E731
+    return any(isinstance(v, nnx.LoRAParam) for v in jax.tree.leaves(params, is_leaf=is_variable))
+
+
+def split_trained(params: Any) -> tuple[Any, Any]:
+    """(what the optimizer updates, what stays frozen): (adapters, the base) when there are adapters, else
+    (params, None). The frozen part is never differentiated and has no optimizer state."""
+    if not has_adapters(params):
+        return params, None
+    trained, frozen = nnx.split_state(params, nnx.LoRAParam, ...)
+    return trained, frozen
+
+
 def is_text_encoder(path: tuple) -> bool:
     """Whether a parameter's tree path lies in the fine-tuned text encoder (`text/encoder/...`)."""
     names = [str(getattr(k, "key", getattr(k, "name", k))) for k in path]
@@ -65,24 +81,28 @@ def make_train_step(
     `loss_params`. `update_scale` multiplies the optimizer's update before it is applied (the learning
     rate of this step only: reinforcement-learning and imitation updates share one Adam state but may step
     apart). `encoder_update_scale` further multiplies the update of a fine-tuned text encoder's parameters
-    (`text/encoder/...`): its own, smaller learning rate.
+    (`text/encoder/...`): its own, smaller learning rate. When the parameters hold LoRA adapters, only the
+    adapters are differentiated and updated, and `opt_state` covers them alone (`split_trained`).
     """
 
-    def objective(params, batch: Batch):
+    def objective(trained, frozen, batch: Batch):
+        params = trained if frozen is None else nnx.merge_state(trained, frozen)
         evaluation = evaluate(graphdef, params, batch.obs, batch.choice, batch.acted_obs)
         out = loss_fn(evaluation, batch, loss_params)
         return out.loss, (out.metrics, out.priority_terms)
 
     def step(params, opt_state, batch):
-        grads, (metrics, priorities) = jax.grad(objective, has_aux=True)(params, batch)
-        updates, new_opt_state = optimizer.update(grads, opt_state, params)
+        trained, frozen = split_trained(params)  # frozen: a traced argument, never a folded constant
+        grads, (metrics, priorities) = jax.grad(objective, has_aux=True)(trained, frozen, batch)
+        updates, new_opt_state = optimizer.update(grads, opt_state, trained)
         if update_scale != 1.0:
             updates = jax.tree.map(lambda u: u * update_scale, updates)
         if encoder_update_scale != 1.0:
             updates = jax.tree_util.tree_map_with_path(
                 lambda path, u: u * encoder_update_scale if is_text_encoder(path) else u, updates
             )
-        new_params = optax.apply_updates(params, updates)
+        new_params = optax.apply_updates(trained, updates)
+        new_params = new_params if frozen is None else nnx.merge_state(new_params, frozen)
         metrics = {**metrics, "grad_norm": optax.tree.norm(grads)}
         # A non-finite loss or gradient must not poison the parameters: keep the old ones, report it.
         ok = jnp.isfinite(metrics["loss"]) & jnp.isfinite(metrics["grad_norm"])
