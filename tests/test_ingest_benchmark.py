@@ -75,11 +75,13 @@ def test_ingest_benchmark_smoke(tmp_path):
             assert key in row, (mode, key)
         assert row["connections"] == 4 and row["duration_s"] >= 1.0
         assert row["reference_steps_per_s"] == reference
-        assert row["zero_loss"] is True, {k: v for k, v in row.items() if k not in REQUIRED or k in ZERO_LOSS}
+        assert row["zero_loss"] is True, (row["broken"], {k: row[k] for k in ZERO_LOSS})
         assert row["lost"] == 0 and row["duplicates"] == 0, row
         detail = row["detail"]
         assert detail["unanswered"] == detail["ack_duplicates"] == detail["ack_out_of_order"] == 0, row
-        assert detail["reply_drops"] == 0 and detail["actor_processes"] == 1, row
+        assert detail["actor_processes"] == 1, (
+            row
+        )  # reply_drops is reported, not a loss (benchmarks/ingest.py)
         assert row["sent"] > 0 and row["msgs_per_s"] > 0, row
         assert 0 < row["rss_start_mb"] <= row["rss_peak_mb"], row
 
