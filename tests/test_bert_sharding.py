@@ -184,14 +184,10 @@ def mesh_checks(folder: Path, bad_folder: Path) -> dict:
 # ---- the tests --------------------------------------------------------------------------------------------
 
 
-@pytest.mark.long  # started first (tests/conftest.py): the subprocess takes ten seconds or more
-def test_the_sharded_encoder_on_8_devices_equals_the_unsharded_one(tmp_path):
-    """One test for the whole subprocess: pytest-xdist hands tests out one at a time, and a module-scoped
-    fixture shared by several tests would start the 8-device process once per worker."""
-    good = write_checkpoint(tmp_path / "ckpt", SHARD_CONFIG, random_tensors(SHARD_CONFIG))
-    bad = write_checkpoint(tmp_path / "bad", SHARD_CONFIG, bad_shape_tensors())
+def run_mesh_checks(module: str, *args: object) -> dict:
+    """`python -m MODULE ARGS` on 8 forced CPU devices; the JSON object its last line prints."""
     proc = subprocess.run(
-        [sys.executable, "-m", "tests.test_bert_sharding", str(good), str(bad)],
+        [sys.executable, "-m", module, *map(str, args)],
         cwd=ROOT,
         env=MESH_ENV,
         capture_output=True,
@@ -199,7 +195,16 @@ def test_the_sharded_encoder_on_8_devices_equals_the_unsharded_one(tmp_path):
         timeout=CHECK_S,
     )
     assert proc.returncode == 0, f"mesh checks failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-5000:]}"
-    checks = json.loads(proc.stdout.strip().splitlines()[-1])
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+@pytest.mark.long  # started first (tests/conftest.py): the subprocess takes ten seconds or more
+def test_the_sharded_encoder_on_8_devices_equals_the_unsharded_one(tmp_path):
+    """One test for the whole subprocess: pytest-xdist hands tests out one at a time, and a module-scoped
+    fixture shared by several tests would start the 8-device process once per worker."""
+    good = write_checkpoint(tmp_path / "ckpt", SHARD_CONFIG, random_tensors(SHARD_CONFIG))
+    bad = write_checkpoint(tmp_path / "bad", SHARD_CONFIG, bad_shape_tensors())
+    checks = run_mesh_checks("tests.test_bert_sharding", good, bad)
     assert checks["devices"] == 8
     assert [r["mesh"] for r in checks["layouts"]] == [list(m) for m in MESHES]
     layouts_are_the_rule_tables(checks)

@@ -12,7 +12,6 @@ AbstractMesh, including the real SmolLM2-135M shapes (nothing allocated).
 from __future__ import annotations
 
 import json
-import subprocess
 import sys
 from pathlib import Path
 
@@ -28,9 +27,8 @@ from common.backbones.decoder_config import DecoderConfig
 from common.backbones.decoder_weights import checkpoint_layout, load_folder
 from common.backbones.llama import Decoder
 from common.backbones.lora import LoraConfig
-from tests.conftest import ROOT
 from tests.decoder_reference import VARIANTS, left_padded_batch, write_hf_folder
-from tests.test_bert_sharding import CHECK_S, MESH_ENV
+from tests.test_bert_sharding import run_mesh_checks
 
 CONFIG = VARIANTS["qwen3_qknorm"]  # 4 query heads, 2 kv heads of 16, hidden 32, MLP 48, vocab 64, untied
 MESHES = [(4, 2), (8, 1), (2, 4)]
@@ -131,16 +129,7 @@ def mesh_checks(folder: Path) -> dict:
 @pytest.mark.long  # started first (tests/conftest.py): the subprocess takes ten seconds or more
 def test_the_sharded_decoder_on_8_devices_equals_the_unsharded_one(tmp_path):
     folder = write_hf_folder(tmp_path / "ckpt", CONFIG, shards=2)
-    proc = subprocess.run(
-        [sys.executable, "-m", "tests.test_decoder_sharding", str(folder)],
-        cwd=ROOT,
-        env=MESH_ENV,
-        capture_output=True,
-        text=True,
-        timeout=CHECK_S,
-    )
-    assert proc.returncode == 0, f"mesh checks failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-5000:]}"
-    checks = json.loads(proc.stdout.strip().splitlines()[-1])
+    checks = run_mesh_checks("tests.test_decoder_sharding", folder)
     assert checks["devices"] == 8 and [r["mesh"] for r in checks["layouts"]] == [list(m) for m in MESHES]
     for r in checks["layouts"]:
         mesh = tuple(r["mesh"])

@@ -32,13 +32,18 @@ def read_config(folder: Path) -> dict[str, Any]:
     path = folder / "config.json"
     if not path.is_file():
         raise CheckpointError(f"{folder}: no config.json")
+    return read_json_object(path)
+
+
+def read_json_object(path: Path) -> dict[str, Any]:
+    """A JSON object from a checkpoint's file (CheckpointError naming the file when it is not one)."""
     try:
-        config = json.loads(path.read_text())
+        value = json.loads(Path(path).read_text())
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
         raise CheckpointError(f"{path}: not readable JSON ({err})") from None
-    if not isinstance(config, dict):
-        raise CheckpointError(f"{path}: expected a JSON object, got {type(config).__name__}")
-    return config
+    if not isinstance(value, dict):
+        raise CheckpointError(f"{path}: expected a JSON object, got {type(value).__name__}")
+    return value
 
 
 def read_tensors(folder: Path) -> dict[str, np.ndarray]:

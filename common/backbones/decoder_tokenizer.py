@@ -18,7 +18,7 @@ from typing import Any
 
 from tokenizers import Tokenizer
 
-from common.backbones.checkpoint import CheckpointError
+from common.backbones.checkpoint import CheckpointError, read_json_object
 from common.backbones.gguf_tokenizer import add_bos_default, build_tokenizer, special_ids
 
 
@@ -188,15 +188,7 @@ def _read_tokenizer(folder: Path) -> Tokenizer:
 
 def _read_json(path: Path) -> dict:
     """A JSON object from an optional file ({} when it is absent)."""
-    if not path.is_file():
-        return {}
-    try:
-        value = json.loads(path.read_text())
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
-        raise CheckpointError(f"{path}: not readable JSON ({err})") from None
-    if not isinstance(value, dict):
-        raise CheckpointError(f"{path}: expected a JSON object, got {type(value).__name__}")
-    return value
+    return read_json_object(path) if path.is_file() else {}
 
 
 def _token_id(tokenizer: Tokenizer, token: Any, folder: Path, key: str) -> int | None:
