@@ -5,9 +5,10 @@ A file is a sequence of records, each a u32 little-endian byte count followed by
 (common/wire.py): first a header map with `kind` "DEMOS" (`model`: the ModelConfig the observations were
 featurized for, `max_steps`, and free-form provenance such as `tasks` and `split`), then TRAJ messages.
 Reading validates every episode exactly as the learner validates an actor's TRAJ. TRAJ records carry
-the protocol version they were written with: version 3 (packed episodes, docs/PROTOCOL.md §6) since
-then, version 2 (a list of episode maps of array ext values) in older files, which are still read: their
-episodes are packed as an actor's would be, then validated the same way.
+the protocol version they were written with: version 4 (packed episodes whose per-step arrays may have a
+row shape, docs/PROTOCOL.md §6) since then; older files are still read: version 3 records (packed
+episodes, every per-step array one value per step: the same layout) as they are, version 2 ones (a list
+of episode maps of array ext values) packed as an actor's would be; then validated the same way.
 """
 
 from __future__ import annotations
@@ -23,6 +24,9 @@ from common.config import ModelConfig
 DEMOS = "DEMOS"
 LEGACY_TRAJ_VERSION = 2
 """TRAJ records of files written before protocol version 3: read, by packing their episodes first."""
+PACKED_TRAJ_VERSIONS = (3,)
+"""Older protocol versions whose TRAJ records are read as they are: their packed episodes are laid out as
+today's (version 4 only added row shapes to per-step arrays, which a version 3 sender never had)."""
 
 
 def write_record(f: BinaryIO, data: bytes) -> None:
@@ -104,20 +108,20 @@ def read_episodes(
         raise ValueError(f"{path}: record {index}: {e}") from e
 
 
-def parse_record(record: bytes) -> dict[str, Any]:
-    """A TRAJ (or other) record as `protocol.parse` gives it; a version 2 TRAJ comes back as version 3,
-    its episodes packed (`protocol.pack_episodes`). ProtocolError for anything else `parse` refuses."""
+def parse_record(record: bytes | memoryview) -> dict[str, Any]:
+    """A TRAJ (or other) record as `protocol.parse` gives it; an older readable TRAJ comes back as today's
+    version: a version 3 one as it is, a version 2 one with its episodes packed (`protocol.pack_episodes`).
+    ProtocolError for anything else `parse` refuses. The write-ahead log's recovery reads its records so
+    too (learner/durable_inserter.py), so that batches logged by an older learner survive its upgrade."""
     try:
         msg = wire.decode(record)
     except wire.WireError as e:
         raise protocol.ProtocolError("bad_encoding", str(e)) from e
-    if (
-        isinstance(msg, dict)
-        and type(msg.get("v")) is int
-        and msg["v"] == LEGACY_TRAJ_VERSION
-        and msg.get("kind") == protocol.TRAJ
-    ):
-        return _upgrade_legacy_traj(msg)
+    if isinstance(msg, dict) and type(msg.get("v")) is int and msg.get("kind") == protocol.TRAJ:
+        if msg["v"] == LEGACY_TRAJ_VERSION:
+            return _upgrade_legacy_traj(msg)
+        if msg["v"] in PACKED_TRAJ_VERSIONS:
+            return {**msg, "v": protocol.PROTOCOL_VERSION}
     return protocol.check_envelope(msg)
 
 

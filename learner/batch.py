@@ -2,35 +2,38 @@
 
 Episodes are padded to T = max_steps so the train step compiles once. Observations carry T + 1 rows per
 episode (one per step, then the observation after the last step: the critic's bootstrap); per-step
-arrays carry T. Padding is zeros: padded observations have empty masks, and padded steps are masked
+arrays carry T rows of their row shape. Padding is zeros: padded observations have empty masks, and padded steps are masked
 out of every loss by `length`.
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any, NamedTuple
 
 import numpy as np
 
 from common.distribution import CHOICE_KEYS
-from common.protocol import Episode
+from common.protocol import BASE_STEP_ARRAYS, Episode
 
-BASE_STEP_ARRAYS = {"behavior_logp": "<f4", "reward": "<f4", "policy_version": "<i4"}
-"""The per-step arrays of every family's episodes; the rest of an Episode's `steps` are its choice arrays."""
+POINTER_CHOICES: dict[str, tuple[tuple[int, ...], str]] = {name: ((), "<i4") for name in CHOICE_KEYS}
+"""The pointer family's Batch.choice arrays, name -> (row shape, dtype): one int32 per step each."""
 
 
 class Batch(NamedTuple):
     """B padded episodes (a JAX pytree: it is jitted, sharded and placed like a dict of arrays).
 
-    Shapes are [B, T + 1, ...] for observations, [B, T] per step, [B] per episode. The per-step fields
-    have their wire dtypes.
+    Shapes are [B, T + 1, ...] for observations, [B, T, *row shape] per step, [B] per episode. The
+    per-step fields have their wire dtypes.
     """
 
     obs: dict[str, Any]
     """Featurized observations {name: [B, T + 1, ...]} (the policy family's episode spec)."""
     choice: dict[str, Any]
-    """The choices taken {name: [B, T] int32}: the policy family's choice arrays (for the pointer policy
-    action_type, element, word, direction), as its `evaluate` takes them."""
+    """The choices taken {name: [B, T, *row shape]} as its `evaluate` takes them: the policy family's choice
+    arrays (for the pointer policy action_type, element, word, direction, int32 [B, T] each), then its
+    `EpisodeSpec.step_logps` arrays (float32), the behaviour policy's own log-probabilities (e.g. per
+    generated token), which a family's evaluate may read. The losses read only `behavior_logp`."""
     behavior_logp: Any
     """[B, T] float32: log mu(a_t | s_t), the behaviour policy's log-probability of the action taken."""
     reward: Any
@@ -55,11 +58,12 @@ assert Batch._fields[-1] == "acted_obs", "the optional field comes last (NamedTu
 
 
 def collate(episodes: list[Episode], max_steps: int, weights: np.ndarray | None = None) -> Batch:
-    """Validated episodes -> one padded host Batch (weights default to 1, keep to all True)."""
+    """Validated episodes -> one padded host Batch (weights default to 1, keep to all True); every array
+    keeps its row shape and dtype, zeros past each episode's length."""
     b = len(episodes)
     first = episodes[0]
     obs = {k: np.zeros((b, max_steps + 1, *v.shape[1:]), v.dtype) for k, v in first.obs.items()}
-    steps = {k: np.zeros((b, max_steps), v.dtype) for k, v in first.steps.items()}
+    steps = {k: np.zeros((b, max_steps, *v.shape[1:]), v.dtype) for k, v in first.steps.items()}
     for i, ep in enumerate(episodes):
         n = ep.length
         for k, v in ep.obs.items():
@@ -82,11 +86,12 @@ def example_batch(
     batch_size: int,
     max_steps: int,
     acted_obs: bool = False,
-    choices: tuple[str, ...] = CHOICE_KEYS,
+    choices: Mapping[str, tuple[tuple[int, ...], str]] = POINTER_CHOICES,
 ) -> Batch:
     """A Batch of the exact shapes and dtypes `collate` produces (all zeros), to compile ahead of data;
     `acted_obs` adds the un-augmented observations that a renaming learner passes (Batch.acted_obs);
-    `choices` names the family's choice arrays (int32; the pointer policy's by default)."""
+    `choices` gives the family's Batch.choice arrays, name -> (row shape, dtype str)
+    (`EpisodeSpec.choice_arrays()`; the pointer policy's by default)."""
     obs = {
         k: np.zeros((batch_size, max_steps + 1, *shape), np.dtype(dt))
         for k, (shape, dt) in feature_spec.items()
@@ -94,7 +99,9 @@ def example_batch(
     return Batch(
         acted_obs={k: v.copy() for k, v in obs.items()} if acted_obs else None,
         obs=obs,
-        choice={k: np.zeros((batch_size, max_steps), np.int32) for k in choices},
+        choice={
+            k: np.zeros((batch_size, max_steps, *shape), np.dtype(dt)) for k, (shape, dt) in choices.items()
+        },
         **{k: np.zeros((batch_size, max_steps), np.dtype(dt)) for k, dt in BASE_STEP_ARRAYS.items()},
         length=np.ones(batch_size, np.int32),
         terminal=np.ones(batch_size, bool),

@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 
 from common import protocol
 from common.protocol import Episode, ProtocolError
+from common.trajectory_file import parse_record
 from learner.actor_registry import ActorInfo
 from learner.delivery import DeliveryLedger
 from learner.transport import Transport
@@ -188,7 +189,9 @@ class DurableInserter:
 
 
 def _parsed(raw: memoryview) -> protocol.Traj:
-    return protocol.Traj.from_msg(protocol.parse(raw))
+    """A logged TRAJ; one an older learner logged (protocol version 3 or 2) is read as a trajectory file's
+    record is, so an upgrade loses no acknowledged batch."""
+    return protocol.Traj.from_msg(parse_record(raw))
 
 
 def _capped(ep: Episode, newest_version: int) -> Episode:

@@ -7,8 +7,9 @@ The file is a trajectory file (common/trajectory_file.py), records in this order
             priorities, tree leaves, generations, free stack (wire arrays), counts, rng state as JSON, ...
 Loading validates every episode exactly as the learner validates an actor's TRAJ (their policy versions
 against the header's newest_version) and fills the buffer only once the whole file has been read.
-Format 2 files hold protocol version 3 TRAJ records (packed episodes); format 1 files, version 2 ones,
-which are still read (common/trajectory_file.py).
+Format 3 files hold protocol version 4 TRAJ records (packed episodes, per-step arrays of any row shape,
+each in the dtype it was validated in); format 2 files, version 3 ones, and format 1 files, version 2 ones,
+are still read (common/trajectory_file.py).
 """
 
 from __future__ import annotations
@@ -31,9 +32,9 @@ from common.trajectory_file import (
 )
 from learner.replay import PrioritizedReplay
 
-FORMAT = 2
-"""Written: 2 (TRAJ records of protocol version 3). Read: READABLE_FORMATS."""
-READABLE_FORMATS = (1, 2)
+FORMAT = 3
+"""Written: 3 (TRAJ records of protocol version 4). Read: READABLE_FORMATS."""
+READABLE_FORMATS = (1, 2, 3)
 REPLAY, REPLAY_STATE = "REPLAY", "REPLAY_STATE"
 EPISODES_PER_MESSAGE = 64
 BYTES_PER_MESSAGE = 16 << 20  # well under wire.MAX_MESSAGE_BYTES
@@ -69,9 +70,7 @@ def save_replay(
 def _write(f: BinaryIO, header: dict[str, Any], items: list[protocol.Episode], state: dict[str, Any]) -> None:
     write_record(f, wire.encode(header))
     for seq, chunk in enumerate(_chunks(items), 1):
-        fields = [
-            protocol.episode_fields(ep.task, ep.success, ep.truncated, ep.obs, ep.steps) for ep in chunk
-        ]
+        fields = [ep.wire_fields() for ep in chunk]  # arrays in the dtypes and row shapes validated
         write_record(f, wire.encode(protocol.Traj(actor_id=0, seq=seq, episodes=fields).to_msg()))
     write_record(f, wire.encode(protocol.message(REPLAY_STATE, format=FORMAT, **state)))
     f.flush()

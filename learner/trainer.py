@@ -150,7 +150,7 @@ class Trainer:
         seconds it took."""
         t0 = time.monotonic()
         sharding = batch_sharding(self.mesh)
-        choices = tuple(self.policy.episode_spec().choices)
+        choices = self.policy.episode_spec().choice_arrays()
         cfg = self.cfg
         example = jax.tree.map(
             lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=sharding),

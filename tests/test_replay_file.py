@@ -362,6 +362,25 @@ def test_files_of_protocol_version_2_still_load(saved, tmp_path):
     assert_refused(broken, "record 1: bad_field")
 
 
+def test_files_of_protocol_version_3_still_load(saved, tmp_path):
+    """A format 2 replay file (TRAJ records of protocol version 3: packed, one value per step) loads as
+    written today; a format this learner does not know is refused."""
+    data = saved[0].read_bytes()
+    starts = [*record_offsets(data), len(data)]
+    out = []
+    for i, (a, b) in enumerate(itertools.pairwise(starts)):
+        msg = wire.decode(data[a + 4 : b])
+        assert msg.get("format", replay_file.FORMAT) == 3 and msg["v"] == 4
+        encoded = wire.encode({**msg, "v": 3, **({"format": 2} if i in (0, len(starts) - 2) else {})})
+        out.append(struct.pack("<I", len(encoded)) + encoded)
+    path = tmp_path / "v3.replay"
+    path.write_bytes(b"".join(out))
+    restored = PrioritizedReplay[protocol.Episode](saved[1].capacity, **KW)
+    assert load_replay(path, restored, CFG) == len(saved[1])
+    for a, b in zip(saved[1].items(), restored.items(), strict=True):
+        assert_same_episode(a, b)
+
+
 def test_max_steps_limits_the_episodes_loaded(saved):
     longest = max(ep.length for ep in saved[1].items())
     replay = PrioritizedReplay[protocol.Episode](8, **KW)

@@ -2,9 +2,10 @@
 names, one array table and one bin for all their arrays), unpacked without a copy (`unpack_episodes`) and
 checked (`validate_episodes`) into the `Episode`s the learner stores (docs/PROTOCOL.md §3.5, §6).
 
-What a policy family's episodes carry (observation arrays, choice arrays and their bounds, id ranges) comes
-in an `EpisodeSpec` the family declares (`featurize.episode_spec` for the default pointer family), so this
-module checks episodes without knowing the family.
+What a policy family's episodes carry (observation arrays, choice arrays with their bounds and row shapes,
+the behaviour policy's own per-step log-probabilities, id ranges) comes in an `EpisodeSpec` the family
+declares (`featurize.episode_spec` for the default pointer family), so this module checks episodes without
+knowing the family.
 """
 
 from __future__ import annotations
@@ -20,8 +21,8 @@ from common.protocol.messages import MAX_TEXT, ProtocolError, _short, require
 
 # Per-step arrays of an episode: name -> dtype. Observations carry one more row (the final one).
 BASE_STEP_ARRAYS = {"behavior_logp": "<f4", "reward": "<f4", "policy_version": "<i4"}
-"""The per-step arrays of every family's episodes, after the family's choice arrays (`EpisodeSpec.choices`):
-log mu of the choice taken, the reward, and the policy version that chose it."""
+"""The per-step arrays of every family's episodes, after the family's choice arrays and step_logps
+(`EpisodeSpec`): log mu of the choice taken, the reward, and the policy version that chose it."""
 ESTIMATE_ARRAYS = {"value": "<f4", "entropy": "<f4"}
 """Optional per-step arrays of an episode: the behaviour policy's critic V(s_t) and its exact entropy at
 s_t, computed on the forward pass that chose the action. Sent together or not at all."""
@@ -31,6 +32,8 @@ STEP_ARRAYS = {"action_type": "<i4", "element": "<i4", "word": "<i4", "direction
 CHOICE_DTYPE = "<i4"
 """The dtype `episode_fields` gives choice arrays when no EpisodeSpec names theirs (every choice of the
 pointer family is one)."""
+STEP_LOGP_DTYPE = "<f4"
+"""The dtype of every `EpisodeSpec.step_logps` array (behavior_logp's)."""
 MAX_EPISODES_PER_BATCH = 256
 EPISODE_KEYS = ("task", "success", "truncated", "obs")
 """The keys of an `episode_fields` map that are not per-step arrays."""
@@ -46,11 +49,18 @@ class EpisodeSpec:
     observations: dict[str, tuple[tuple[int, ...], str]]
     """Featurized observation arrays: name -> (per-row shape, dtype str); [T + 1, *shape] per episode."""
     choices: dict[str, tuple[str, int]]
-    """Per-step choice arrays, in wire order: name -> (dtype str, exclusive upper bound); values in
-    [0, bound)."""
+    """Per-step choice arrays, in wire order: name -> (dtype str, exclusive upper bound); every value (each
+    element of a shaped one) in [0, bound)."""
     id_ranges: dict[str, tuple[int, int]] = field(default_factory=dict)
     """Integer observation arrays whose values must lie in [low, high): an embedding lookup past its
     table would read garbage without an error."""
+    choice_shapes: dict[str, tuple[int, ...]] = field(default_factory=dict)
+    """Row shape of a choice array (e.g. (A,) for A generated token ids): [T, *shape] per episode. A choice
+    absent here is one value per step."""
+    step_logps: dict[str, tuple[int, ...]] = field(default_factory=dict)
+    """Per-step STEP_LOGP_DTYPE arrays of the behaviour policy's own log-probabilities (e.g. one per
+    generated token), in wire order after the choices: name -> row shape. Each value finite and <= 0 (1e-3
+    tolerated), like behavior_logp; the losses never read them, a family's evaluate may (Batch.choice)."""
 
     def __post_init__(self) -> None:
         reserved = {*BASE_STEP_ARRAYS, *ESTIMATE_ARRAYS, *EPISODE_ARRAYS, *EPISODE_KEYS}
@@ -60,14 +70,36 @@ class EpisodeSpec:
                     f"choice {name!r} needs a name of its own, an integer dtype and a bound >= 1, got "
                     f"{dtype!r} and {bound}"
                 )
+        if unknown := sorted(set(self.choice_shapes) - set(self.choices)):
+            raise ValueError(f"choice_shapes names {unknown}, which are not choices")
+        for name in self.step_logps:
+            if name in reserved or name in self.choices:
+                raise ValueError(f"step log-prob array {name!r} needs a name of its own")
+        for name, shape in (*self.choice_shapes.items(), *self.step_logps.items()):
+            if not isinstance(shape, tuple) or not all(type(n) is int and n >= 1 for n in shape):
+                raise ValueError(f"{name!r} needs a row shape of ints >= 1 (a tuple), got {shape!r}")
         for name, (low, high) in self.id_ranges.items():
             shape_dtype = self.observations.get(name)
             if shape_dtype is None or np.dtype(shape_dtype[1]).kind not in "iu" or low >= high:
                 raise ValueError(f"id range {name!r} needs an integer observation array and low < high")
 
     def step_arrays(self) -> dict[str, str]:
-        """Every per-step array, name -> dtype, in wire order: the choices, then BASE_STEP_ARRAYS."""
-        return {**{name: dtype for name, (dtype, _) in self.choices.items()}, **BASE_STEP_ARRAYS}
+        """Every per-step array, name -> dtype, in wire order: the choices, the step_logps, then
+        BASE_STEP_ARRAYS."""
+        return {name: dtype for name, (_, dtype) in self.step_shapes().items()}
+
+    def step_shapes(self) -> dict[str, tuple[tuple[int, ...], str]]:
+        """Every per-step array, name -> (row shape, dtype), in wire order (`step_arrays`): an episode's is
+        [T, *row shape], a Batch's [B, T, *row shape]."""
+        return {**self.choice_arrays(), **{name: ((), dtype) for name, dtype in BASE_STEP_ARRAYS.items()}}
+
+    def choice_arrays(self) -> dict[str, tuple[tuple[int, ...], str]]:
+        """The arrays a Batch's `choice` holds, name -> (row shape, dtype): the choices, then the step_logps
+        (what `learner.batch.example_batch` takes)."""
+        return {
+            **{name: (self.choice_shapes.get(name, ()), dtype) for name, (dtype, _) in self.choices.items()},
+            **{name: (shape, STEP_LOGP_DTYPE) for name, shape in self.step_logps.items()},
+        }
 
 
 @dataclass
@@ -80,7 +112,8 @@ class Episode:
     obs: dict[str, np.ndarray]
     """Featurized observations, [T + 1, ...]: one per step plus the final one."""
     steps: dict[str, np.ndarray]
-    """The spec's step arrays (its choices, then BASE_STEP_ARRAYS), [T] each."""
+    """The spec's step arrays (its choices, its step_logps, then BASE_STEP_ARRAYS), [T, *row shape] each
+    (`EpisodeSpec.step_shapes`)."""
     estimates: dict[str, np.ndarray] = field(default_factory=dict)
     """ESTIMATE_ARRAYS the actor sent, [T] each: its own V(s_t) and policy entropy, from which the learner
     computes the episode's priority when it enters the replay (learner/replay.py:initial_priority).
@@ -90,39 +123,55 @@ class Episode:
     def length(self) -> int:
         return int(self.steps["reward"].shape[0])
 
+    def wire_fields(self) -> dict[str, Any]:
+        """The stored episode as a sender's `episode_fields` map, its arrays as they are (validated, so in
+        the spec's dtypes and row shapes) and without estimates: what a replay file writes."""
+        head = {"task": self.task, "success": self.success, "truncated": self.truncated, "obs": self.obs}
+        return {**head, **self.steps}
+
 
 def episode_fields(
     task: str,
     success: bool,
     truncated: bool,
     obs: dict[str, np.ndarray],
-    steps: dict[str, np.ndarray],
+    steps: dict[str, Any],
     estimates: dict[str, np.ndarray] | None = None,
     spec: EpisodeSpec | None = None,
 ) -> dict[str, Any]:
     """One episode as a sender holds it until it goes out (with ESTIMATE_ARRAYS when `estimates` are
-    given): `task`, `success`, `truncated`, `obs` (a map of arrays) and the per-step arrays: the choice
-    arrays, then BASE_STEP_ARRAYS in their dtypes. The choices are `spec.choices` in their dtypes when a
-    spec is given, else every other array of `steps`, in its order, as CHOICE_DTYPE. A TRAJ carries a list
-    of them packed (`pack_episodes`, which `Traj.to_msg` calls)."""
+    given): `task`, `success`, `truncated`, `obs` (a map of arrays) and the per-step arrays, [T, *row
+    shape] each: the choice arrays, the step_logps, then BASE_STEP_ARRAYS in their dtypes. With a spec,
+    its `step_shapes()` in their dtypes: a step array may be given as a list of per-step rows (lists or
+    arrays), stacked here, and one of another row shape is refused (ValueError). Without one, every other
+    array of `steps`, in its order, is a choice of CHOICE_DTYPE. A TRAJ carries a list of them packed
+    (`pack_episodes`, which `Traj.to_msg` calls)."""
     estimates = estimates or {}
     if spec is not None:
-        choices = {k: np.dtype(dt) for k, (dt, _) in spec.choices.items()}
+        arrays = {name: (shape, np.dtype(dt)) for name, (shape, dt) in spec.step_shapes().items()}
     else:
-        choices = {k: np.dtype(CHOICE_DTYPE) for k in steps if k not in BASE_STEP_ARRAYS}
+        names = [k for k in steps if k not in BASE_STEP_ARRAYS] + list(BASE_STEP_ARRAYS)
+        arrays = {k: (None, np.dtype(BASE_STEP_ARRAYS.get(k, CHOICE_DTYPE))) for k in names}
     return {
         "task": task,
         "success": success,
         "truncated": truncated,
         "obs": {k: np.ascontiguousarray(v) for k, v in obs.items()},
-        **{k: np.ascontiguousarray(steps[k], dtype=dt) for k, dt in choices.items()},
-        **{k: np.ascontiguousarray(steps[k], dtype=np.dtype(dt)) for k, dt in BASE_STEP_ARRAYS.items()},
+        **{k: _step_array(k, steps[k], shape, dt) for k, (shape, dt) in arrays.items()},
         **{
             k: np.ascontiguousarray(estimates[k], dtype=np.dtype(dt))
             for k, dt in ESTIMATE_ARRAYS.items()
             if estimates
         },
     }
+
+
+def _step_array(name: str, values: Any, row_shape: tuple[int, ...] | None, dtype: np.dtype) -> np.ndarray:
+    """One per-step array, [T, *row_shape] in `dtype` (any row shape when `row_shape` is None)."""
+    arr = np.ascontiguousarray(values, dtype=dtype)
+    if row_shape is not None and arr.shape[1:] != row_shape:
+        raise ValueError(f"per-step array {name!r} has rows of shape {arr.shape[1:]}, expected {row_shape}")
+    return arr
 
 
 # ---- TRAJ episodes, packed (docs/PROTOCOL.md §3.5, §6) --------------------------------------------------
@@ -133,7 +182,7 @@ OBS_PREFIX = "obs/"
 def pack_episodes(episodes: list[dict[str, Any]]) -> dict[str, Any]:
     """The wire form of a TRAJ's `episodes` (docs/PROTOCOL.md §6): `task`, one name per episode, and one
     array table and one bin (`arrays`, `data`, §3.5) for all the episodes' arrays: EPISODE_ARRAYS [n],
-    then each per-step array [sum of T] and each `obs/<key>` [sum of (T + 1), ...], every episode's rows
+    then each per-step array [sum of T, *row shape] and each `obs/<key>` [sum of (T + 1), ...], every episode's rows
     one after the other in episode order. The per-step arrays are the first episode's (its keys other than
     EPISODE_KEYS, in their order), which every episode must have; each of the ESTIMATE_ARRAYS goes along
     when every episode has it. The data is copied once, straight into place (`wire.encode` copies it once
@@ -214,10 +263,11 @@ def validate_packed(packed: Any, spec: EpisodeSpec, max_steps: int, newest_versi
     row_ends = [end + i + 1 for i, end in enumerate(step_ends)]
     total = step_ends[-1]
     steps = {
-        name: _column(arrays, name, dtype, (total,), "steps") for name, dtype in spec.step_arrays().items()
+        name: _column(arrays, name, dtype, (total, *shape), "steps")
+        for name, (shape, dtype) in spec.step_shapes().items()
     }
     obs = _observations(arrays, spec.observations, row_ends[-1])
-    _check_steps(steps, spec.choices, newest_version, step_ends)
+    _check_steps(steps, spec, newest_version, step_ends)
     _check_observations(obs, spec.id_ranges, row_ends)
     estimates = _estimates(arrays, total, step_ends)
     success, truncated = every["success"].tolist(), every["truncated"].tolist()
@@ -295,24 +345,27 @@ def _observations(
 
 
 def _check_steps(
-    steps: dict[str, np.ndarray], choices: dict[str, tuple[str, int]], newest_version: int, ends: list[int]
+    steps: dict[str, np.ndarray], spec: EpisodeSpec, newest_version: int, ends: list[int]
 ) -> None:
-    """Each choice in [0, its bound); behavior_logp and reward finite, behavior_logp <= 0; every
+    """Each choice (every element of a shaped one) in [0, its bound); behavior_logp, the step_logps and
+    reward finite; behavior_logp and the step_logps <= 0 (1e-3 tolerated for rounding); every
     policy_version in [0, newest_version] (`future_version` above it)."""
-    for name, (_, upper) in choices.items():
+    for name, (_, upper) in spec.choices.items():
         a = steps[name]
         if a.min() < 0 or a.max() >= upper:
             i = _episode_of((a < 0) | (a >= upper), ends)
             raise ProtocolError("bad_array", f"episode {i} {name} outside [0, {upper})")
-    for name in ("behavior_logp", "reward"):
+    logps = ["behavior_logp", *spec.step_logps]
+    for name in (*logps, "reward"):
         finite = np.isfinite(steps[name])
         if not finite.all():
             i = _episode_of(~finite, ends)
             raise ProtocolError("non_finite", f"episode {i} {name} has NaN or infinity")
-    logp = steps["behavior_logp"]
-    if logp.max() > 1e-3:
-        i = _episode_of(logp > 1e-3, ends)
-        raise ProtocolError("bad_array", f"episode {i} behavior_logp must be <= 0")
+    for name in logps:
+        logp = steps[name]
+        if logp.max() > 1e-3:
+            i = _episode_of(logp > 1e-3, ends)
+            raise ProtocolError("bad_array", f"episode {i} {name} must be <= 0")
     versions = steps["policy_version"]
     if versions.min() < 0:
         i = _episode_of(versions < 0, ends)

@@ -20,9 +20,11 @@ from common.config import ModelConfig
 if TYPE_CHECKING:
     from common.protocol.episodes import Episode, EpisodeSpec
 
-PROTOCOL_VERSION = 3
+PROTOCOL_VERSION = 4
 """2: acknowledged delivery (HELLO `instance`, grants), snapshot checksums, instr_feats [Li, 3].
-3: TRAJ episodes packed: their task names, and one array table + one bin for all their arrays (§3.5, §6)."""
+3: TRAJ episodes packed: their task names, and one array table + one bin for all their arrays (§3.5, §6).
+4: per-step arrays with a row shape ([sum of T, *row shape]: e.g. generated token ids) and the behaviour
+policy's own per-step log-probabilities (`EpisodeSpec.choice_shapes`, `step_logps`, §6)."""
 
 HELLO, WELCOME, TRAJ, ACK = "HELLO", "WELCOME", "TRAJ", "ACK"
 PARAM_REQ, PARAMS, HEARTBEAT, ERROR = "PARAM_REQ", "PARAMS", "HEARTBEAT", "ERROR"
