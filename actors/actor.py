@@ -33,6 +33,7 @@ from common import protocol
 from common.config import ModelConfig
 from common.curve import CurveClient, CurveError
 from common.episode import EpisodeBuilder
+from common.types import NOOP_PENALTY, ActionType
 
 KEEP_ON_ERROR = frozenset({"no_credit", "not_welcomed", "unavailable"})
 """ERROR codes after which a refused batch is kept and sent again (after a new grant or handshake)."""
@@ -285,6 +286,9 @@ class Actor:
         episode = world.episodes[out.slot]
         # min(): a step in flight while the actor joined a restarted learner gets its version capped too.
         version = min(version, world.runner.version)
+        if action.type == ActionType.NOOP:  # an action that did not parse: a step lost, penalised
+            reward = float(reward) - NOOP_PENALTY
+            self.stats["invalid_actions"] += 1
         episode.add(features_i, choice, logp, float(reward), version, action, value, entropy)
         self.stats["env_steps"] += 1
         if not (terminated or truncated):

@@ -6,7 +6,8 @@ a typed phrase becomes one `type` per instruction word (SimPhone spaces them), s
 log-prob of each step is exact under the behavior policy "oracle with probability 1 - noise, else a
 uniformly random action of the policy's action space". Episodes the policy could not express (a tap
 on an element beyond `max_elements`, text that is not made of instruction words) are skipped and
-counted.
+counted. For the `lm` family (`--model.kind lm`) the oracle's actions are written in its grammar instead
+(actors/lm_demos.py).
 
 File layout: records, each a u32 little-endian byte count followed by one wire message (msgpack,
 common/wire.py): first a header
@@ -31,10 +32,11 @@ import numpy as np
 from actors.check_args import task_problem
 from actors.envs.simphone.env import SimPhoneConfig, SimPhoneEnv
 from actors.envs.simphone.oracle import Oracle
+from actors.lm_demos import record_lm_episode
 from common import featurize, protocol, trajectory_file, wire
 from common.config import ModelConfig
 from common.episode import EpisodeBuilder
-from common.policies import PointerPolicy
+from common.policies import PointerPolicy, make_policy
 from common.types import (
     NUM_ACTION_TYPES,
     NUM_SWIPE_DIRECTIONS,
@@ -71,6 +73,8 @@ class DemosConfig:
     def __post_init__(self) -> None:
         if not 0.0 <= self.noise <= 1.0:
             raise ValueError(f"--noise must be in [0, 1], got {self.noise}")
+        if self.noise and self.model.kind != "pointer":
+            raise ValueError(f"--noise needs the pointer family (its random actions); got {self.model.kind}")
         for name in ("episodes", "max_steps"):
             if getattr(self, name) < 1:
                 raise ValueError(f"--{name.replace('_', '-')} must be at least 1, got {getattr(self, name)}")
@@ -179,6 +183,7 @@ def write_demos(cfg: DemosConfig, log=print) -> Counter:
         raise SystemExit(2)
     env = SimPhoneEnv(SimPhoneConfig(tasks=cfg.tasks, split=cfg.split, max_steps=cfg.max_steps))
     rng = np.random.default_rng(cfg.seed)
+    lm = make_policy(cfg.model) if cfg.model.kind == "lm" else None
     stats: Counter = Counter()
     batch: list[dict] = []
     start = last = time.monotonic()
@@ -191,8 +196,14 @@ def write_demos(cfg: DemosConfig, log=print) -> Counter:
         while stats["written"] < cfg.episodes:
             seed += 1
             try:
-                episode = record_episode(env, seed, cfg.noise, rng, cfg.model)
+                episode = (
+                    record_episode(env, seed, cfg.noise, rng, cfg.model)
+                    if lm is None
+                    else record_lm_episode(env, seed, lm)
+                )
             except Inexpressible:
+                episode = None
+            if episode is None:
                 stats["skipped_inexpressible"] += 1
                 continue
             batch.append(episode)

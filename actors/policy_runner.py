@@ -9,8 +9,10 @@ from typing import Any, NamedTuple
 
 import jax
 import numpy as np
+from flax import nnx
 
 from common import model, text_encoder
+from common.backbones.lora import split_trained
 from common.config import ModelConfig
 from common.policies import make_policy
 from common.types import Action, Observation
@@ -40,13 +42,24 @@ class PolicyRunner:
         self.graphdef, self._template = self.policy.abstract()
         self.params = None
         self.version = -1
+        self._seed = seed
+        self._frozen = None
+        """A LoRA-tuned family's frozen base, built on the first snapshot (later ones carry no base)."""
         self._key = jax.random.key(seed)
         policy, graphdef = self.policy, self.graphdef
         self._act = jax.jit(lambda params, inputs, key: policy.act(graphdef, params, inputs, key, greedy))
 
     def load(self, version: int, flat: dict[str, np.ndarray]) -> None:
-        """Swap to a snapshot; raises ValueError if it does not fit the model."""
-        self.params = model.flat_to_params(self._template, flat)
+        """Swap to a snapshot; raises ValueError if it does not fit the model. A family with LoRA
+        adapters publishes only what trains (adapters and heads, lora.split_trained): they are merged
+        into this actor's own copy of the frozen base, read from the checkpoint once."""
+        trained, frozen = split_trained(self._template)
+        if frozen is None:
+            self.params = model.flat_to_params(self._template, flat)
+        else:
+            if self._frozen is None:
+                self._frozen = split_trained(self.policy.create(self._seed)[1])[1]
+            self.params = nnx.merge_state(model.flat_to_params(trained, flat), self._frozen)
         self.version = version
         self.policy.loaded(self.params)
 

@@ -56,6 +56,26 @@ class ModelConfig:
     """WordPiece tokens kept of the instruction, [CLS] and [SEP] included (with a text encoder)."""
     max_element_pieces: int = 10
     """WordPiece tokens kept of each element label, [CLS] and [SEP] included (with a text encoder)."""
+    backbone: str = "default"
+    """The `lm` family's pretrained decoder: 'default' (the packaged SmolLM2-135M-Instruct), a Hugging Face
+    folder (Llama, Qwen2, Qwen3) or a .gguf file; the same path must exist on every actor host."""
+    lora_rank: int = 8
+    """The `lm` family's LoRA rank on every attention and MLP projection (base frozen; the learner trains
+    and publishes only the adapters and the value head); 0 = full fine-tuning (everything is published)."""
+    lm_prompt_tokens: int = 320
+    """The `lm` family's prompt budget in tokens (chat template, instruction, recent actions, screen lines;
+    what does not fit is cut by common/policies/lm/prompt.py's rule). Learner cost grows with it."""
+    lm_action_tokens: int = 24
+    """Tokens an `lm` action may take, end-of-turn included (the grammar ends every action within it)."""
+    lm_history: int = 4
+    """Recent actions of the episode the `lm` prompt shows (0 = none)."""
+    lm_max_text_chars: int = 40
+    """Longest text a `type("...")` action may write (constrained decoding closes the quote by then)."""
+    lm_temperature: float = 1.0
+    """Sampling temperature of the `lm` family; behaviour and learner log-probs are both taken under it."""
+    lm_constrained: bool = True
+    """Constrained decoding: a token mask from the action grammar keeps every sample a valid action. Off:
+    free generation; an action that does not parse is a no-op step with a penalty, counted."""
 
     @property
     def uses_text_encoder(self) -> bool:
@@ -77,7 +97,10 @@ class ModelConfig:
             elif by_name[k].type in (bool, "bool"):
                 if not isinstance(v, bool):
                     raise ValueError(f"model config field {k} must be true or false, got {v!r}")
-            elif k == "text_dim":
+            elif by_name[k].type in (float, "float"):
+                if isinstance(v, bool) or not isinstance(v, int | float) or not math.isfinite(v) or v <= 0:
+                    raise ValueError(f"model config field {k} must be a finite number > 0, got {v!r}")
+            elif k in ("text_dim", "lora_rank", "lm_history"):
                 if not isinstance(v, int) or isinstance(v, bool) or v < 0:
                     raise ValueError(f"model config field {k} must be an integer >= 0, got {v!r}")
             elif not isinstance(v, int) or isinstance(v, bool) or v <= 0:
@@ -95,6 +118,15 @@ class ModelConfig:
             raise ValueError(
                 "--model.train-text-encoder needs a text encoder (--model.text-encoder minilm or PATH)"
             )
+        if self.lora_rank < 0:
+            raise ValueError(f"--model.lora-rank must be >= 0 (0 = full fine-tuning), got {self.lora_rank}")
+        if not (math.isfinite(self.lm_temperature) and self.lm_temperature > 0):
+            raise ValueError(f"--model.lm-temperature must be a finite number > 0, got {self.lm_temperature}")
+        for name in ("lm_prompt_tokens", "lm_action_tokens", "lm_max_text_chars"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"--model.{name.replace('_', '-')} must be >= 1, got {getattr(self, name)}")
+        if self.lm_history < 0:
+            raise ValueError(f"--model.lm-history must be >= 0, got {self.lm_history}")
 
 
 def _flag(name: str) -> str:

@@ -8,7 +8,7 @@ AndroidWorld: taps, swipes, typed text and key presses, with coordinates normali
 from __future__ import annotations
 
 import enum
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -69,6 +69,9 @@ class ActionType(enum.IntEnum):
     PRESS_HOME = 4
     PRESS_ENTER = 5
     STATUS_COMPLETE = 6
+    NOOP = 7
+    """Nothing happens: what an action that did not parse becomes (the `lm` family with constraints off).
+    No policy chooses it as such, so it is not among NUM_ACTION_TYPES."""
 
 
 class SwipeDirection(enum.IntEnum):
@@ -78,7 +81,10 @@ class SwipeDirection(enum.IntEnum):
     RIGHT = 3
 
 
-NUM_ACTION_TYPES = len(ActionType)
+NUM_ACTION_TYPES = 7
+"""The action types a policy chooses among (the pointer policy's action_type head): all but NOOP."""
+NOOP_PENALTY = 0.1
+"""Subtracted by the actor from the reward of a NOOP step (an action that did not parse), which it counts."""
 NUM_SWIPE_DIRECTIONS = len(SwipeDirection)
 
 
@@ -91,6 +97,9 @@ class Action:
     y: float = 0.0
     direction: SwipeDirection = SwipeDirection.UP
     text: str = ""
+    note: str = field(default="", compare=False)
+    """How the policy that chose it wrote it (the `lm` family's action text, e.g. `tap(3)`), so that a
+    family can show an episode's earlier actions in its own words; not part of what the action does."""
 
     @staticmethod
     def tap(x: float, y: float) -> Action:

@@ -45,11 +45,12 @@ from jax.sharding import PartitionSpec as P
 
 from common import model
 from common.backbones import axes
+from common.backbones.lora import split_trained
 from common.config import ModelConfig
 from learner.batch import Batch
 from learner.config import PARAM_SHARDINGS, MeshConfig, ParamSharding  # noqa: F401 (re-exported)
 from learner.losses.base import LossFn, LossParams
-from learner.train_step import make_train_step, split_trained
+from learner.train_step import make_train_step
 
 DATA, MODEL = "data", "model"
 AXES = (DATA, MODEL)

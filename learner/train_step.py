@@ -12,6 +12,7 @@ import jax.numpy as jnp
 import optax
 from flax import nnx
 
+from common.backbones.lora import split_trained
 from common.policies import Evaluation
 from learner.batch import Batch
 from learner.losses.base import LossFn, LossParams, PriorityTerms
@@ -40,22 +41,6 @@ def make_optimizer(
         optax.clip_by_global_norm(max_grad_norm),
         optax.adamw(schedule, weight_decay=weight_decay),
     )
-
-
-def has_adapters(params: Any) -> bool:
-    """Whether `params` (an nnx.State, or a tree of the same structure such as its shardings) holds LoRA
-    adapters (nnx.LoRAParam, common/backbones/lora.py): then only the adapters train."""
-    is_variable = lambda x: isinstance(x, nnx.Variable)  # noqa: E731
-    return any(isinstance(v, nnx.LoRAParam) for v in jax.tree.leaves(params, is_leaf=is_variable))
-
-
-def split_trained(params: Any) -> tuple[Any, Any]:
-    """(what the optimizer updates, what stays frozen): (adapters, the base) when there are adapters, else
-    (params, None). The frozen part is never differentiated and has no optimizer state."""
-    if not has_adapters(params):
-        return params, None
-    trained, frozen = nnx.split_state(params, nnx.LoRAParam, ...)
-    return trained, frozen
 
 
 def is_text_encoder(path: tuple) -> bool:

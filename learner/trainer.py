@@ -21,6 +21,7 @@ import jax
 import numpy as np
 
 from common import model, text_encoder
+from common.backbones.lora import split_trained
 from common.policies import PointerPolicy, make_policy
 from learner import multihost
 from learner.batch import Batch, example_batch
@@ -217,8 +218,9 @@ class Trainer:
         return self.version
 
     def snapshot(self) -> dict[str, np.ndarray]:
-        """The parameters as the host copy actors receive (gathered from every device and process)."""
-        return model.params_to_flat(multihost.host_copy(self.params))
+        """The parameters as the host copy actors receive (gathered from every device and process): with
+        LoRA adapters only what trains (adapters and heads; actors hold the frozen base themselves)."""
+        return model.params_to_flat(multihost.host_copy(split_trained(self.params)[0]))
 
     def digest(self) -> str:
         """A short hash of the snapshot: equal digests mean bit-identical parameters (across processes, runs)."""

@@ -18,11 +18,11 @@ from flax import nnx
 
 from common.backbones.decoder_config import DecoderConfig
 from common.backbones.llama import Decoder
-from common.backbones.lora import LoraConfig
+from common.backbones.lora import LoraConfig, split_trained
 from common.policies import Evaluation
 from learner import mesh as M
 from learner.losses.base import LossOutput, LossParams
-from learner.train_step import make_optimizer, make_train_step, split_trained
+from learner.train_step import make_optimizer, make_train_step
 from tests.decoder_reference import VARIANTS
 
 

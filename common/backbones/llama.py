@@ -242,6 +242,15 @@ class Decoder(nnx.Module):
         and the returned cache has end + L. The caller keeps end + L <= T: past T, XLA would clamp the
         write onto the last L slots. `last_only` returns the last position's logits alone [B, 1, vocab]
         (generation's prefill: the full [B, L, vocab] would be most of its memory)."""
+        states, cache = self.states(tokens, positions, mask, cache)
+        return self.logits(states[:, -1:] if last_only else states), cache
+
+    def states(
+        self, tokens: jax.Array, positions: jax.Array, mask: jax.Array, cache: KVCache | None = None
+    ) -> tuple[jax.Array, KVCache | None]:
+        """The final normalized hidden states [B, L, hidden] (before the output head) and the extended
+        cache, as `__call__` computes them: for heads of one's own (a value head) and for logits at a few
+        chosen positions only (`logits`)."""
         mask = jnp.asarray(mask, bool)
         _check_shapes(tokens, positions, mask, cache)
         x = self.embed_tokens(tokens)
@@ -258,19 +267,20 @@ class Decoder(nnx.Module):
             layer_kv = LayerKV(cache.keys, cache.values, cache.end)
         for i, layer in enumerate(self.layers):
             x, layer_kv = layer(x, positions, allowed, inv_freq, layer_kv, i)
-        logits = self._head(self.norm(x[:, -1:] if last_only else x))
+        x = self.norm(x)
         if cache is None:
-            return logits, None
+            return x, None
         new_end = cache.end + tokens.shape[1]
-        return logits, KVCache(layer_kv.keys, layer_kv.values, valid, new_end.astype(jnp.int32))
+        return x, KVCache(layer_kv.keys, layer_kv.values, valid, new_end.astype(jnp.int32))
 
-    def _head(self, x: jax.Array) -> jax.Array:
-        """Final states -> float32 logits, through the embedding table when tied."""
+    def logits(self, x: jax.Array) -> jax.Array:
+        """Final states [..., L, hidden] (`states`) -> float32 logits [..., L, vocab], through the embedding
+        table when tied."""
         if self.lm_head is None:
             table = self.embed_tokens.embedding[...]
-            return jnp.einsum("bld,vd->blv", x, table, preferred_element_type=jnp.float32)
+            return jnp.einsum("...ld,vd->...lv", x, table, preferred_element_type=jnp.float32)
         kernel = self.lm_head.kernel[...]
-        return jnp.einsum("bld,dv->blv", x, kernel, preferred_element_type=jnp.float32)
+        return jnp.einsum("...ld,dv->...lv", x, kernel, preferred_element_type=jnp.float32)
 
 
 def _check_shapes(tokens: jax.Array, positions: jax.Array, mask: jax.Array, cache: KVCache | None) -> None:

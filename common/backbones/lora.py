@@ -32,6 +32,29 @@ BASE = nnx.All(nnx.Param, nnx.Not(nnx.LoRAParam))
 """Filter: every base weight (nnx.LoRAParam subclasses nnx.Param, so plain nnx.Param would include adapters)."""
 
 
+class HeadParam(nnx.LoRAParam):
+    """A small head's weight on a LoRA-tuned backbone (the LM agent's value head): trained, and sent to
+    actors, together with the adapters (the ADAPTERS filter selects it too). A fully fine-tuned model's
+    heads are plain nnx.Param: with no adapters, everything trains."""
+
+
+def has_adapters(params: Any) -> bool:
+    """Whether `params` (an nnx.State, or a tree of the same structure such as its shardings) holds LoRA
+    adapters (or HeadParams): then only those train, and only those are published."""
+    is_variable = lambda x: isinstance(x, nnx.Variable)  # noqa: E731
+    return any(isinstance(v, nnx.LoRAParam) for v in jax.tree.leaves(params, is_leaf=is_variable))
+
+
+def split_trained(params: Any) -> tuple[Any, Any]:
+    """(what the optimizer updates and actors receive, what stays frozen): (adapters and heads, the base)
+    when there are adapters, else (params, None). The frozen part is never differentiated, has no
+    optimizer state and is never re-sent."""
+    if not has_adapters(params):
+        return params, None
+    trained, frozen = nnx.split_state(params, nnx.LoRAParam, ...)
+    return trained, frozen
+
+
 @dataclass(frozen=True)
 class LoraConfig:
     """Which projections get adapters, and how large."""

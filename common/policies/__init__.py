@@ -1,6 +1,6 @@
 """Policy families, picked by `--model.kind` (ModelConfig.kind): the interface is common/policies/family.py.
 
-`make_policy(cfg)` builds the family the config names: a built-in one ("pointer", the default) or, for a
+`make_policy(cfg)` builds the family the config names: a built-in one ("pointer", the default, or "lm") or, for a
 family in the user's own code, `package.module:ClassName` (imported here, on the learner and on every
 actor alike: the learner sends the kind in WELCOME), whose class takes the ModelConfig.
 """
@@ -16,8 +16,17 @@ from common.policies.pointer import PointerPolicy
 
 __all__ = ["BUILT_IN", "Acted", "Evaluation", "PointerPolicy", "PolicyFamily", "make_policy"]
 
-BUILT_IN = {"pointer": PointerPolicy}
-"""The families this package ships, by --model.kind."""
+
+
+def _lm(cfg: ModelConfig) -> PolicyFamily:
+    from common.policies.lm.family import LMPolicy  # imported when used: it reads checkpoints
+
+    return LMPolicy(cfg)
+
+
+BUILT_IN = {"pointer": PointerPolicy, "lm": _lm}
+"""The families this package ships, by --model.kind: the pointer policy, and the language-model agent
+(common/policies/lm)."""
 
 
 def make_policy(cfg: ModelConfig) -> PolicyFamily:

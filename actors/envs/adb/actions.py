@@ -63,7 +63,7 @@ def _swipe(direction: SwipeDirection, w: int, h: int) -> str:
 
 
 def action_command(action: Action, screen_size: tuple[int, int]) -> str | None:
-    """The shell line for `action` on a screen of (width, height) pixels; None for STATUS_COMPLETE.
+    """The shell line for `action` on a screen of (width, height) pixels; None for STATUS_COMPLETE and NOOP.
 
     Raises ValueError for a NaN coordinate and UntypeableText for text `input text` cannot type.
     """
@@ -75,7 +75,7 @@ def action_command(action: Action, screen_size: tuple[int, int]) -> str | None:
             return _swipe(action.direction, w, h)
         case ActionType.TYPE:
             return f"input text {escape_text(action.text)}"
-        case ActionType.STATUS_COMPLETE:
+        case ActionType.STATUS_COMPLETE | ActionType.NOOP:
             return None
         case kind if kind in KEYCODES:
             return f"input keyevent {KEYCODES[kind]}"

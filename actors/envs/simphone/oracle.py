@@ -31,6 +31,9 @@ class Oracle:
         self._selected = False  # the oracle just tapped the field of its `type` step: its text is selected
         self._typing = False  # the oracle has typed words of its `type` step
         self._before: dict = {}
+        self.phrase = ""
+        """The rest of the phrase of the current `type` step (set with each word typed): a policy that
+        types a whole phrase at once (the `lm` family's demonstrations) types this instead of the word."""
 
     def act(self, obs: Observation) -> Action:
         """The next action; the oracle assumes it is taken (see `undo`)."""
@@ -107,6 +110,7 @@ class Oracle:
             self._selected, self._typing = True, False
             return _tap(field)
         self._selected, self._typing = False, True
+        self.phrase = " ".join(words[done:])
         return Action(ActionType.TYPE, text=words[done])
 
     def _rewind(self) -> bool:

@@ -180,6 +180,8 @@ class SimPhone:
             view.on_enter()
             self._changed()
             return None
+        if kind == ActionType.NOOP:
+            return "noop"
         return None  # STATUS_COMPLETE is the evaluator's business
 
     def _back(self) -> None:

@@ -6,7 +6,7 @@ from __future__ import annotations
 import gymnasium as gym
 import numpy as np
 
-from common.types import Action, ActionType, Observation, SwipeDirection
+from common.types import NUM_ACTION_TYPES, Action, ActionType, Observation, SwipeDirection
 
 
 class ObservationSpace(gym.Space):
@@ -37,7 +37,7 @@ class ActionSpace(gym.Space):
 
     def sample(self, mask=None, probability=None) -> Action:
         rng: np.random.Generator = self.np_random
-        kind = ActionType(int(rng.integers(len(ActionType))))
+        kind = ActionType(int(rng.integers(NUM_ACTION_TYPES)))
         return Action(
             kind,
             x=float(rng.random()),

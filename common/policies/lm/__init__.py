@@ -1,0 +1,1 @@
+"""The language-model policy family (`--model.kind lm`)."""

@@ -1,0 +1,211 @@
+"""The LM agent's network: a pretrained decoder plus a value head, and its two passes.
+
+`sample_actions` (the actor's act: one prefill, then KV-cached decoding of the action inside one jitted
+while-loop) and `score_actions` (the learner's evaluate: one forward pass over prompt + action tokens) read
+the same positions, masks and grammar state, so the log-probability the actor records for a token and the
+one the learner computes for it differ only by float rounding: the importance ratio is 1 on-policy.
+
+Per position the distribution is the model's logits, masked by the action grammar (when constrained), over
+the temperature. A step's log-probability is the sum over its action tokens (the step is the unit of credit)
+and its entropy the sum of each position's exact entropy along the taken path, an unbiased one-sample
+estimate of the entropy of the whole action (the chain rule of entropy).
+"""
+
+from __future__ import annotations
+
+from typing import Any, NamedTuple
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+from common.backbones.llama import Decoder, init_cache
+from common.policies.lm import grammar
+
+
+class ValueHead(nnx.Module):
+    """V(s) from the decoder's final state at the prompt's last token; zero at the start."""
+
+    def __init__(self, dim: int, param_type: type[nnx.Variable]):
+        self.kernel = param_type(jnp.zeros((dim, 1), jnp.float32))
+        self.bias = param_type(jnp.zeros((1,), jnp.float32))
+
+    def __call__(self, state: jax.Array) -> jax.Array:
+        return (state.astype(jnp.float32) @ self.kernel[...] + self.bias[...])[..., 0]
+
+
+class LMAgent(nnx.Module):
+    """The decoder and its value head (`param_type`: lora.HeadParam when the decoder has adapters, so the
+    head trains and is published with them; nnx.Param for full fine-tuning)."""
+
+    def __init__(self, decoder: Decoder, param_type: type[nnx.Variable]):
+        self.decoder = decoder
+        self.value = ValueHead(decoder.cfg.hidden_size, param_type)
+
+
+class Decoding(NamedTuple):
+    """How actions are decoded, the same on the actor and the learner."""
+
+    tables: Any
+    """The grammar's tables as jnp arrays (grammar.GrammarTables.to_jax()); used when `constrained`."""
+    eos_id: int
+    """The end-of-turn token that ends every action."""
+    temperature: float
+    constrained: bool
+
+
+class Sampled(NamedTuple):
+    tokens: jax.Array
+    """[N, A] int32 action tokens, 0 after the action's end."""
+    length: jax.Array
+    """[N] int32 tokens generated (end-of-turn included)."""
+    token_logp: jax.Array
+    """[N, A] float32 log-prob of each token under the distribution it was drawn from, 0 after the end."""
+    value: jax.Array
+    """[N] float32 V(s)."""
+    entropy: jax.Array
+    """[N] float32 the sum of the per-position exact entropies along the sampled action."""
+
+
+def prompt_layout(length: jax.Array, width: int) -> tuple[jax.Array, jax.Array]:
+    """(mask, positions) [..., width] of prompts left-padded to `width` with `length` real tokens."""
+    mask = jnp.arange(width) >= (width - length)[..., None]
+    return mask, jnp.maximum(jnp.cumsum(mask, axis=-1) - 1, 0).astype(jnp.int32)
+
+
+def _allowed(decoding: Decoding, state, n_elements, remaining, vocab: int) -> jax.Array:
+    if not decoding.constrained:
+        return jnp.ones((*state.shape, vocab), bool)
+    return grammar.allowed(decoding.tables, state, n_elements, remaining)
+
+
+def _distribution(logits: jax.Array, allowed: jax.Array, temperature: float):
+    """(log-probs, per-position entropy) of the masked, tempered distribution (masked tokens: -inf)."""
+    scaled = jnp.where(allowed, logits.astype(jnp.float32) / temperature, -jnp.inf)
+    logp = jax.nn.log_softmax(scaled, axis=-1)
+    entropy = -jnp.sum(jnp.where(allowed, jnp.exp(logp) * logp, 0.0), axis=-1)
+    return logp, entropy
+
+
+def sample_actions(
+    agent: LMAgent,
+    decoding: Decoding,
+    prompt: jax.Array,
+    prompt_length: jax.Array,
+    n_elements: jax.Array,
+    key: jax.Array,
+    greedy: bool,
+    max_tokens: int,
+) -> Sampled:
+    """One action per row of prompts [N, P] (left-padded; `prompt_length` real tokens each), sampled (or
+    the mode when `greedy`) token by token until end-of-turn or `max_tokens`."""
+    n, width = prompt.shape
+    decoder = agent.decoder
+    mask, positions = prompt_layout(prompt_length, width)
+    dtype = decoder.embed_tokens.embedding[...].dtype
+    cache = init_cache(decoder.cfg, n, width + max_tokens, dtype)
+    states, cache = decoder.states(prompt, positions, mask, cache)
+    value = agent.value(states[:, -1])
+    vocab = decoder.cfg.vocab_size
+    start = jnp.full((n,), grammar.START, jnp.int32)
+    zeros = jnp.zeros((n, max_tokens))
+
+    def step(carry):
+        t, cache, logits, state, done, key, tokens, logps, entropy, length = carry
+        key, sub = jax.random.split(key)
+        allowed = _allowed(decoding, state, n_elements, max_tokens - t, vocab)
+        logp, ent = _distribution(logits, allowed, decoding.temperature)
+        if greedy:
+            token = jnp.argmax(logp, axis=-1).astype(jnp.int32)
+        else:
+            token = jax.random.categorical(sub, logp, axis=-1).astype(jnp.int32)
+        token_logp = jnp.take_along_axis(logp, token[:, None], axis=-1)[:, 0]
+        token = jnp.where(done, 0, token)
+        tokens = tokens.at[:, t].set(token)
+        logps = logps.at[:, t].set(jnp.where(done, 0.0, token_logp))
+        entropy = entropy + jnp.where(done, 0.0, ent)
+        length = length + (~done).astype(jnp.int32)
+        if decoding.constrained:
+            state = grammar.advance(decoding.tables, state, token)
+        done = done | (token == decoding.eos_id)
+        fed = jnp.ones((n, 1), bool)
+        new_states, cache = decoder.states(token[:, None], (prompt_length + t)[:, None], fed, cache)
+        return (
+            t + 1,
+            cache,
+            decoder.logits(new_states)[:, 0],
+            state,
+            done,
+            key,
+            tokens,
+            logps,
+            entropy,
+            length,
+        )
+
+    def more(carry):
+        return (carry[0] < max_tokens) & ~jnp.all(carry[4])
+
+    first = decoder.logits(states[:, -1:])[:, 0]
+    carry = (0, cache, first, start, jnp.zeros(n, bool), key, zeros.astype(jnp.int32), zeros.astype(jnp.float32),
+             jnp.zeros(n, jnp.float32), jnp.zeros(n, jnp.int32))  # fmt: skip
+    _, _, _, _, _, _, tokens, logps, entropy, length = jax.lax.while_loop(more, step, carry)
+    return Sampled(tokens, length, logps, value, entropy)
+
+
+class Scored(NamedTuple):
+    logp: jax.Array
+    """[B, T] the sum of the action tokens' log-probs."""
+    entropy: jax.Array
+    """[B, T] the sum of the per-position exact entropies along the taken action."""
+    values: jax.Array
+    """[B, T + 1] V(s) of every observation."""
+    token_logp: jax.Array
+    """[B, T, A] each action token's log-prob (0 past the action's length)."""
+
+
+def grammar_states(decoding: Decoding, tokens: jax.Array) -> jax.Array:
+    """[..., A] the grammar's state before each token of actions [..., A]."""
+    start = jnp.full(tokens.shape[:-1], grammar.START, jnp.int32)
+
+    def walk(state, token):
+        return grammar.advance(decoding.tables, state, token), state
+
+    _, before = jax.lax.scan(walk, start, jnp.moveaxis(tokens, -1, 0))
+    return jnp.moveaxis(before, 0, -1)
+
+
+def score_actions(
+    agent: LMAgent, decoding: Decoding, obs: dict[str, jax.Array], choice: dict[str, jax.Array]
+):
+    """The taken actions [B, T, A] scored on their prompts [B, T + 1, P] in one forward pass over prompt +
+    action tokens, with the positions, masks and grammar states the actor used (`sample_actions`)."""
+    prompt, prompt_length = obs["prompt_ids"], obs["prompt_length"]
+    b, rows, width = prompt.shape
+    steps = rows - 1
+    tokens, length = choice["action_tokens"], choice["action_length"]
+    a = tokens.shape[-1]
+    # The final observation takes no action: it gets an empty one, and only its value is read.
+    all_tokens = jnp.concatenate([tokens, jnp.zeros((b, 1, a), tokens.dtype)], axis=1)
+    all_length = jnp.concatenate([length, jnp.zeros((b, 1), length.dtype)], axis=1)
+    prompt_mask, _ = prompt_layout(prompt_length, width)
+    mask = jnp.concatenate([prompt_mask, jnp.arange(a) < all_length[..., None]], axis=-1)
+    positions = jnp.maximum(jnp.cumsum(mask, axis=-1) - 1, 0).astype(jnp.int32)
+    seq = jnp.concatenate([prompt, all_tokens], axis=-1)
+    flat = lambda x: x.reshape((b * rows, *x.shape[2:]))  # noqa: E731
+    states, _ = agent.decoder.states(flat(seq), flat(positions), flat(mask))
+    states = states.reshape((b, rows, *states.shape[1:]))
+    values = agent.value(states[:, :, width - 1])
+    logits = agent.decoder.logits(states[:, :steps, width - 1 : width - 1 + a])  # [B, T, A, V]
+    valid = jnp.arange(a) < length[..., None]
+    vocab = logits.shape[-1]
+    remaining = a - jnp.arange(a)
+    if decoding.constrained:
+        n_elements = obs["n_elements"][:, :steps, None]
+        allowed = grammar.allowed(decoding.tables, grammar_states(decoding, tokens), n_elements, remaining)
+    else:
+        allowed = jnp.ones((*tokens.shape, vocab), bool)
+    allowed = allowed | ~valid[..., None]  # past the end: anything, so nothing is -inf there
+    logp, entropy = _distribution(logits, allowed, decoding.temperature)
+    token_logp = jnp.where(valid, jnp.take_along_axis(logp, tokens[..., None], axis=-1)[..., 0], 0.0)
+    return Scored(token_logp.sum(-1), jnp.where(valid, entropy, 0.0).sum(-1), values, token_logp)

@@ -1,0 +1,186 @@
+"""The `lm` family (common/policies/lm): a decoder that writes its action as text, on a tiny random decoder
+with SmolLM2's real tokenizer, chat template and grammar (tests/lm_backbone.py).
+
+What must hold exactly: the actor's per-token behaviour log-probs (KV-cached decoding) and the learner's
+(one forward pass over prompt + action, mask rebuilt from the stored tokens) agree, so the on-policy step
+ratio is 1; without constraints they equal a float64 numpy reference; every constrained sample is a valid
+action; an action that does not parse becomes a counted no-op; demonstrations round-trip; and a LoRA
+snapshot carries only the adapters and the value head.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import jax
+import numpy as np
+import pytest
+
+from actors.envs.simphone.env import SimPhoneConfig, SimPhoneEnv
+from actors.envs.simphone.oracle import Oracle
+from actors.policy_runner import PolicyRunner
+from common import model
+from common.backbones.lora import split_trained
+from common.config import ModelConfig
+from common.policies import make_policy
+from common.policies.lm import grammar
+from common.types import ActionType
+from tests.decoder_reference import random_hf_tensors, reference_logits
+from tests.lm_backbone import tiny_lm_config, tiny_lm_folder
+
+
+@pytest.fixture(scope="module")
+def backbone(tmp_path_factory):
+    return str(tiny_lm_folder(tmp_path_factory.mktemp("tiny-lm")))
+
+
+def _screens(n: int, steps: int = 2) -> list:
+    """SimPhone observations of training tasks: start screens and a few oracle steps in."""
+    env = SimPhoneEnv(SimPhoneConfig(tasks="general", split="train", max_steps=20))
+    out = []
+    for seed in range(n):
+        obs, _ = env.reset(seed=seed)
+        oracle = Oracle(env.task.plan)
+        out.append(obs)
+        for _ in range(seed % (steps + 1)):
+            obs, *_ = env.step(oracle.act(obs))
+        out.append(obs)
+    return out[:n]
+
+
+def _act(policy, graphdef, params, observations, seed: int, greedy: bool = False):
+    features = [policy.featurize(obs) for obs in observations]
+    batch = {k: np.stack([f[k] for f in features]) for k in features[0]}
+    acted = jax.jit(lambda p, i, k: policy.act(graphdef, p, i, k, greedy))(
+        params, policy.inputs(batch), jax.random.key(seed)
+    )
+    return batch, jax.device_get(acted)
+
+
+def _evaluate(policy, graphdef, params, batch, choice):
+    """Each row as an episode of one step (its observation twice: the step's and the final one)."""
+    obs = {k: np.stack([v, v], 1) for k, v in batch.items()}
+    steps = {k: np.asarray(v)[:, None] for k, v in choice.items()}
+    ev = jax.jit(lambda p, o, c: policy.evaluate(graphdef, p, o, c, None))(params, obs, steps)
+    return jax.device_get(ev)
+
+
+@pytest.mark.parametrize("temperature", [1.0, 0.7])
+def test_actor_and_learner_log_probs_agree_so_on_policy_ratios_are_one(backbone, temperature):
+    cfg = ModelConfig(kind="lm", backbone=backbone, lora_rank=4, lm_temperature=temperature)
+    policy = make_policy(cfg)
+    graphdef, params = policy.create(0)
+    observations = _screens(6)
+    batch, acted = _act(policy, graphdef, params, observations, seed=3)
+    ev = _evaluate(policy, graphdef, params, batch, acted.choice)
+    np.testing.assert_allclose(np.exp(ev.logp[:, 0] - acted.logp), 1.0, atol=1e-5)
+    np.testing.assert_allclose(acted.logp, acted.choice["token_logp"].sum(-1), atol=1e-6)
+    np.testing.assert_allclose(ev.entropy[:, 0], acted.entropy, rtol=1e-4, atol=1e-5)
+    np.testing.assert_allclose(ev.values[:, 0], acted.value, atol=1e-5)
+    assert (acted.choice["action_length"] >= 2).all()
+
+
+def test_without_constraints_log_probs_equal_a_float64_reference(backbone):
+    cfg = ModelConfig(kind="lm", backbone=backbone, lora_rank=0, lm_constrained=False, lm_temperature=0.8)
+    policy = make_policy(cfg)
+    graphdef, params = policy.create(0)
+    batch, acted = _act(policy, graphdef, params, _screens(3), seed=5)
+    ev = _evaluate(policy, graphdef, params, batch, acted.choice)
+    config, tensors = tiny_lm_config(), random_hf_tensors(tiny_lm_config(), 0)
+    for i in range(3):
+        n, length = int(batch["prompt_length"][i]), int(acted.choice["action_length"][i])
+        tokens = np.concatenate([batch["prompt_ids"][i, -n:], acted.choice["action_tokens"][i, :length]])
+        logits = reference_logits(config, tensors, tokens[None], np.ones((1, len(tokens)), bool))[0]
+        scaled = logits[n - 1 : n - 1 + length] / 0.8
+        logp = scaled - np.log(np.exp(scaled - scaled.max(-1, keepdims=True)).sum(-1, keepdims=True))
+        logp -= scaled.max(-1, keepdims=True)
+        want = logp[np.arange(length), tokens[n:]]
+        np.testing.assert_allclose(acted.choice["token_logp"][i, :length], want, atol=2e-4)
+        np.testing.assert_allclose(ev.logp[i, 0], want.sum(), atol=1e-3)
+
+
+def test_every_constrained_sample_is_a_valid_action(backbone):
+    policy = make_policy(ModelConfig(kind="lm", backbone=backbone, lora_rank=0, lm_action_tokens=16))
+    graphdef, params = policy.create(1)
+    observations = _screens(16, steps=4)
+    for seed in range(8):
+        batch, acted = _act(policy, graphdef, params, observations, seed=seed)
+        for i, obs in enumerate(observations):
+            choice = {k: v[i] for k, v in acted.choice.items()}
+            assert choice["action_tokens"][choice["action_length"] - 1] == policy.eos_id
+            text = policy.action_text(choice)
+            parsed = grammar.parse(text, int(batch["n_elements"][i]), policy.cfg.lm_max_text_chars)
+            assert parsed is not None, text
+            assert policy.to_action(obs, choice).type != ActionType.NOOP
+
+
+def test_an_action_that_does_not_parse_is_a_noop(backbone):
+    policy = make_policy(ModelConfig(kind="lm", backbone=backbone, lora_rank=0, lm_constrained=False))
+    graphdef, params = policy.create(2)
+    observations = _screens(8)
+    _, acted = _act(policy, graphdef, params, observations, seed=0)
+    actions = [
+        policy.to_action(obs, {k: v[i] for k, v in acted.choice.items()})
+        for i, obs in enumerate(observations)
+    ]
+    assert any(a.type == ActionType.NOOP for a in actions)  # a random decoder writes garbage unconstrained
+    for action in actions:
+        assert (action.type == ActionType.NOOP) == (action.note == "invalid")
+
+
+def test_demonstrated_actions_round_trip_through_the_grammar(backbone):
+    policy = make_policy(ModelConfig(kind="lm", backbone=backbone, lora_rank=0))
+    env = SimPhoneEnv(SimPhoneConfig(tasks="general", split="train", max_steps=20))
+    kinds = set()
+    for seed in range(6):
+        obs, _ = env.reset(seed=seed)
+        oracle = Oracle(env.task.plan)
+        for _ in range(12):
+            action = oracle.act(obs)
+            if action.type == ActionType.TYPE:
+                action = dataclasses.replace(action, text=oracle.phrase)
+            n = int(policy.featurize(obs)["n_elements"])
+            choice = policy.demo_choice(obs, n, action)
+            if choice is None:  # a tap on an element the prompt does not show
+                assert action.type == ActionType.TAP
+                break
+            taken = policy.to_action(obs, choice)
+            assert (taken.type, taken.text, taken.direction) == (action.type, action.text, action.direction)
+            assert abs(taken.x - action.x) < 1e-9 and abs(taken.y - action.y) < 1e-9
+            kinds.add(action.type)
+            obs, _, terminated, truncated, _ = env.step(taken)
+            if terminated or truncated:
+                break
+    assert {ActionType.TAP, ActionType.TYPE} <= kinds
+
+
+def test_a_lora_snapshot_carries_only_adapters_and_the_value_head(backbone):
+    cfg = ModelConfig(kind="lm", backbone=backbone, lora_rank=4)
+    policy = make_policy(cfg)
+    graphdef, params = policy.create(0)
+    params = jax.tree.map(lambda x: x + 0.01, params)  # trained adapters and head, B no longer zero
+    trained, frozen = split_trained(params)
+    flat = model.params_to_flat(trained)
+    assert flat and all("lora" in name or name.startswith("value/") for name in flat), sorted(flat)[:5]
+    assert {"value/kernel", "value/bias"} <= set(flat)
+    assert sum(v.size for v in flat.values()) < 0.1 * sum(
+        v.size for v in model.params_to_flat(params).values()
+    )
+    runner = PolicyRunner(cfg, seed=0, greedy=True)
+    runner.load(1, flat)
+    observations = _screens(2)
+    features = [runner.featurize(obs) for obs in observations]
+    mine = runner.act({k: np.stack([f[k] for f in features]) for k in features[0]})
+    # The runner's own base (from the checkpoint) + the snapshot's adapters = the learner's parameters,
+    # except the +0.01 of the base above, which the snapshot must not and does not carry.
+    base_params = jax.tree.map(lambda x: x, params)
+    want_params = nnx_merge(trained, split_trained(policy.create(0)[1])[1])
+    _, want = _act(policy, graphdef, want_params, observations, seed=0, greedy=True)
+    np.testing.assert_allclose(mine.logp, want.logp, atol=1e-5)
+    del base_params, frozen
+
+
+def nnx_merge(a, b):
+    from flax import nnx
+
+    return nnx.merge_state(a, b)
