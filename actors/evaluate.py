@@ -20,7 +20,7 @@ from actors.envs.factory import make_env, task_name
 from actors.policy_runner import PolicyRunner, stack
 from common import params_file
 from common.config import ModelConfig
-from common.types import Action, Observation
+from common.types import Action, ActionType, Observation
 
 
 @dataclass
@@ -32,7 +32,8 @@ class EvalRunConfig:
     config), all of the same model config."""
     out: Path
     """Where the outcomes go. One --params file and one --split: JSON {"policy_version": V, "episodes":
-    [{"template", "success", "steps"}, ...]} (what `python -m learner eval` reads). Otherwise one JSON
+    [{"template", "success", "steps", "invalid_actions", and "prompt_tokens" for a family with prompts},
+    ...]} (what `python -m learner eval` reads). Otherwise one JSON
     {"results": [{"params": path, "split": s, "policy_version": V, "episodes": n, "success": rate,
     "by_template": {template: rate}, "episodes_per_template": {template: n}, "outcomes": [episodes as
     above]}, ...]}, one entry per (file, split), files in the order given and each file's splits in the
@@ -82,27 +83,40 @@ def run_episodes(cfg: EvalRunConfig, setup: Setup) -> list[dict]:
     (so results depend only on the parameters, the seed and the task set)."""
     runner, envs, obs = setup.runner, setup.envs, setup.obs
     history: list[list[Action]] = [[] for _ in envs]
+    prompt_tokens = [0] * len(envs)
     done: list[dict] = []
     started = len(envs)
     active = [*range(len(envs))]
     while active:
-        choices = runner.act(stack([runner.featurize(obs[i], history[i]) for i in active])).choices
+        features = [runner.featurize(obs[i], history[i]) for i in active]
+        choices = runner.act(stack(features)).choices
         still = []
-        for i, choice in zip(active, choices, strict=True):
+        for i, choice, row in zip(active, choices, features, strict=True):
             name = task_name(envs[i])
             action = runner.to_action(obs[i], choice)
             obs[i], _, terminated, truncated, info = envs[i].step(action)
             history[i].append(action)
+            prompt_tokens[i] += int(row.get("prompt_length", 0))
             if not (terminated or truncated):
                 still.append(i)
                 continue
-            done.append({"template": name, "success": bool(info["success"]), "steps": len(history[i])})
+            done.append(_outcome(name, info, history[i], prompt_tokens[i]))
             if started < cfg.episodes:
                 started += 1
-                obs[i], history[i] = envs[i].reset(seed=next(setup.seeds))[0], []
+                obs[i], history[i], prompt_tokens[i] = envs[i].reset(seed=next(setup.seeds))[0], [], 0
                 still.append(i)
         active = still
     return done
+
+
+def _outcome(template: str, info: dict, actions: list[Action], prompt_tokens: int) -> dict:
+    """One episode's outcome: template, success, steps, the actions that did not parse (NOOPs, the `lm`
+    family without constraints) and, for a family with prompts, their mean length in tokens."""
+    out = {"template": template, "success": bool(info["success"]), "steps": len(actions)}
+    out["invalid_actions"] = sum(a.type == ActionType.NOOP for a in actions)
+    if prompt_tokens:
+        out["prompt_tokens"] = prompt_tokens / len(actions)
+    return out
 
 
 def summarize(path: Path, split: str, version: int, outcomes: list[dict]) -> dict:

@@ -493,6 +493,13 @@ class LearnerConfig:
 
     def __post_init__(self) -> None:
         """Rules across groups and of the top-level settings (each group checks its own)."""
+        if self.model.kind == "lm" and self.model.text_encoder == "minilm":
+            # The learner's default encoder belongs to the pointer policy: the lm family reads with its decoder.
+            object.__setattr__(self, "model", dataclasses.replace(self.model, text_encoder="none"))
+        _check(
+            self.model.kind != "lm" or not self.model.uses_text_encoder,
+            "--model.text-encoder is the pointer policy's: the lm family reads the screen with its decoder",
+        )
         make_policy(
             self.model
         )  # ValueError naming --model.kind when it names no family (imports a module:Class)

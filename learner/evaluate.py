@@ -14,15 +14,17 @@ import subprocess
 import sys
 import tempfile
 from collections import defaultdict
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
 from rich.console import Console
 from rich.table import Table
 
-from common import model, params_file
+from common import model, params_file, text_encoder
+from common.backbones.lora import split_trained
 from common.config import ModelConfig
+from common.policies import make_policy
 from learner.checkpoint import Checkpointer, TrainState, rng_state
 from learner.train_step import make_optimizer
 
@@ -31,8 +33,15 @@ from learner.train_step import make_optimizer
 class EvalConfig:
     """Evaluate a trained policy greedily on SimPhone tasks."""
 
-    checkpoint: Path
-    """A run dir, or its `checkpoints` folder; the newest checkpoint is used."""
+    checkpoint: Path | None = None
+    """A run dir, or its `checkpoints` folder; the newest checkpoint is used. Not read with --init."""
+    init: bool = False
+    """Evaluate the untrained policy of --model.* instead of a checkpoint: for --model.kind lm the
+    pretrained decoder as it comes (its zero-shot score), for the pointer policy random weights."""
+    model: ModelConfig = field(default_factory=ModelConfig)
+    """The policy to build with --init (a checkpoint brings its own)."""
+    max_steps: int = 16
+    """Step limit per episode with --init (a checkpoint's run brings its own)."""
     tasks: str = "general"
     """A shipped suite, a task .json file, or a folder of them."""
     split: str = "test"
@@ -71,8 +80,9 @@ def restore(checkpoint: Path) -> Restored:
         raise SystemExit(f"{directory}: holds no checkpoint")
     run_cfg = ckpt.config()
     model_cfg = ModelConfig.from_dict(run_cfg["model"])
-    _, params = model.create(model_cfg, 0)
-    opt_state = make_optimizer(run_cfg["learning_rate"], run_cfg["max_grad_norm"]).init(params)
+    _, params = make_policy(model_cfg).create(0)
+    optimizer = make_optimizer(run_cfg["learning_rate"], run_cfg["max_grad_norm"])
+    opt_state = optimizer.init(split_trained(params)[0])  # with LoRA adapters, only they have Adam moments
     try:
         state = ckpt.restore(
             TrainState(params, opt_state, 0, 0, rng_state(np.random.default_rng())), model_cfg.to_dict()
@@ -82,6 +92,14 @@ def restore(checkpoint: Path) -> Restored:
     finally:
         ckpt.close()
     return Restored(directory, state, model_cfg, int(run_cfg["max_steps"]))
+
+
+def initial(cfg: EvalConfig) -> Restored:
+    """--init: the untrained policy of cfg.model (seed 0), as if restored at update 0."""
+    model_cfg = text_encoder.resolve(cfg.model)
+    _, params = make_policy(model_cfg).create(0)
+    state = TrainState(params, None, 0, 0, rng_state(np.random.default_rng()))
+    return Restored(Path("(untrained)"), state, model_cfg, cfg.max_steps)
 
 
 def run_episodes(
@@ -120,6 +138,7 @@ def summarize(cfg: EvalConfig, restored: Restored, episodes: list[dict]) -> dict
     results: dict[str, list[bool]] = defaultdict(list)
     for ep in episodes:
         results[ep["template"]].append(bool(ep["success"]))
+    prompts = [ep["prompt_tokens"] for ep in episodes if "prompt_tokens" in ep]
     return {
         "checkpoint": str(restored.directory),
         "update": restored.state.update,
@@ -130,12 +149,18 @@ def summarize(cfg: EvalConfig, restored: Restored, episodes: list[dict]) -> dict
         "success": float(np.mean([s for v in results.values() for s in v])),
         "per_template": {k: float(np.mean(v)) for k, v in sorted(results.items())},
         "episodes_per_template": {k: len(v) for k, v in sorted(results.items())},
+        "invalid_actions": int(sum(ep.get("invalid_actions", 0) for ep in episodes)),
+        "steps": int(sum(ep["steps"] for ep in episodes)),
+        **({"mean_prompt_tokens": float(np.mean(prompts))} if prompts else {}),
     }
 
 
 def table(report: dict) -> Table:
     title = f"{report['tasks']}/{report['split']}: success {report['success']:.3f} over "
-    out = Table(title=f"{title}{report['episodes']} episodes (update {report['update']})")
+    extra = f", {report['invalid_actions']} invalid actions in {report['steps']} steps"
+    if "mean_prompt_tokens" in report:
+        extra += f", prompts of {report['mean_prompt_tokens']:.0f} tokens on average"
+    out = Table(title=f"{title}{report['episodes']} episodes (update {report['update']}{extra})")
     out.add_column("template")
     out.add_column("episodes")
     out.add_column("success")
@@ -146,8 +171,14 @@ def table(report: dict) -> Table:
 
 def evaluate(cfg: EvalConfig, console: Console | None = None) -> dict:
     console = console or Console()
-    restored = restore(cfg.checkpoint)
-    flat = model.params_to_flat(restored.state.params)
+    if cfg.init:
+        restored = initial(cfg)
+    elif cfg.checkpoint is None:
+        raise SystemExit("eval: give --checkpoint RUN_DIR, or --init to evaluate an untrained policy")
+    else:
+        restored = restore(cfg.checkpoint)
+    # What actors receive: with LoRA adapters only they (and heads); the evaluator reads its own base.
+    flat = model.params_to_flat(split_trained(restored.state.params)[0])
     episodes = run_episodes(cfg, restored.model_cfg, flat, restored.state.policy_version, restored.max_steps)
     report = summarize(cfg, restored, episodes)
     console.print(table(report))

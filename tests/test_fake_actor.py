@@ -25,7 +25,7 @@ import zmq
 pytestmark = pytest.mark.timeout(600)
 
 # ---- the wire format, from docs/PROTOCOL.md ------------------------------------------------------------
-PROTOCOL_VERSION = 3
+PROTOCOL_VERSION = 4
 ARRAY_EXT_CODE = 1
 PACK_ALIGN = 8  # §3.5: each packed array starts at the next multiple of 8 bytes
 NUM_ACTION_TYPES = 7  # TAP SWIPE TYPE PRESS_BACK PRESS_HOME PRESS_ENTER STATUS_COMPLETE
@@ -60,6 +60,17 @@ TEXT_ENCODER_FIELDS = {
     "text_dim": int,
     "train_text_encoder": bool,
 }
+LM_FIELDS = {
+    "backbone": str,
+    "lora_rank": int,
+    "lm_prompt_tokens": int,
+    "lm_action_tokens": int,
+    "lm_history": int,
+    "lm_max_text_chars": int,
+    "lm_temperature": float,
+    "lm_constrained": bool,
+}
+"""The `lm` family's fields (common/config.py), sent whatever the family."""
 CONTRACT_FIELDS = {
     "wall": (int, float),
     "update": int,
@@ -375,12 +386,13 @@ def test_handshake_welcome_carries_run_and_model(learner_process, fake_actor):
     assert welcome["max_steps"] == 5
     assert welcome["policy_version"] == 0  # version 0 is published before any actor is served
     model = welcome["model"]
-    assert set(model) == MODEL_FIELDS | set(TEXT_ENCODER_FIELDS) | {"kind"}
+    assert set(model) == MODEL_FIELDS | set(TEXT_ENCODER_FIELDS) | set(LM_FIELDS) | {"kind"}
     assert model["kind"] == "pointer"  # the policy family the episodes are featurized for
     assert model["max_elements"] == 7 and model["vocab_size"] == 321
     assert model["max_instruction_tokens"] == 16 and model["max_element_tokens"] == 6
     assert all(isinstance(model[k], int) and model[k] > 0 for k in MODEL_FIELDS)
     assert all(isinstance(model[k], t) for k, t in TEXT_ENCODER_FIELDS.items())
+    assert all(isinstance(model[k], t) for k, t in LM_FIELDS.items())
     assert (model["text_encoder"], model["text_dim"], model["text_encoder_sha256"]) == ("none", 0, "")
 
     other = b.hello()
@@ -460,9 +472,23 @@ def test_traj_is_acked_and_trained_on(learner_process, fake_actor):
     sent = [*actor.episodes(3, rng, success=True), *actor.episodes(5, rng)]
 
     _, ack = actor.traj(sent[:3])
-    assert ack == {"v": 3, "kind": "ACK", "seq": 1, "accepted": 3, "duplicate": False, "grant": 9}
+    assert ack == {
+        "v": PROTOCOL_VERSION,
+        "kind": "ACK",
+        "seq": 1,
+        "accepted": 3,
+        "duplicate": False,
+        "grant": 9,
+    }
     _, ack = actor.traj(sent[3:])  # each stored batch raises the grant (credit 8 past the watermark)
-    assert ack == {"v": 3, "kind": "ACK", "seq": 2, "accepted": 5, "duplicate": False, "grant": 10}
+    assert ack == {
+        "v": PROTOCOL_VERSION,
+        "kind": "ACK",
+        "seq": 2,
+        "accepted": 5,
+        "duplicate": False,
+        "grant": 10,
+    }
 
     line = wait_for_metrics(learner, lambda m: m["update"] >= 2, what="update >= 2")
     assert (
@@ -481,7 +507,7 @@ def test_traj_is_acked_and_trained_on(learner_process, fake_actor):
     # A heartbeat reports the newest version and counts the actor as connected again.
     beat = actor.request(message("HEARTBEAT", actor_id=actor.actor_id))
     assert beat == {
-        "v": 3,
+        "v": PROTOCOL_VERSION,
         "kind": "HEARTBEAT",
         "policy_version": 2,
         "run_id": actor.welcome["run_id"],
@@ -570,6 +596,11 @@ BAD_CASES = [
         "a version 2 actor's HELLO",
         "bad_version",
         _frames({"v": 2, "kind": "HELLO", "actor": "x", "num_envs": 1, "instance": "i", "first_unacked": 1}),
+    ),
+    (
+        "a version 3 actor's HELLO",
+        "bad_version",
+        _frames({"v": 3, "kind": "HELLO", "actor": "x", "num_envs": 1, "instance": "i", "first_unacked": 1}),
     ),
     (
         "protocol version true",

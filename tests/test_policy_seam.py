@@ -29,7 +29,7 @@ CFG = ModelConfig(kind="tests.tiny_policy:TinyPolicy", max_elements=6)
 def test_families_come_from_the_registry_by_kind():
     assert isinstance(make_policy(ModelConfig()), PointerPolicy)
     assert isinstance(make_policy(CFG), TinyPolicy)
-    with pytest.raises(ValueError, match=r"one of \['pointer'\] or module:Class"):
+    with pytest.raises(ValueError, match=r"one of \['lm', 'pointer'\] or module:Class"):
         make_policy(ModelConfig(kind="transformer"))
     with pytest.raises(ValueError, match="cannot import"):
         make_policy(ModelConfig(kind="tests.no_such_module:Policy"))

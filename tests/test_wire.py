@@ -181,7 +181,7 @@ def test_traj_round_trip_validates_to_the_same_episodes():
 
 def test_error_helper_round_trip():
     got = protocol.parse(protocol.error("future_version", "too new"))
-    assert got == {"v": 3, "kind": "ERROR", "code": "future_version", "reason": "too new"}
+    assert got == {"v": 4, "kind": "ERROR", "code": "future_version", "reason": "too new"}
     # A refused TRAJ's seq rides along, so the actor knows which batch will never be taken.
     assert protocol.parse(protocol.error("bad_array", "x", seq=7))["seq"] == 7
 
@@ -205,7 +205,7 @@ def test_params_round_trip(as_bytes):
     # PROTOCOL.md 5: a header with sorted names, dtypes and shapes, then one raw C-order frame per array
     names = sorted(flat)
     assert wire.decode(frames[0]) == {
-        "v": 3,
+        "v": 4,
         "kind": "PARAMS",
         "version": 42,
         "names": names,
@@ -299,13 +299,13 @@ def test_array_round_trip(dtype, shape):
 def test_worked_examples_of_the_protocol_document():
     """docs/PROTOCOL.md section 9, byte for byte."""
     hello = bytes.fromhex(
-        "86 a176 03 a46b696e64 a548454c4c4f a56163746f72 a26131 a86e756d5f656e7673 10"
+        "86 a176 04 a46b696e64 a548454c4c4f a56163746f72 a26131 a86e756d5f656e7673 10"
         " a8696e7374616e6365 a26931 ad66697273745f756e61636b6564 01"
     )
     assert len(hello) == 61
     fields = {"actor": "a1", "num_envs": 16, "instance": "i1", "first_unacked": 1}
     assert wire.encode(protocol.message(protocol.HELLO, **fields)) == hello
-    assert protocol.parse(hello) == {"v": 3, "kind": "HELLO", **fields}
+    assert protocol.parse(hello) == {"v": 4, "kind": "HELLO", **fields}
     assert wire.encode(protocol.Hello(**fields).to_msg()) == hello  # the dataclass sends the same bytes
     assert protocol.Hello.from_msg(protocol.parse(hello)) == protocol.Hello(**fields)
     x = np.array([[1, 2, 3], [4, 5, 6]], np.int32)
@@ -989,13 +989,14 @@ def test_mutated_messages_raise_only_wire_error(flips, cut):
         ({"v": 1, "kind": "HELLO"}, "bad_version"),
         ({"v": 0, "kind": "HELLO"}, "bad_version"),
         ({"v": 2, "kind": "HELLO"}, "bad_version"),  # a version 2 peer
-        ({"v": "3", "kind": "HELLO"}, "bad_version"),
-        ({"v": 4, "kind": "HELLO"}, "bad_version"),
-        ({"v": 3}, "unknown_kind"),
-        ({"v": 3, "kind": "NOPE"}, "unknown_kind"),
-        ({"v": 3, "kind": "hello"}, "unknown_kind"),
-        ({"v": 3, "kind": 3}, "unknown_kind"),
-        ({"v": 3, "kind": None}, "unknown_kind"),
+        ({"v": 3, "kind": "HELLO"}, "bad_version"),  # a version 3 peer
+        ({"v": "4", "kind": "HELLO"}, "bad_version"),
+        ({"v": 5, "kind": "HELLO"}, "bad_version"),
+        ({"v": 4}, "unknown_kind"),
+        ({"v": 4, "kind": "NOPE"}, "unknown_kind"),
+        ({"v": 4, "kind": "hello"}, "unknown_kind"),
+        ({"v": 4, "kind": 3}, "unknown_kind"),
+        ({"v": 4, "kind": None}, "unknown_kind"),
     ],
 )
 def test_parse_refuses_bad_envelopes(obj, code):
@@ -1006,22 +1007,24 @@ def test_parse_refuses_bad_envelopes(obj, code):
 
 @pytest.mark.parametrize("kind", sorted(protocol.KINDS))
 def test_parse_accepts_every_kind(kind):
-    assert protocol.parse(msgpack.packb({"v": 3, "kind": kind}))["kind"] == kind
+    assert protocol.parse(msgpack.packb({"v": 4, "kind": kind}))["kind"] == kind
 
 
 @pytest.mark.parametrize("kind", [[1], {"a": 1}, b"HELLO", 1.5], ids=["list", "map", "bin", "float"])
 def test_parse_kind_of_another_type_is_unknown(kind):
     """(At commit 48dd261 an unhashable kind raised TypeError out of parse, and out of IngestServer.poll.)"""
     with pytest.raises(ProtocolError) as e:
-        protocol.parse(msgpack.packb({"v": 3, "kind": kind}))
+        protocol.parse(msgpack.packb({"v": 4, "kind": kind}))
     assert e.value.code == "unknown_kind"
 
 
 @pytest.mark.parametrize(
-    "v", [True, 1.0, [1], 3.0, [3], 1, 2], ids=["bool", "float", "list", "3.0", "[3]", "1", "2 (older)"]
+    "v",
+    [True, 1.0, [1], 4.0, [4], 1, 2, 3],
+    ids=["bool", "float", "list", "4.0", "[4]", "1", "2 (older)", "3 (older)"],
 )
-def test_parse_version_must_be_the_integer_three(v):
-    """PROTOCOL.md 3.1/3.2: v is the int 3 and true/false are never integers (48dd261 let True and 1.0 in)."""
+def test_parse_version_must_be_the_integer_four(v):
+    """PROTOCOL.md 3.1/3.2: v is the int 4 and true/false are never integers (48dd261 let True and 1.0 in)."""
     with pytest.raises(ProtocolError) as e:
         protocol.parse(msgpack.packb({"v": v, "kind": "HELLO"}))
     assert e.value.code == "bad_version"
@@ -1308,7 +1311,7 @@ def test_a_version_2_traj_is_refused_as_a_version():
     with pytest.raises(ProtocolError) as e:
         protocol.parse(wire.encode(old))
     assert e.value.code == "bad_version"
-    assert "speaks 3" in e.value.reason
+    assert "speaks 4" in e.value.reason
 
 
 def test_require_never_takes_bool_for_int():

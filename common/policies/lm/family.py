@@ -72,7 +72,7 @@ class LMPolicy:
     @functools.cached_property
     def tables(self) -> grammar.GrammarTables:
         """The action grammar over this tokenizer's vocabulary (built once: seconds)."""
-        texts = grammar.token_texts(self.tokenizer)
+        texts = grammar.token_texts(self.tokenizer, self.vocab_size)
         return grammar.build_tables(texts, self.eos_id, self.cfg.lm_max_text_chars)
 
     @functools.cached_property

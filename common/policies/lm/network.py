@@ -83,7 +83,9 @@ def _distribution(logits: jax.Array, allowed: jax.Array, temperature: float):
     """(log-probs, per-position entropy) of the masked, tempered distribution (masked tokens: -inf)."""
     scaled = jnp.where(allowed, logits.astype(jnp.float32) / temperature, -jnp.inf)
     logp = jax.nn.log_softmax(scaled, axis=-1)
-    entropy = -jnp.sum(jnp.where(allowed, jnp.exp(logp) * logp, 0.0), axis=-1)
+    # exp(-inf) * -inf is NaN, and so would be its gradient through a where: masked entries read 0 instead.
+    safe = jnp.where(allowed, logp, 0.0)
+    entropy = -jnp.sum(jnp.where(allowed, jnp.exp(safe) * safe, 0.0), axis=-1)
     return logp, entropy
 
 
@@ -188,7 +190,9 @@ def score_actions(
     # The final observation takes no action: it gets an empty one, and only its value is read.
     all_tokens = jnp.concatenate([tokens, jnp.zeros((b, 1, a), tokens.dtype)], axis=1)
     all_length = jnp.concatenate([length, jnp.zeros((b, 1), length.dtype)], axis=1)
-    prompt_mask, _ = prompt_layout(prompt_length, width)
+    # A padded observation (past an episode's end) has no prompt: one pad token keeps its attention
+    # finite (a row attending to nothing is NaN, and NaN * 0 is NaN in the masked losses).
+    prompt_mask, _ = prompt_layout(jnp.maximum(prompt_length, 1), width)
     mask = jnp.concatenate([prompt_mask, jnp.arange(a) < all_length[..., None]], axis=-1)
     positions = jnp.maximum(jnp.cumsum(mask, axis=-1) - 1, 0).astype(jnp.int32)
     seq = jnp.concatenate([prompt, all_tokens], axis=-1)
