@@ -26,6 +26,7 @@ from common.curve import is_loopback
 from common.policies import make_policy
 from common.ports import INGEST_PORT, PARAMS_PORT
 from learner.losses import ACTOR_WEIGHTINGS, DEFAULTS, LOSSES, ActorWeighting
+from learner.recipes import apply_recipe
 
 ParamSharding = Literal["replicated", "fsdp", "model"]
 PARAM_SHARDINGS: tuple[str, ...] = ("replicated", "fsdp", "model")
@@ -607,4 +608,9 @@ def parse_args(args: list[str] | None = None) -> LearnerConfig:
     for arg in args:
         flag, eq, value = arg.partition("=")
         renamed.append(OLD_SPELLINGS.get(flag, flag) + eq + value)
-    return tyro.cli(LearnerConfig, args=renamed)
+    cfg = tyro.cli(LearnerConfig, args=renamed)
+    cfg, chosen = apply_recipe(cfg, renamed)
+    if chosen:
+        settings = " ".join(f"{flag(path)} {value}" for path, value in chosen.items())
+        print(f"learner: --model.kind {cfg.model.kind} recipe: {settings} (a flag given wins)", flush=True)
+    return cfg

@@ -63,6 +63,7 @@ TEXT_ENCODER_FIELDS = {
 LM_FIELDS = {
     "backbone": str,
     "lora_rank": int,
+    "lora_layers": int,
     "lm_prompt_tokens": int,
     "lm_action_tokens": int,
     "lm_history": int,

@@ -88,7 +88,10 @@ def test_fine_tuning_defaults_after_demonstrations():
         (["--gamma", "1.5"], "--gamma must be in [0, 1], got 1.5"),
         (["--lambda", "-1"], "--lambda must be in [0, 1], got -1.0"),
         (["--weight-decay", "-1"], "--weight-decay must be >= 0, got -1.0"),
-        (["--model.kind", "lstm"], "--model.kind must be one of ['pointer'] or module:Class, got 'lstm'"),
+        (
+            ["--model.kind", "lstm"],
+            "--model.kind must be one of ['lm', 'pointer'] or module:Class, got 'lstm'",
+        ),
         (["--model.kind", "nosuch.module:Policy"], "--model.kind nosuch.module:Policy: cannot import it"),
         (["--rho-clip", "0"], "--rho-clip must be positive, got 0.0"),
         (["--learning-rate", "-1"], "--learning-rate must be >= 0, got -1.0"),

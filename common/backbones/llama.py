@@ -210,7 +210,12 @@ class Decoder(nnx.Module):
             rngs=rngs,
         )
         self.layers = nnx.List(
-            [DecoderLayer(cfg, rngs, param_dtype, lora) for _ in range(cfg.num_hidden_layers)]
+            [
+                DecoderLayer(
+                    cfg, rngs, param_dtype, lora if _adapted(lora, i, cfg.num_hidden_layers) else None
+                )
+                for i in range(cfg.num_hidden_layers)
+            ]
         )
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, param_dtype)
         self.lm_head = (
@@ -246,11 +251,18 @@ class Decoder(nnx.Module):
         return self.logits(states[:, -1:] if last_only else states), cache
 
     def states(
-        self, tokens: jax.Array, positions: jax.Array, mask: jax.Array, cache: KVCache | None = None
+        self,
+        tokens: jax.Array,
+        positions: jax.Array,
+        mask: jax.Array,
+        cache: KVCache | None = None,
+        remat: bool = False,
     ) -> tuple[jax.Array, KVCache | None]:
         """The final normalized hidden states [B, L, hidden] (before the output head) and the extended
         cache, as `__call__` computes them: for heads of one's own (a value head) and for logits at a few
-        chosen positions only (`logits`)."""
+        chosen positions only (`logits`). `remat` (without a cache) recomputes each block in the backward
+        pass instead of keeping its activations: a train step over many prompts then holds one block's
+        attention scores at a time, for about a third more compute."""
         mask = jnp.asarray(mask, bool)
         _check_shapes(tokens, positions, mask, cache)
         x = self.embed_tokens(tokens)
@@ -266,7 +278,10 @@ class Decoder(nnx.Module):
             allowed = (slots[None, :] <= query_slots[:, None])[None] & valid[:, None, :]
             layer_kv = LayerKV(cache.keys, cache.values, cache.end)
         for i, layer in enumerate(self.layers):
-            x, layer_kv = layer(x, positions, allowed, inv_freq, layer_kv, i)
+            if remat and layer_kv is None:
+                x = _remat_block(layer, x, positions, allowed, inv_freq)
+            else:
+                x, layer_kv = layer(x, positions, allowed, inv_freq, layer_kv, i)
         x = self.norm(x)
         if cache is None:
             return x, None
@@ -281,6 +296,21 @@ class Decoder(nnx.Module):
             return jnp.einsum("...ld,vd->...lv", x, table, preferred_element_type=jnp.float32)
         kernel = self.lm_head.kernel[...]
         return jnp.einsum("...ld,dv->...lv", x, kernel, preferred_element_type=jnp.float32)
+
+
+def _adapted(lora: LoraConfig | None, layer: int, layers: int) -> bool:
+    """Whether block `layer` of `layers` gets adapters (LoraConfig.last_layers)."""
+    return lora is not None and (not lora.last_layers or layer >= layers - lora.last_layers)
+
+
+def _remat_block(layer: DecoderLayer, x: jax.Array, positions, allowed, inv_freq) -> jax.Array:
+    """One block without a cache under jax.checkpoint: its activations are recomputed for the gradient."""
+    graphdef, state = nnx.split(layer)
+
+    def block(state, x):
+        return nnx.merge(graphdef, state)(x, positions, allowed, inv_freq, None, 0)[0]
+
+    return jax.checkpoint(block)(state, x)
 
 
 def _check_shapes(tokens: jax.Array, positions: jax.Array, mask: jax.Array, cache: KVCache | None) -> None:

@@ -64,7 +64,11 @@ class LoraConfig:
     alpha: float = 16.0
     """The adapter's output is scaled by alpha / rank (PEFT's lora_alpha), so rank changes keep its size."""
     targets: tuple[str, ...] = PROJECTIONS
-    """Projection names (of PROJECTIONS) that get an adapter, in every block."""
+    """Projection names (of PROJECTIONS) that get an adapter, in every adapted block."""
+    last_layers: int = 0
+    """Adapt only the last this many blocks (0: every block). The blocks below are then frozen whole, so a
+    train step keeps none of their activations and runs no backward pass through them: on a CPU or a
+    small device, the difference between a step that fits and one that does not."""
 
     def __post_init__(self) -> None:
         if not isinstance(self.rank, int) or isinstance(self.rank, bool) or self.rank < 1:
@@ -72,6 +76,8 @@ class LoraConfig:
         if not self.alpha > 0:
             raise ValueError(f"LoRA alpha must be positive, got {self.alpha!r}")
         unknown = sorted(set(self.targets) - set(PROJECTIONS))
+        if not isinstance(self.last_layers, int) or self.last_layers < 0:
+            raise ValueError(f"LoRA last_layers must be an integer >= 0 (0 = all), got {self.last_layers!r}")
         if unknown or not self.targets:
             raise ValueError(f"LoRA targets must be a non-empty subset of {PROJECTIONS}, got {self.targets}")
 

@@ -17,7 +17,6 @@ from common.policies.pointer import PointerPolicy
 __all__ = ["BUILT_IN", "Acted", "Evaluation", "PointerPolicy", "PolicyFamily", "make_policy"]
 
 
-
 def _lm(cfg: ModelConfig) -> PolicyFamily:
     from common.policies.lm.family import LMPolicy  # imported when used: it reads checkpoints
 

@@ -91,7 +91,8 @@ class LMPolicy:
         return self._prompts
 
     def _lora(self) -> LoraConfig | None:
-        return LoraConfig(self.cfg.lora_rank) if self.cfg.lora_rank else None
+        cfg = self.cfg
+        return LoraConfig(cfg.lora_rank, last_layers=cfg.lora_layers) if cfg.lora_rank else None
 
     # ---- the interface -----------------------------------------------------------------------------------
     def episode_spec(self) -> EpisodeSpec:
@@ -140,9 +141,7 @@ class LMPolicy:
         config = _backbone(self.cfg.backbone)[0]
         head = HeadParam if self.cfg.lora_rank else nnx.Param
         lora = self._lora()
-        return nnx.split(
-            nnx.eval_shape(lambda: LMAgent(Decoder(config, rngs=nnx.Rngs(0), lora=lora), head))
-        )
+        return nnx.split(nnx.eval_shape(lambda: LMAgent(Decoder(config, rngs=nnx.Rngs(0), lora=lora), head)))
 
     def act(self, graphdef, params, inputs, key, greedy: bool) -> Acted:
         agent = nnx.merge(graphdef, params)

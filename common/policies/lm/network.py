@@ -197,7 +197,7 @@ def score_actions(
     positions = jnp.maximum(jnp.cumsum(mask, axis=-1) - 1, 0).astype(jnp.int32)
     seq = jnp.concatenate([prompt, all_tokens], axis=-1)
     flat = lambda x: x.reshape((b * rows, *x.shape[2:]))  # noqa: E731
-    states, _ = agent.decoder.states(flat(seq), flat(positions), flat(mask))
+    states, _ = agent.decoder.states(flat(seq), flat(positions), flat(mask), remat=True)
     states = states.reshape((b, rows, *states.shape[1:]))
     values = agent.value(states[:, :, width - 1])
     logits = agent.decoder.logits(states[:, :steps, width - 1 : width - 1 + a])  # [B, T, A, V]

@@ -1,0 +1,53 @@
+"""Per-family defaults: the flags whose pointer-policy defaults do not suit another family.
+
+A 135M-parameter decoder on a 2-core CPU trains about a hundred times slower per episode than the pointer
+policy, so `--model.kind lm` starts from its own recipe (LM_RECIPE) for every flag the command line does
+not set; a flag that is given always wins. `python -m learner --help` shows the pointer defaults; the
+recipe is printed when it applies."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+from typing import Any
+
+LM_RECIPE: dict[str, Any] = {
+    "batch_size": 2,
+    "max_steps": 10,
+    "local.envs_per_actor": 4,
+    "imitation.warmup_demos": 200,
+    "imitation.warmup_noise": 0.0,
+    "imitation.warmup_updates": 10,
+    "optimizer.learning_rate": 5e-4,
+    "checkpoint_every": 10,
+}
+"""The `lm` family's defaults, by field path in LearnerConfig, chosen for 2 CPU cores (BENCHMARKS.md
+"lm_agent"): an update of 2 episodes of up to 10 steps over 352-token prompts (the default --model.lm-prompt-tokens) takes ~30 s, so there are
+tens of updates in 15 minutes, not thousands; 4 environments per actor keep a batched act near 2 s; the
+oracle's demonstrations are noiseless (its random actions are the pointer policy's), and 10 warm-up updates
+on them and 5e-4 with LoRA on the top blocks leave the budget to reinforcement learning."""
+
+RECIPES = {"lm": LM_RECIPE}
+
+
+def flag(path: str) -> str:
+    """The command-line flag of a field path ("imitation.warmup_demos" -> "--warmup-demos": the groups'
+    prefixes are omitted; "model.lora_rank" keeps its prefix)."""
+    group, _, name = path.rpartition(".")
+    prefix = "model." if group == "model" else ""
+    return f"--{prefix}{name.replace('_', '-')}"
+
+
+def apply_recipe(cfg, args: Sequence[str]) -> tuple[Any, dict[str, Any]]:
+    """`cfg` with its family's recipe for every field whose flag is not among `args`, and what it set."""
+    recipe = RECIPES.get(cfg.model.kind, {})
+    given = {arg.partition("=")[0] for arg in args if arg.startswith("--")}
+    chosen = {path: value for path, value in recipe.items() if flag(path) not in given}
+    for path, value in chosen.items():
+        cfg = _replace(cfg, path.split("."), value)
+    return cfg, chosen
+
+
+def _replace(cfg, path: list[str], value):
+    head, *rest = path
+    return dataclasses.replace(cfg, **{head: _replace(getattr(cfg, head), rest, value) if rest else value})
