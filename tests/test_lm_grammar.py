@@ -403,6 +403,25 @@ def test_advance_and_allowed_agree_jitted_and_not(synthetic):
     assert (np.asarray(jitted[1])[out_of_range] == g.DEAD).all()
 
 
+def test_token_allowed_is_allowed_at_the_token(synthetic):
+    """The learner's per-token check (no [.., V] mask) agrees with the sampler's mask, out-of-range ids
+    included (never allowed)."""
+    _, tables, _ = synthetic
+    rng = np.random.default_rng(3)
+    jt = tables.to_jax()
+    states = rng.integers(0, tables.num_states, size=600).astype(np.int32)
+    ns, rem = rng.integers(0, SYN_MAX_ELEMENT + 3, size=600), rng.integers(-1, 14, size=600)
+    mask = jax_allowed(tables, states, ns, rem)
+    picked = np.array([rng.choice(np.flatnonzero(row)) if row.any() else 0 for row in mask])
+    token = np.where(rng.random(600) < 0.5, picked, rng.integers(-2, tables.vocab_size + 2, size=600))
+    got = np.asarray(jax.jit(g.token_allowed)(jt, states, ns, rem, token))
+    inside = (token >= 0) & (token < tables.vocab_size)
+    want = np.zeros(600, bool)
+    want[inside] = mask[np.flatnonzero(inside), token[inside]]
+    assert np.array_equal(got, want)
+    assert want.sum() > 150 and (~want).sum() > 150  # both outcomes are exercised
+
+
 # ---- the real SmolLM2 vocabulary ----------------------------------------------------------------------------
 
 

@@ -15,6 +15,7 @@ import dataclasses
 import jax
 import numpy as np
 import pytest
+from flax import nnx
 
 from actors.envs.simphone.env import SimPhoneConfig, SimPhoneEnv
 from actors.envs.simphone.oracle import Oracle
@@ -24,7 +25,9 @@ from common.backbones.lora import split_trained
 from common.config import ModelConfig
 from common.policies import make_policy
 from common.policies.lm import grammar
-from common.types import ActionType
+from common.protocol.episodes import episode_fields, pack_episodes, validate_packed
+from common.protocol.messages import ProtocolError
+from common.types import Action, ActionType
 from tests.decoder_reference import random_hf_tensors, reference_logits
 from tests.lm_backbone import tiny_lm_config, tiny_lm_folder
 
@@ -131,7 +134,7 @@ def test_an_action_that_does_not_parse_is_a_noop(backbone):
 def test_demonstrated_actions_round_trip_through_the_grammar(backbone):
     policy = make_policy(ModelConfig(kind="lm", backbone=backbone, lora_rank=0))
     env = SimPhoneEnv(SimPhoneConfig(tasks="general", split="train", max_steps=20))
-    kinds = set()
+    check, kinds = policy.episode_spec().step_check, set()
     for seed in range(6):
         obs, _ = env.reset(seed=seed)
         oracle = Oracle(env.task.plan)
@@ -144,6 +147,8 @@ def test_demonstrated_actions_round_trip_through_the_grammar(backbone):
             if choice is None:  # a tap on an element the prompt does not show
                 assert action.type == ActionType.TAP
                 break
+            stored = {k: np.asarray(v)[None] for k, v in choice.items()}
+            assert check(stored, {"n_elements": np.array([n])}).all()  # the learner takes demonstrations
             taken = policy.to_action(obs, choice)
             assert (taken.type, taken.text, taken.direction) == (action.type, action.text, action.direction)
             assert abs(taken.x - action.x) < 1e-9 and abs(taken.y - action.y) < 1e-9
@@ -173,14 +178,58 @@ def test_a_lora_snapshot_carries_only_adapters_and_the_value_head(backbone):
     mine = runner.act({k: np.stack([f[k] for f in features]) for k in features[0]})
     # The runner's own base (from the checkpoint) + the snapshot's adapters = the learner's parameters,
     # except the +0.01 of the base above, which the snapshot must not and does not carry.
-    base_params = jax.tree.map(lambda x: x, params)
-    want_params = nnx_merge(trained, split_trained(policy.create(0)[1])[1])
+    want_params = nnx.merge_state(trained, split_trained(policy.create(0)[1])[1])
     _, want = _act(policy, graphdef, want_params, observations, seed=0, greedy=True)
     np.testing.assert_allclose(mine.logp, want.logp, atol=1e-5)
-    del base_params, frozen
+    assert not np.allclose(frozen_leaf(frozen), frozen_leaf(split_trained(policy.create(0)[1])[1]))
 
 
-def nnx_merge(a, b):
-    from flax import nnx
+def _center(obs, index: int) -> tuple[float, float]:
+    """Element `index`'s center on obs, as a tap's (x, y) fractions of the screen."""
+    cx, cy = obs.elements[index].center
+    return cx / obs.screen_size[0], cy / obs.screen_size[1]
 
-    return nnx.merge_state(a, b)
+
+def frozen_leaf(state) -> np.ndarray:
+    return np.asarray(jax.tree.leaves(state)[0])
+
+
+def test_the_learner_refuses_actions_outside_the_grammar(backbone):
+    """Sampled and demonstrated actions pass the ingest check (EpisodeSpec.step_check); the same actions
+    with one in-range token changed, the end-of-turn dropped, or a tap past the prompt's elements are
+    refused with `bad_choice` (scoring them would give a log-prob of -inf)."""
+    policy = make_policy(ModelConfig(kind="lm", backbone=backbone, lora_rank=0, lm_action_tokens=16))
+    graphdef, params = policy.create(3)
+    observations = _screens(12, steps=3)
+    batch, acted = _act(policy, graphdef, params, observations, seed=5)
+    check = policy.episode_spec().step_check
+    steps = {k: np.array(v) for k, v in acted.choice.items()}
+    assert check(steps, batch).all()
+    tokens, length = steps["action_tokens"], steps["action_length"]
+    comma = policy.tokenizer.tokenizer.encode(",", add_special_tokens=False).ids[0]
+    broken = tokens.copy()
+    broken[:, 0] = comma  # no action starts with ","
+    no_eos = length - 1
+    assert not check({**steps, "action_tokens": broken}, batch).any()
+    assert not check({**steps, "action_length": no_eos}, batch).any()
+    tap = policy.demo_choice(observations[0], 2, Action(ActionType.TAP, *_center(observations[0], 1)))
+    taps = {k: np.stack([np.asarray(v)] * 3) for k, v in tap.items()}
+    # tap(1) needs two elements shown
+    assert check(taps, {"n_elements": np.array([2, 1, 0])}).tolist() == [True, False, False]
+    # Through the protocol: one TRAJ of these steps as two-step episodes, one token broken.
+    episode = lambda i, toks: episode_fields(  # noqa: E731
+        "t", False, True,
+        {k: np.stack([batch[k][i]] * 3) for k in batch},
+        {**{k: np.stack([v[i]] * 2) for k, v in steps.items()}, "action_tokens": toks,
+         "behavior_logp": [-1.0, -1.0], "reward": [0.0, 0.0], "policy_version": [0, 0]},
+        spec=policy.episode_spec(),
+    )  # fmt: skip
+    good = [episode(i, np.stack([tokens[i]] * 2)) for i in range(3)]
+    spec = policy.episode_spec()
+    assert len(validate_packed(pack_episodes(good), spec, 16, 0)) == 3
+    bad = [*good[:2], episode(2, np.stack([tokens[2], broken[2]]))]
+    with pytest.raises(ProtocolError) as refused:
+        validate_packed(pack_episodes(bad), spec, 16, 0)
+    assert refused.value.code == "bad_choice" and "episode 2" in str(refused.value)
+    unconstrained = make_policy(ModelConfig(kind="lm", backbone=backbone, lora_rank=0, lm_constrained=False))
+    assert unconstrained.episode_spec().step_check is None  # without a grammar every in-range token goes

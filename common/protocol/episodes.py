@@ -11,6 +11,7 @@ knowing the family.
 from __future__ import annotations
 
 import bisect
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -61,6 +62,12 @@ class EpisodeSpec:
     """Per-step STEP_LOGP_DTYPE arrays of the behaviour policy's own log-probabilities (e.g. one per
     generated token), in wire order after the choices: name -> row shape. Each value finite and <= 0 (1e-3
     tolerated), like behavior_logp; the losses never read them, a family's evaluate may (Batch.choice)."""
+    step_check: Callable[[dict[str, np.ndarray], dict[str, np.ndarray]], np.ndarray] | None = field(
+        default=None, compare=False
+    )
+    """A family's own check of choices beyond their bounds and shapes (the lm family: that the action tokens
+    are a sentence of its grammar). Given every step's arrays [N, ...] and the observation each step acted
+    on [N, ...], bool [N]: False refuses the TRAJ (`bad_choice`)."""
 
     def __post_init__(self) -> None:
         reserved = {*BASE_STEP_ARRAYS, *ESTIMATE_ARRAYS, *EPISODE_ARRAYS, *EPISODE_KEYS}
@@ -270,6 +277,7 @@ def validate_packed(packed: Any, spec: EpisodeSpec, max_steps: int, newest_versi
     _check_steps(steps, spec, newest_version, step_ends)
     _check_observations(obs, spec.id_ranges, row_ends)
     estimates = _estimates(arrays, total, step_ends)
+    _check_family(spec, steps, obs, lengths, step_ends)
     success, truncated = every["success"].tolist(), every["truncated"].tolist()
     episodes = []
     first_step = 0
@@ -287,6 +295,24 @@ def validate_packed(packed: Any, spec: EpisodeSpec, max_steps: int, newest_versi
         )
         first_step = end
     return episodes
+
+
+def _check_family(
+    spec: EpisodeSpec,
+    steps: dict[str, np.ndarray],
+    obs: dict[str, np.ndarray],
+    lengths: np.ndarray,
+    ends: list[int],
+) -> None:
+    """The family's own check of the choices (`EpisodeSpec.step_check`), if it has one."""
+    if spec.step_check is None:
+        return
+    acted = np.arange(ends[-1]) + np.repeat(np.arange(len(lengths)), lengths)  # the row each step acted on
+    ok = np.asarray(spec.step_check(steps, {key: rows[acted] for key, rows in obs.items()}), bool)
+    if not ok.all():
+        raise ProtocolError(
+            "bad_choice", f"episode {_episode_of(~ok, ends)} has a choice its policy family cannot make"
+        )
 
 
 def _episode_of(bad: np.ndarray, ends: list[int]) -> int:

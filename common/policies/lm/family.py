@@ -28,7 +28,7 @@ from common.config import ModelConfig
 from common.policies.evaluation import Evaluation
 from common.policies.family import Acted
 from common.policies.lm import grammar
-from common.policies.lm.network import Decoding, LMAgent, sample_actions, score_actions
+from common.policies.lm.network import Decoding, LMAgent, actions_in_grammar, sample_actions, score_actions
 from common.policies.lm.prompt import PromptBuilder
 from common.protocol.episodes import EpisodeSpec
 from common.types import Action, ActionType, Observation
@@ -108,7 +108,25 @@ class LMPolicy:
             id_ranges={"prompt_ids": (0, vocab), "prompt_length": (1, p + 1), "n_elements": (0, p + 1)},
             choice_shapes={"action_tokens": (a,)},
             step_logps={"token_logp": (a,)},
+            step_check=self._in_grammar if cfg.lm_constrained else None,
         )
+
+    def _in_grammar(self, steps: dict[str, np.ndarray], acted_obs: dict[str, np.ndarray]) -> np.ndarray:
+        """bool [N]: whether each step's action is one the constrained sampler can write on its prompt
+        (network.actions_in_grammar); rows padded to a power of two, so few shapes compile."""
+        tokens, n = steps["action_tokens"], steps["action_tokens"].shape[0]
+        size = max(64, 1 << (n - 1).bit_length())
+
+        def padded(x: np.ndarray) -> np.ndarray:
+            return np.concatenate([x, np.zeros((size - n, *x.shape[1:]), x.dtype)])
+
+        ok = actions_in_grammar(
+            self.decoding.tables,
+            padded(tokens),
+            padded(steps["action_length"]),
+            padded(acted_obs["n_elements"]),
+        )
+        return np.asarray(ok)[:n]
 
     def input_spec(self):
         return dict(self.episode_spec().observations)

@@ -434,24 +434,60 @@ def allowed(tables: JaxGrammarTables, state, n_elements, remaining) -> jax.Array
     within `remaining - 1` further tokens (`remaining` counts this token), with any element number the
     token closes, and some number still reachable, < n_elements. ACCEPT allows only eos; END and DEAD
     nothing (the caller pads). Batches over the broadcast leading dims of the three arguments."""
-    state, n_elements, remaining = jnp.broadcast_arrays(
-        jnp.asarray(state, jnp.int32), jnp.asarray(n_elements, jnp.int32), jnp.asarray(remaining, jnp.int32)
-    )
-    shape, vocab = state.shape, tables.plain_len.shape[0]
-    state = jnp.clip(state.reshape(-1), 0, tables.reach.shape[0] - 1)
-    elements = jnp.clip(n_elements.reshape(-1), 0, tables.max_element + 1)[:, None]
-    budget = remaining.reshape(-1)[:, None] - 1
-    column = jnp.clip(budget, 0, tables.reach.shape[1] - 1)
+    rows = _Rows.of(tables, state, n_elements, remaining)
+    vocab = tables.plain_len.shape[0]
+    picked = jnp.where(rows.sparse_ok(tables), tables.ids[rows.state], vocab)
+    index = jnp.arange(rows.state.shape[0])[:, None]
+    sparse = jnp.zeros((rows.state.shape[0], vocab), bool).at[index, picked].set(True, mode="drop")
+    dense = rows.finishes(tables, _text_next(tables, rows.state[:, None], jnp.arange(vocab)[None, :]))
+    return (sparse | dense).reshape(*rows.shape, vocab)
 
-    def finishes(after):  # [B, X] next states -> whether each can still finish in budget
-        return (budget >= 0) & (tables.reach[after, column] <= elements)
 
-    ok = finishes(tables.next_state[state]) & (tables.closes[state] < elements)
-    rows = jnp.arange(state.shape[0])[:, None]
-    picked = jnp.where(ok, tables.ids[state], vocab)
-    sparse = jnp.zeros((state.shape[0], vocab), bool).at[rows, picked].set(True, mode="drop")
-    dense = finishes(_text_next(tables, state[:, None], jnp.arange(vocab)[None, :]))
-    return (sparse | dense).reshape(*shape, vocab)
+def token_allowed(tables: JaxGrammarTables, state, n_elements, remaining, token) -> jax.Array:
+    """bool [...]: `allowed(tables, state, n_elements, remaining)[..., token]` without building the [..., V]
+    mask (the learner checks stored actions with it). Batches over the broadcast dims of the arguments."""
+    state, token = jnp.broadcast_arrays(jnp.asarray(state, jnp.int32), jnp.asarray(token, jnp.int32))
+    rows = _Rows.of(tables, state, n_elements, remaining)
+    vocab = tables.plain_len.shape[0]
+    token = token.reshape(-1)
+    sparse = jnp.any(rows.sparse_ok(tables) & (tables.ids[rows.state] == token[:, None]), axis=-1)
+    after = _text_next(tables, rows.state[:, None], jnp.clip(token, 0, vocab - 1)[:, None])
+    dense = rows.finishes(tables, after)[:, 0]
+    return ((sparse | dense) & (token >= 0) & (token < vocab)).reshape(rows.shape)
+
+
+class _Rows(NamedTuple):
+    """`allowed`'s arguments broadcast and flattened to rows: state [R], elements and budget [R, 1]."""
+
+    shape: tuple[int, ...]
+    state: jax.Array
+    elements: jax.Array
+    budget: jax.Array
+
+    @staticmethod
+    def of(tables: JaxGrammarTables, state, n_elements, remaining) -> _Rows:
+        state, n_elements, remaining = jnp.broadcast_arrays(
+            jnp.asarray(state, jnp.int32),
+            jnp.asarray(n_elements, jnp.int32),
+            jnp.asarray(remaining, jnp.int32),
+        )
+        return _Rows(
+            state.shape,
+            jnp.clip(state.reshape(-1), 0, tables.reach.shape[0] - 1),
+            jnp.clip(n_elements.reshape(-1), 0, tables.max_element + 1)[:, None],
+            remaining.reshape(-1)[:, None] - 1,
+        )
+
+    def finishes(self, tables: JaxGrammarTables, after: jax.Array) -> jax.Array:
+        """[R, X] whether each next state can still finish within the budget with these elements."""
+        column = jnp.clip(self.budget, 0, tables.reach.shape[1] - 1)
+        return (self.budget >= 0) & (tables.reach[after, column] <= self.elements)
+
+    def sparse_ok(self, tables: JaxGrammarTables) -> jax.Array:
+        """[R, X] which of each state's listed (sparse) tokens are allowed."""
+        return self.finishes(tables, tables.next_state[self.state]) & (
+            tables.closes[self.state] < self.elements
+        )
 
 
 def advance(tables: JaxGrammarTables, state, token) -> jax.Array:

@@ -166,15 +166,33 @@ class Scored(NamedTuple):
     """[B, T, A] each action token's log-prob (0 past the action's length)."""
 
 
-def grammar_states(decoding: Decoding, tokens: jax.Array) -> jax.Array:
+def grammar_states(tables: Any, tokens: jax.Array) -> jax.Array:
     """[..., A] the grammar's state before each token of actions [..., A]."""
     start = jnp.full(tokens.shape[:-1], grammar.START, jnp.int32)
 
     def walk(state, token):
-        return grammar.advance(decoding.tables, state, token), state
+        return grammar.advance(tables, state, token), state
 
     _, before = jax.lax.scan(walk, start, jnp.moveaxis(tokens, -1, 0))
     return jnp.moveaxis(before, 0, -1)
+
+
+@jax.jit
+def actions_in_grammar(tables: Any, tokens: jax.Array, length: jax.Array, n_elements: jax.Array) -> jax.Array:
+    """bool [N]: whether each stored action [N, A] of `length` tokens is one the constrained sampler can
+    write on a prompt showing `n_elements`: every token allowed where it stands (grammar state, element
+    count, token budget) and the last one ending the action (eos). The learner refuses any other at
+    ingest: scoring it under the rebuilt mask would give a log-prob of -inf."""
+    a = tokens.shape[-1]
+    states = grammar_states(tables, tokens)
+    ok = grammar.token_allowed(tables, states, n_elements[:, None], a - jnp.arange(a), tokens)
+    valid = jnp.arange(a) < length[:, None]
+    last = jnp.clip(length - 1, 0, a - 1)[:, None]
+    before_last = jnp.take_along_axis(states, last, axis=-1)[:, 0]
+    ends = (
+        grammar.advance(tables, before_last, jnp.take_along_axis(tokens, last, axis=-1)[:, 0]) == grammar.END
+    )
+    return jnp.all(ok | ~valid, axis=-1) & (length >= 1) & ends
 
 
 def score_actions(
@@ -206,7 +224,9 @@ def score_actions(
     remaining = a - jnp.arange(a)
     if decoding.constrained:
         n_elements = obs["n_elements"][:, :steps, None]
-        allowed = grammar.allowed(decoding.tables, grammar_states(decoding, tokens), n_elements, remaining)
+        allowed = grammar.allowed(
+            decoding.tables, grammar_states(decoding.tables, tokens), n_elements, remaining
+        )
     else:
         allowed = jnp.ones((*tokens.shape, vocab), bool)
     allowed = allowed | ~valid[..., None]  # past the end: anything, so nothing is -inf there
