@@ -26,7 +26,7 @@ from common.curve import is_loopback
 from common.policies import make_policy
 from common.ports import INGEST_PORT, PARAMS_PORT
 from learner.losses import ACTOR_WEIGHTINGS, DEFAULTS, LOSSES, ActorWeighting
-from learner.recipes import apply_recipe
+from learner.recipes import apply_recipe, flag
 
 ParamSharding = Literal["replicated", "fsdp", "model"]
 PARAM_SHARDINGS: tuple[str, ...] = ("replicated", "fsdp", "model")
@@ -606,8 +606,8 @@ def parse_args(args: list[str] | None = None) -> LearnerConfig:
     args = sys.argv[1:] if args is None else args
     renamed = []
     for arg in args:
-        flag, eq, value = arg.partition("=")
-        renamed.append(OLD_SPELLINGS.get(flag, flag) + eq + value)
+        name, eq, value = arg.partition("=")
+        renamed.append(OLD_SPELLINGS.get(name, name) + eq + value)
     cfg = tyro.cli(LearnerConfig, args=renamed)
     cfg, chosen = apply_recipe(cfg, renamed)
     if chosen:

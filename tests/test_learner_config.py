@@ -214,3 +214,16 @@ def test_the_actor_weighting_flags_reach_the_loss():
     got = loss_params(parse_args(["--actor-weighting", "vmpo", "--vmpo-eta", "0.3", "--vmpo-kl-coef", "2"]))
     assert (got.actor_weighting, got.vmpo_eta, got.vmpo_kl_coef) == ("vmpo", 0.3, 2.0)
     assert loss_params(parse_args([])).actor_weighting == DEFAULTS.actor_weighting
+
+
+def test_the_lm_recipe_fills_flags_not_given_and_a_given_flag_wins(capsys):
+    from learner.recipes import LM_RECIPE
+
+    lm = parse_args(["--model.kind", "lm", "--batch-size", "3", "--warmup-demos=7"])
+    assert (lm.batch_size, lm.imitation.warmup_demos) == (3, 7)  # given: kept
+    assert lm.max_steps == LM_RECIPE["max_steps"] and lm.checkpoint_every == LM_RECIPE["checkpoint_every"]
+    assert lm.local.envs_per_actor == LM_RECIPE["local.envs_per_actor"]
+    said = capsys.readouterr().out
+    assert "--model.kind lm recipe:" in said and "--max-steps 10" in said and "--batch-size" not in said
+    pointer = parse_args([])
+    assert pointer.max_steps != LM_RECIPE["max_steps"] and "recipe" not in capsys.readouterr().out
