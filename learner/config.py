@@ -25,8 +25,8 @@ from common.config import EmulatorModelConfig, ModelConfig
 from common.curve import is_loopback
 from common.policies import make_policy
 from common.ports import INGEST_PORT, PARAMS_PORT
+from learner import recipes
 from learner.losses import ACTOR_WEIGHTINGS, DEFAULTS, LOSSES, ActorWeighting
-from learner.recipes import apply_recipe, flag
 
 ParamSharding = Literal["replicated", "fsdp", "model"]
 PARAM_SHARDINGS: tuple[str, ...] = ("replicated", "fsdp", "model")
@@ -609,8 +609,8 @@ def parse_args(args: list[str] | None = None) -> LearnerConfig:
         name, eq, value = arg.partition("=")
         renamed.append(OLD_SPELLINGS.get(name, name) + eq + value)
     cfg = tyro.cli(LearnerConfig, args=renamed)
-    cfg, chosen = apply_recipe(cfg, renamed)
+    cfg, chosen = recipes.apply_recipe(cfg, renamed)
     if chosen:
-        settings = " ".join(f"{flag(path)} {value}" for path, value in chosen.items())
+        settings = " ".join(f"{recipes.flag(path)} {value}" for path, value in chosen.items())
         print(f"learner: --model.kind {cfg.model.kind} recipe: {settings} (a flag given wins)", flush=True)
     return cfg

@@ -18,6 +18,7 @@ from common.protocol import Episode
 from learner import multihost
 from learner.checkpoint import Checkpointer
 from learner.config import LearnerConfig, flat_dict
+from learner.export_cli import SNAPSHOT_NAME
 from learner.ingest import IngestServer
 from learner.local_actors import LocalActors
 from learner.replay import PrioritizedReplay, ReplaySample
@@ -122,6 +123,7 @@ class Session:
         t0 = time.monotonic()
         update = self.trainer.update
         self.trainer.save(self.checkpointer, flat_dict(self.cfg))
+        self.trainer.write_decoder(self.run_dir / SNAPSHOT_NAME)
         self.checkpointer.save_replay(update, self.replay, self.cfg.model, self.cfg.max_steps, self.rank)
         wal = self.server.wal
         position = wal.next_lsn if wal is not None else 0  # no batch waits for a sync between polls

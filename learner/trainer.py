@@ -15,6 +15,7 @@ import sys
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor, wait
+from pathlib import Path
 from typing import Any, TypeVar
 
 import jax
@@ -108,6 +109,7 @@ class Trainer:
         self.local_batch = self.rows.stop - self.rows.start
         self.policy = make_policy(cfg.model)
         graphdef, host_params = self.policy.create(cfg.seed)
+        self.graphdef = graphdef
         specs = param_specs(host_params, mesh, cfg.mesh.param_sharding)
         self.params = multihost.place(host_params, named_shardings(specs, mesh))
         opt = cfg.optimizer
@@ -230,6 +232,16 @@ class Trainer:
             h.update(name.encode())
             h.update(np.ascontiguousarray(flat[name]).tobytes())
         return h.hexdigest()[:16]
+
+    def write_decoder(self, path: Path) -> None:
+        """A family with a pretrained decoder (lm) writes what training changed in it to `path`, the run's
+        export source (`python -m learner export RUN_DIR OUT`); other families write nothing. Every
+        process calls it (the gather is a collective); process 0 writes."""
+        write = getattr(self.policy, "write_decoder", None)
+        if write is not None:
+            params = multihost.host_copy(self.params)
+            if self.rank == 0:
+                write(self.graphdef, params, path)
 
     def save(self, checkpointer: Checkpointer, config: dict[str, Any]) -> None:
         state = TrainState(self.params, self.opt_state, self.update, self.version, rng_state(self.demo_rng))

@@ -15,6 +15,7 @@ import time
 import numpy as np
 import pytest
 
+from common.backbones import decoder_snapshot
 from common.config import ModelConfig
 from common.policies import make_policy
 from common.protocol.episodes import episode_fields, pack_episodes
@@ -103,6 +104,9 @@ def test_lm_learner_trains_refuses_hostile_batches_checkpoints_resumes_and_evalu
     assert final["rejected_by_reason"] == sent, final  # the hostile batches and nothing else
     assert final["episodes"] > 0 and final["env_steps"] >= final["episodes"]  # the real actor's episodes
     assert "lm recipe" in first.log()
+    meta, adapters = decoder_snapshot.read(run_dir / "decoder.safetensors")  # `learner export`'s source
+    assert meta["base"] == backbone and meta["lora"].rank == 4
+    assert adapters and all("lora" in name for name in adapters)
 
     second = learner_process("--model.kind", "lm", "--model.backbone", backbone, *RUN, "--max-updates", "8",
                              run_dir=run_dir)  # fmt: skip

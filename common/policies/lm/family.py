@@ -14,12 +14,14 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 import jax
 import numpy as np
 from flax import nnx
 
+from common.backbones import decoder_snapshot
 from common.backbones.decoder_tokenizer import DecoderTokenizer
 from common.backbones.llama import Decoder
 from common.backbones.lora import HeadParam, LoraConfig
@@ -184,6 +186,14 @@ class LMPolicy:
 
     def loaded(self, params) -> None:
         pass
+
+    def write_decoder(self, graphdef, params, path: Path) -> int:
+        """The decoder's trained parameters (its adapters with LoRA; the value head stays in the checkpoint)
+        as a snapshot `python -m learner export` turns into a Hugging Face folder; its size in bytes."""
+        source = self.cfg.backbone
+        base = str(Path(source).resolve()) if Path(source).exists() else source  # "default" stays a name
+        decoder = nnx.merge(graphdef, params).decoder
+        return decoder_snapshot.write(path, decoder, base, self._lora(), "float32")
 
     def action_text(self, choice: dict[str, Any]) -> str:
         """The action's text as generated, without its end-of-turn token."""
