@@ -256,7 +256,10 @@ class Actor:
             features = [runner.featurize(slots[i].obs, _history(world.episodes[i])) for i in ready]
             # Threaded slots act on any subset: pad to one batch shape so the policy compiles once.
             batch = features + features[:1] * (len(slots) - len(ready)) if slots.threaded else features
+            t0 = time.perf_counter()
             acted = runner.act(stack(batch))
+            self.stats["act_us"] += int((time.perf_counter() - t0) * 1e6)
+            self.stats["act_calls"] += 1
             for k, i in enumerate(ready):
                 obs, choice = slots[i].obs, acted.choices[k]
                 estimates = (float(acted.logp[k]), float(acted.value[k]), float(acted.entropy[k]))
@@ -432,15 +435,17 @@ def _history(episode: EpisodeBuilder | None) -> list:
 def status_line(actor_id: object, version: int, steps_per_s: float, stats: Counter, held: int) -> str:
     """The periodic status line: short enough to read at a glance (the final "stopped" line has every
     counter). Faults count device_<kind> and reset_<kind>, not their refinements (device_<kind>_<detail>)
-    nor reset_retries, which count the same faults again."""
+    nor reset_retries, which count the same faults again. `act` is the mean time of one batched policy
+    call (for the lm family its prefill and decoding; benchmarks/lm_agent.py splits them)."""
     kinds = [k for k in stats if k.startswith(("device_", "reset_")) and k != "reset_retries"]
     faults = sum(stats[k] for k in kinds if not any(k.startswith(f"{other}_") for other in kinds))
     episodes = stats["episodes_finished"]
     success = stats["successes"] / episodes if episodes else 0.0
+    act = f", act {stats['act_us'] / stats['act_calls'] / 1e3:.0f} ms" if stats["act_calls"] else ""
     return (
         f"actor {actor_id}: policy v{version}, {steps_per_s:.1f} steps/s, {episodes} episodes "
         f"(success {success:.2f}), sent {stats['batches_sent']}, acked {stats['episodes_acked']}, "
-        f"held {held}, faults {faults}"
+        f"held {held}, faults {faults}{act}"
     )
 
 

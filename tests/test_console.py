@@ -154,3 +154,5 @@ def test_actor_status_line_is_short():
     assert status_line(1, 0, 0.0, Counter(), held=0).endswith(
         "0 episodes (success 0.00), sent 0, acked 0, held 0, faults 0"
     )
+    timed = status_line(1, 0, 0.0, Counter(act_us=3_000_000, act_calls=2), held=0)
+    assert timed.endswith("faults 0, act 1500 ms")  # the mean batched policy call
