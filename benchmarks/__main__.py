@@ -23,6 +23,7 @@ BENCHMARKS = {
     "text_encoder": "benchmarks.text_encoder",
     "decoder_speed": "benchmarks.decoder_speed",
     "ray_launch": "benchmarks.ray_launch",
+    "lm_agent": "benchmarks.lm_agent",
 }
 
 

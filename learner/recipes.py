@@ -20,12 +20,16 @@ LM_RECIPE: dict[str, Any] = {
     "imitation.warmup_updates": 10,
     "optimizer.learning_rate": 5e-4,
     "checkpoint_every": 10,
+    "transport.actor_timeout": 120.0,
 }
 """The `lm` family's defaults, by field path in LearnerConfig, chosen for 2 CPU cores (BENCHMARKS.md
 "lm_agent"): an update of 2 episodes of up to 10 steps over 352-token prompts (the default --model.lm-prompt-tokens) takes ~30 s, so there are
 tens of updates in 15 minutes, not thousands; 4 environments per actor keep a batched act near 2 s; the
 oracle's demonstrations are noiseless (its random actions are the pointer policy's), and 10 warm-up updates
-on them and 5e-4 with LoRA on the top blocks leave the budget to reinforcement learning."""
+on them and 5e-4 with LoRA on the top blocks leave the budget to reinforcement learning. An actor does not
+heartbeat during its batched act, which takes 15-30 s while two actors and the learner share 2 cores: with
+the default 15 s the learner forgot actors in the middle of an act (refused as `not_welcomed`, rejoined),
+hence 120 s."""
 
 RECIPES = {"lm": LM_RECIPE}
 

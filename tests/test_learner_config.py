@@ -223,6 +223,7 @@ def test_the_lm_recipe_fills_flags_not_given_and_a_given_flag_wins(capsys):
     assert (lm.batch_size, lm.imitation.warmup_demos) == (3, 7)  # given: kept
     assert lm.max_steps == LM_RECIPE["max_steps"] and lm.checkpoint_every == LM_RECIPE["checkpoint_every"]
     assert lm.local.envs_per_actor == LM_RECIPE["local.envs_per_actor"]
+    assert lm.transport.actor_timeout == LM_RECIPE["transport.actor_timeout"]
     said = capsys.readouterr().out
     assert "--model.kind lm recipe:" in said and "--max-steps 10" in said and "--batch-size" not in said
     pointer = parse_args([])

@@ -1,0 +1,151 @@
+"""The LM agent's hot paths on this machine, with the default recipe (packaged SmolLM2-135M-Instruct, LoRA
+rank 8 on the top 8 blocks, 352-token prompts, 24 action tokens) on real SimPhone screens:
+
+- act: the family's jitted act (prefill, then KV-cached constrained decoding) on N environments' prompts,
+  split into the prefill alone (the decoder over the prompts, what act does first) and the decoding
+  after it (per decoded position: the loop runs until every row has ended);
+- learner: the jitted gradient of the family's evaluate (one forward pass over prompt + action tokens with
+  rematerialised blocks, the grammar mask rebuilt) over the trained parameters, on B episodes of T steps:
+  the shape of one update of the recipe;
+- wire and snapshot: TRAJ bytes per episode and per step, and what a published snapshot weighs with LoRA
+  (adapters and value head) against all parameters.
+
+Reference in the same process: a jitted chain of [4096, 576] x [576, 576] matmuls (the model's width);
+`vs_matmul` is each path's share of this machine's dense float32 throughput (GFLOP from XLA's cost
+analysis). Numbers are best of `repeats` after a compile call.
+"""
+
+from __future__ import annotations
+
+import time
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+
+from actors.envs.simphone.env import SimPhoneConfig, SimPhoneEnv
+from actors.envs.simphone.oracle import Oracle
+from benchmarks.report import best_seconds, compiled_gflop, matmul_gflops
+from common import model, wire
+from common.backbones.lora import split_trained
+from common.config import ModelConfig
+from common.policies import make_policy
+from common.policies.lm.network import prompt_layout
+from common.protocol.episodes import episode_fields, pack_episodes
+
+
+def _screens(n: int) -> list:
+    """n SimPhone training screens: task starts and a few oracle steps in."""
+    env = SimPhoneEnv(SimPhoneConfig(tasks="general", split="train", max_steps=20))
+    out = []
+    seed = 0
+    while len(out) < n:
+        obs, _ = env.reset(seed=seed)
+        oracle = Oracle(env.task.plan)
+        out.append(obs)
+        for _ in range(seed % 3):
+            obs, _, done, cut, _ = env.step(oracle.act(obs))
+            if done or cut:
+                break
+            out.append(obs)
+        seed += 1
+    return out[:n]
+
+
+def _features(policy, screens) -> dict[str, np.ndarray]:
+    rows = [policy.featurize(obs) for obs in screens]
+    return {k: np.stack([r[k] for r in rows]) for k in rows[0]}
+
+
+def _timed(fn, args, repeats: int) -> float:
+    jax.block_until_ready(fn(*args))
+    return best_seconds(lambda: jax.block_until_ready(fn(*args)), repeats)
+
+
+def _act_rows(policy, graphdef, params, screens, sizes, repeats: int, ref: float) -> list[dict]:
+    act = jax.jit(lambda p, i, k: policy.act(graphdef, p, i, k, False))
+
+    def prefill(p, ids, length):
+        decoder = nnx.merge(graphdef, p).decoder
+        mask, positions = prompt_layout(length, ids.shape[-1])
+        return decoder.states(ids, positions, mask)[0][:, -1]
+
+    prefill_jit = jax.jit(prefill)
+    rows = []
+    for n in sizes:
+        inputs = policy.inputs(_features(policy, screens[:n]))
+        key = jax.random.key(0)
+        act_s = _timed(act, (params, inputs, key), repeats)
+        acted = jax.device_get(act(params, inputs, key))
+        positions = int(np.max(acted.choice["action_length"]))
+        pre_args = (params, inputs["prompt_ids"], inputs["prompt_length"])
+        pre_s = _timed(prefill_jit, pre_args, repeats)
+        prompt_tokens = int(np.sum(inputs["prompt_length"]))
+        rows.append({
+            "path": "act", "envs": n, "prompt_width": inputs["prompt_ids"].shape[-1],
+            "ms_per_call": act_s * 1e3, "ms_per_env_step": act_s * 1e3 / n, "prefill_ms": pre_s * 1e3,
+            "decode_ms_per_position": (act_s - pre_s) * 1e3 / max(positions, 1), "decoded_positions": positions,
+            "prefill_tokens_per_s": prompt_tokens / pre_s,
+            "vs_matmul": compiled_gflop(prefill_jit, *pre_args) / pre_s / ref,
+        })  # fmt: skip
+    return rows
+
+
+def _learner_row(policy, graphdef, params, screens, b: int, t: int, repeats: int, ref: float) -> dict:
+    features = _features(policy, screens[: b * (t + 1)])
+    acted = jax.device_get(jax.jit(lambda p, i, k: policy.act(graphdef, p, i, k, False))(
+        params, features, jax.random.key(1)
+    ))  # fmt: skip
+    obs = {k: v.reshape(b, t + 1, *v.shape[1:]) for k, v in features.items()}
+    choice = {k: np.asarray(v).reshape(b, t + 1, *np.shape(v)[1:])[:, :t] for k, v in acted.choice.items()}
+    trained, frozen = split_trained(params)
+
+    def loss(trained, frozen):
+        ev = policy.evaluate(graphdef, nnx.merge_state(trained, frozen), obs, choice, None)
+        return -ev.logp.sum() + jnp.square(ev.values).sum()
+
+    grad = jax.jit(jax.value_and_grad(loss))
+    seconds = _timed(grad, (trained, frozen), repeats)
+    width = obs["prompt_ids"].shape[-1] + choice["action_tokens"].shape[-1]
+    tokens = b * (t + 1) * width
+    return {
+        "path": "learner gradient", "episodes": b, "steps": t, "ms_per_call": seconds * 1e3,
+        "tokens_per_s": tokens / seconds, "vs_matmul": compiled_gflop(grad, trained, frozen) / seconds / ref,
+    }  # fmt: skip
+
+
+def _wire_rows(policy, graphdef, params, screens, t: int) -> list[dict]:
+    features = _features(policy, screens[: t + 1])
+    acted = jax.device_get(jax.jit(lambda p, i, k: policy.act(graphdef, p, i, k, False))(
+        params, features, jax.random.key(2)
+    ))  # fmt: skip
+    steps = {k: np.asarray(v)[:t] for k, v in acted.choice.items()}
+    base = {"behavior_logp": np.zeros(t), "reward": np.zeros(t), "policy_version": np.zeros(t)}
+    episode = episode_fields("t", True, False, features, {**steps, **base}, spec=policy.episode_spec())
+    size = len(wire.encode(pack_episodes([episode] * 8))) / 8
+    trained = model.params_to_flat(split_trained(params)[0])
+    full = model.params_to_flat(params)
+    mb = lambda flat: sum(v.nbytes for v in flat.values()) / 1e6  # noqa: E731
+    return [
+        {"path": "TRAJ", "steps": t, "bytes_per_episode": size, "bytes_per_step": size / t},
+        {"path": "published snapshot", "lora": "rank 8, top 8 blocks", "snapshot_mb": mb(trained)},
+        {"path": "published snapshot", "lora": "none (everything)", "snapshot_mb": mb(full)},
+    ]
+
+
+def run(quick: bool) -> list[dict]:
+    repeats = 2 if quick else 3
+    t0 = time.perf_counter()
+    policy = make_policy(ModelConfig(kind="lm"))
+    graphdef, params = policy.create(0)
+    create_s = time.perf_counter() - t0
+    ref = matmul_gflops(576, repeats)
+    screens = _screens(22)
+    rows = _act_rows(policy, graphdef, params, screens, (1, 4) if quick else (1, 4, 16), repeats, ref)
+    rows.append(
+        _learner_row(policy, graphdef, params, screens, 1 if quick else 2, 4 if quick else 10, repeats, ref)
+    )
+    rows += _wire_rows(policy, graphdef, params, screens, 5)
+    rows.append({"path": "create policy (GGUF load + LoRA)", "seconds": create_s, "ref_matmul_gflops": ref})
+    return rows
