@@ -21,6 +21,9 @@ LM_RECIPE: dict[str, Any] = {
     "optimizer.learning_rate": 5e-4,
     "checkpoint_every": 10,
     "transport.actor_timeout": 120.0,
+    "buffer.samples_per_insert": 1.0,
+    "buffer.insert_slack": 2,
+    "local.local_actor_args": "--max-pending-episodes 2",
 }
 """The `lm` family's defaults, by field path in LearnerConfig, chosen for 2 CPU cores (BENCHMARKS.md
 "lm_agent"): an update of 2 episodes of up to 10 steps over 352-token prompts (the default --model.lm-prompt-tokens) takes ~30 s, so there are
@@ -29,7 +32,11 @@ oracle's demonstrations are noiseless (its random actions are the pointer policy
 on them and 5e-4 with LoRA on the top blocks leave the budget to reinforcement learning. An actor does not
 heartbeat during its batched act, which takes 15-30 s while two actors and the learner share 2 cores: with
 the default 15 s the learner forgot actors in the middle of an act (refused as `not_welcomed`, rejoined),
-hence 120 s."""
+hence 120 s. And the actors must not take the learner's cores: unthrottled, two actors acting all the time
+left the learner one update in four minutes (three processes' XLA threads on two cores). An episode costs
+an actor about 5 s of CPU and an update about 30 s, so actors collect only what training uses: each
+episode is drawn about once (--samples-per-insert 1), at most one batch ahead (--insert-slack 2), and an
+actor with 2 finished episodes waiting for credit stops stepping (--max-pending-episodes 2)."""
 
 RECIPES = {"lm": LM_RECIPE}
 
