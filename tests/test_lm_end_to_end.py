@@ -27,6 +27,7 @@ RUN = (
     *("--env", "simphone", "--max-steps", "6", "--local-actors", "1", "--envs-per-actor", "2"),
     *("--batch-size", "2", "--warmup-demos", "12", "--warmup-updates", "2", "--checkpoint-every", "3"),
     *("--log-every", "1", "--actor-timeout", "60", "--model.lora-rank", "4", "--model.lora-layers", "1"),
+    *("--insert-slack", "0"),  # the recipe's 2 would leave the hostile fake actor without credit
 )
 
 
