@@ -260,6 +260,8 @@ class Actor:
             acted = runner.act(stack(batch))
             self.stats["act_us"] += int((time.perf_counter() - t0) * 1e6)
             self.stats["act_calls"] += 1
+            for stage, seconds in runner.stage_seconds.items():
+                self.stats[f"act_{stage}_us"] += int(seconds * 1e6)
             for k, i in enumerate(ready):
                 obs, choice = slots[i].obs, acted.choices[k]
                 estimates = (float(acted.logp[k]), float(acted.value[k]), float(acted.entropy[k]))
@@ -436,12 +438,21 @@ def status_line(actor_id: object, version: int, steps_per_s: float, stats: Count
     """The periodic status line: short enough to read at a glance (the final "stopped" line has every
     counter). Faults count device_<kind> and reset_<kind>, not their refinements (device_<kind>_<detail>)
     nor reset_retries, which count the same faults again. `act` is the mean time of one batched policy
-    call (for the lm family its prefill and decoding; benchmarks/lm_agent.py splits them)."""
+    call, with its stages' means in brackets for a two-stage family (the lm family's prefill and decode)."""
     kinds = [k for k in stats if k.startswith(("device_", "reset_")) and k != "reset_retries"]
     faults = sum(stats[k] for k in kinds if not any(k.startswith(f"{other}_") for other in kinds))
     episodes = stats["episodes_finished"]
     success = stats["successes"] / episodes if episodes else 0.0
-    act = f", act {stats['act_us'] / stats['act_calls'] / 1e3:.0f} ms" if stats["act_calls"] else ""
+    act = ""
+    if stats["act_calls"]:
+        calls = stats["act_calls"]
+        stages = [
+            (k[4:-3], v)
+            for k, v in stats.items()
+            if k.startswith("act_") and k.endswith("_us") and k != "act_us"
+        ]
+        split = " + ".join(f"{name} {us / calls / 1e3:.0f}" for name, us in stages)
+        act = f", act {stats['act_us'] / calls / 1e3:.0f} ms" + (f" ({split})" if split else "")
     return (
         f"actor {actor_id}: policy v{version}, {steps_per_s:.1f} steps/s, {episodes} episodes "
         f"(success {success:.2f}), sent {stats['batches_sent']}, acked {stats['episodes_acked']}, "

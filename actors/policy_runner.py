@@ -4,6 +4,7 @@ the compiled call and the seeded sampling stream."""
 
 from __future__ import annotations
 
+import time
 from collections.abc import Sequence
 from typing import Any, NamedTuple
 
@@ -15,6 +16,7 @@ from common import model, text_encoder
 from common.backbones.lora import split_trained
 from common.config import ModelConfig
 from common.policies import make_policy
+from common.policies.family import StagedAct
 from common.types import Action, Observation
 
 
@@ -48,6 +50,17 @@ class PolicyRunner:
         self._key = jax.random.key(seed)
         policy, graphdef = self.policy, self.graphdef
         self._act = jax.jit(lambda params, inputs, key: policy.act(graphdef, params, inputs, key, greedy))
+        self._stages = None
+        """A two-stage family's (prefill, decode), jitted apart so each is timed (StagedAct)."""
+        if isinstance(policy, StagedAct):
+            self._stages = (
+                jax.jit(lambda params, inputs: policy.prefill(graphdef, params, inputs)),
+                jax.jit(
+                    lambda params, inputs, pre, key: policy.decode(graphdef, params, inputs, pre, key, greedy)
+                ),
+            )
+        self.stage_seconds: dict[str, float] = {}
+        """The last `act`'s seconds per stage ({"prefill": s, "decode": s}), empty for a one-stage family."""
 
     def load(self, version: int, flat: dict[str, np.ndarray]) -> None:
         """Swap to a snapshot; raises ValueError if it does not fit the model. A family with LoRA
@@ -80,18 +93,28 @@ class PolicyRunner:
     def compile(self, features: dict[str, np.ndarray]) -> None:
         """Compile the sampling step for this batch shape now, with a throwaway key: the actor's own key
         stream (its seeded sampling) is untouched."""
-        jax.block_until_ready(self._act(self.params, self.policy.inputs(features), jax.random.key(0)))
+        jax.block_until_ready(self._call(self.policy.inputs(features), jax.random.key(0)))
 
     def act(self, features: dict[str, np.ndarray]) -> Acted:
         """Sample one action per row of the batched features (the mode when greedy)."""
         self._key, key = jax.random.split(self._key)
-        choice, logp, value, entropy = jax.device_get(
-            self._act(self.params, self.policy.inputs(features), key)
-        )
+        choice, logp, value, entropy = jax.device_get(self._call(self.policy.inputs(features), key))
         columns = {k: np.asarray(v).tolist() for k, v in choice.items()}
         choices = [dict(zip(columns, row, strict=True)) for row in zip(*columns.values(), strict=True)]
         f32 = np.float32
         return Acted(choices, np.asarray(logp, f32), np.asarray(value, f32), np.asarray(entropy, f32))
+
+    def _call(self, inputs: dict[str, np.ndarray], key: jax.Array):
+        """The family's act: one jitted call, or its two stages, each timed (`stage_seconds`)."""
+        if self._stages is None:
+            return self._act(self.params, inputs, key)
+        prefill, decode = self._stages
+        t0 = time.perf_counter()
+        prefilled = jax.block_until_ready(prefill(self.params, inputs))
+        t1 = time.perf_counter()
+        acted = jax.block_until_ready(decode(self.params, inputs, prefilled, key))
+        self.stage_seconds = {"prefill": t1 - t0, "decode": time.perf_counter() - t1}
+        return acted
 
     def to_action(self, obs: Observation, choice: dict[str, Any]) -> Action:
         """The concrete action of one row's choice on the observation it was chosen on."""

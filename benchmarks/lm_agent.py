@@ -2,8 +2,9 @@
 rank 8 on the top 8 blocks, 352-token prompts, 24 action tokens) on real SimPhone screens:
 
 - act: the family's jitted act (prefill, then KV-cached constrained decoding) on N environments' prompts,
-  split into the prefill alone (the decoder over the prompts, what act does first) and the decoding
-  after it (per decoded position: the loop runs until every row has ended);
+  split into the prefill alone (the family's first stage, as the actor times it: the decoder over the
+  prompts into the KV cache) and the decoding after it (per decoded position: the loop runs until every
+  row has ended);
 - learner: the jitted gradient of the family's evaluate (one forward pass over prompt + action tokens with
   rematerialised blocks, the grammar mask rebuilt) over the trained parameters, on B episodes of T steps:
   the shape of one update of the recipe;
@@ -31,7 +32,6 @@ from common import model, wire
 from common.backbones.lora import split_trained
 from common.config import ModelConfig
 from common.policies import make_policy
-from common.policies.lm.network import prompt_layout
 from common.protocol.episodes import episode_fields, pack_episodes
 
 
@@ -65,13 +65,7 @@ def _timed(fn, args, repeats: int) -> float:
 
 def _act_rows(policy, graphdef, params, screens, sizes, repeats: int, ref: float) -> list[dict]:
     act = jax.jit(lambda p, i, k: policy.act(graphdef, p, i, k, False))
-
-    def prefill(p, ids, length):
-        decoder = nnx.merge(graphdef, p).decoder
-        mask, positions = prompt_layout(length, ids.shape[-1])
-        return decoder.states(ids, positions, mask)[0][:, -1]
-
-    prefill_jit = jax.jit(prefill)
+    prefill_jit = jax.jit(lambda p, i: policy.prefill(graphdef, p, i))  # the actor's first stage
     rows = []
     for n in sizes:
         inputs = policy.inputs(_features(policy, screens[:n]))
@@ -79,7 +73,7 @@ def _act_rows(policy, graphdef, params, screens, sizes, repeats: int, ref: float
         act_s = _timed(act, (params, inputs, key), repeats)
         acted = jax.device_get(act(params, inputs, key))
         positions = int(np.max(acted.choice["action_length"]))
-        pre_args = (params, inputs["prompt_ids"], inputs["prompt_length"])
+        pre_args = (params, inputs)
         pre_s = _timed(prefill_jit, pre_args, repeats)
         prompt_tokens = int(np.sum(inputs["prompt_length"]))
         rows.append({

@@ -156,3 +156,5 @@ def test_actor_status_line_is_short():
     )
     timed = status_line(1, 0, 0.0, Counter(act_us=3_000_000, act_calls=2), held=0)
     assert timed.endswith("faults 0, act 1500 ms")  # the mean batched policy call
+    staged = Counter(act_us=3_000_000, act_calls=2, act_prefill_us=2_400_000, act_decode_us=600_000)
+    assert status_line(1, 0, 0.0, staged, held=0).endswith("act 1500 ms (prefill 1200 + decode 300)")

@@ -8,6 +8,7 @@ benchmark (BENCHMARKS.md, "lm_agent"), not a test: it takes minutes per update o
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 import time
@@ -105,6 +106,9 @@ def test_lm_learner_trains_refuses_hostile_batches_checkpoints_resumes_and_evalu
     assert final["rejected_by_reason"] == sent, final  # the hostile batches and nothing else
     assert final["episodes"] > 0 and final["env_steps"] >= final["episodes"]  # the real actor's episodes
     assert "lm recipe" in first.log()
+    # The actor timed its act's two stages (its final counters; the status line shows their means).
+    stopped = (run_dir / "actor-0.log").read_text()
+    assert re.search(r"'act_prefill_us': [1-9]", stopped) and re.search(r"'act_decode_us': [1-9]", stopped)
     meta, adapters = decoder_snapshot.read(run_dir / "decoder.safetensors")  # `learner export`'s source
     assert meta["base"] == backbone and meta["lora"].rank == 4
     assert adapters and all("lora" in name for name in adapters)

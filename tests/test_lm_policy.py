@@ -5,7 +5,8 @@ What must hold exactly: the actor's per-token behaviour log-probs (KV-cached dec
 (one forward pass over prompt + action, mask rebuilt from the stored tokens) agree, so the on-policy step
 ratio is 1; without constraints they equal a float64 numpy reference; every constrained sample is a valid
 action; an action that does not parse becomes a counted no-op; demonstrations round-trip; and a LoRA
-snapshot carries only the adapters and the value head.
+snapshot carries only the adapters and the value head (and an actor's two-stage act equals the family's
+one-call act).
 """
 
 from __future__ import annotations
@@ -176,6 +177,10 @@ def test_a_lora_snapshot_carries_only_adapters_and_the_value_head(backbone):
     observations = _screens(2)
     features = [runner.featurize(obs) for obs in observations]
     mine = runner.act({k: np.stack([f[k] for f in features]) for k in features[0]})
+    # The runner acts in two jitted stages, timed apart for the actor's status line; `want` below is the
+    # family's one-call act, so this also checks that the stages compose to it.
+    assert set(runner.stage_seconds) == {"prefill", "decode"}
+    assert all(s > 0 for s in runner.stage_seconds.values())
     # The runner's own base (from the checkpoint) + the snapshot's adapters = the learner's parameters,
     # except the +0.01 of the base above, which the snapshot must not and does not carry.
     want_params = nnx.merge_state(trained, split_trained(policy.create(0)[1])[1])

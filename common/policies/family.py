@@ -13,7 +13,7 @@ for a family that lives in the user's own code (docs/POLICIES.md walks through o
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any, NamedTuple, Protocol
+from typing import Any, NamedTuple, Protocol, runtime_checkable
 
 import numpy as np
 
@@ -81,3 +81,18 @@ class PolicyFamily(Protocol):
 
     def to_action(self, obs: Observation, choice: dict[str, int]) -> Action:
         """The concrete action of one row's choice on the observation it was chosen on."""
+
+
+@runtime_checkable
+class StagedAct(Protocol):
+    """What a family may add so an actor can time the two parts of its act apart (the lm family: the
+    prompts' prefill, then the action's decoding), reported in the actor's status line. It must hold that
+    act(g, p, x, key, greedy) == decode(g, p, x, prefill(g, p, x), key, greedy); both are jitted apart."""
+
+    def prefill(self, graphdef: Any, params: Any, inputs: dict[str, Any]) -> Any:
+        """The first stage on a batch of inputs [N, ...] (jittable): whatever `decode` starts from."""
+
+    def decode(
+        self, graphdef: Any, params: Any, inputs: dict[str, Any], prefilled: Any, key: Any, greedy: bool
+    ) -> Acted:
+        """The second stage: the choices, as `act` gives them."""

@@ -29,8 +29,8 @@ from common.backbones.pretrained import load_pretrained
 from common.config import ModelConfig
 from common.policies.evaluation import Evaluation
 from common.policies.family import Acted
-from common.policies.lm import grammar
-from common.policies.lm.network import Decoding, LMAgent, actions_in_grammar, sample_actions, score_actions
+from common.policies.lm import grammar, network
+from common.policies.lm.network import Decoding, LMAgent, actions_in_grammar, score_actions
 from common.policies.lm.prompt import PromptBuilder
 from common.protocol.episodes import EpisodeSpec
 from common.types import Action, ActionType, Observation
@@ -164,11 +164,21 @@ class LMPolicy:
         return nnx.split(nnx.eval_shape(lambda: LMAgent(Decoder(config, rngs=nnx.Rngs(0), lora=lora), head)))
 
     def act(self, graphdef, params, inputs, key, greedy: bool) -> Acted:
+        return self.decode(graphdef, params, inputs, self.prefill(graphdef, params, inputs), key, greedy)
+
+    def prefill(self, graphdef, params, inputs) -> network.Prefilled:
+        """The decoder over the prompts (act's first stage, common.policies.family.StagedAct)."""
         agent = nnx.merge(graphdef, params)
-        s = sample_actions(
-            agent,
+        return network.prefill(
+            agent, inputs["prompt_ids"], inputs["prompt_length"], self.cfg.lm_action_tokens
+        )
+
+    def decode(self, graphdef, params, inputs, prefilled, key, greedy: bool) -> Acted:
+        """The action decoded from the prefilled prompts (act's second stage)."""
+        s = network.decode(
+            nnx.merge(graphdef, params),
             self.decoding,
-            inputs["prompt_ids"],
+            prefilled,
             inputs["prompt_length"],
             inputs["n_elements"],
             key,

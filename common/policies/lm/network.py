@@ -1,9 +1,9 @@
 """The LM agent's network: a pretrained decoder plus a value head, and its two passes.
 
-`sample_actions` (the actor's act: one prefill, then KV-cached decoding of the action inside one jitted
-while-loop) and `score_actions` (the learner's evaluate: one forward pass over prompt + action tokens) read
-the same positions, masks and grammar state, so the log-probability the actor records for a token and the
-one the learner computes for it differ only by float rounding: the importance ratio is 1 on-policy.
+The actor's act (`prefill` over the prompts, then `decode`: KV-cached decoding of the action inside one
+jitted while-loop) and `score_actions` (the learner's evaluate: one forward pass over prompt + action
+tokens) read the same positions, masks and grammar state, so the log-probability the actor records for a
+token and the one the learner computes for it differ only by float rounding: the ratio is 1 on-policy.
 
 Per position the distribution is the model's logits, masked by the action grammar (when constrained), over
 the temperature. A step's log-probability is the sum over its action tokens (the step is the unit of credit)
@@ -89,25 +89,43 @@ def _distribution(logits: jax.Array, allowed: jax.Array, temperature: float):
     return logp, entropy
 
 
-def sample_actions(
-    agent: LMAgent,
-    decoding: Decoding,
-    prompt: jax.Array,
-    prompt_length: jax.Array,
-    n_elements: jax.Array,
-    key: jax.Array,
-    greedy: bool,
-    max_tokens: int,
-) -> Sampled:
-    """One action per row of prompts [N, P] (left-padded; `prompt_length` real tokens each), sampled (or
-    the mode when `greedy`) token by token until end-of-turn or `max_tokens`."""
+class Prefilled(NamedTuple):
+    """The prompts read (`prefill`): what decoding the action starts from."""
+
+    cache: Any
+    """The decoder's KV cache over the prompts, with room for the action's tokens."""
+    logits: jax.Array
+    """[N, V] the logits at each prompt's last token (the first action token's distribution)."""
+    value: jax.Array
+    """[N] float32 V(s)."""
+
+
+def prefill(agent: LMAgent, prompt: jax.Array, prompt_length: jax.Array, max_tokens: int) -> Prefilled:
+    """One pass of the decoder over prompts [N, P] (left-padded; `prompt_length` real tokens each): the KV
+    cache, the first action token's logits and the value. The actor times it apart from `decode`."""
     n, width = prompt.shape
     decoder = agent.decoder
     mask, positions = prompt_layout(prompt_length, width)
     dtype = decoder.embed_tokens.embedding[...].dtype
     cache = init_cache(decoder.cfg, n, width + max_tokens, dtype)
     states, cache = decoder.states(prompt, positions, mask, cache)
-    value = agent.value(states[:, -1])
+    return Prefilled(cache, decoder.logits(states[:, -1:])[:, 0], agent.value(states[:, -1]))
+
+
+def decode(
+    agent: LMAgent,
+    decoding: Decoding,
+    prefilled: Prefilled,
+    prompt_length: jax.Array,
+    n_elements: jax.Array,
+    key: jax.Array,
+    greedy: bool,
+    max_tokens: int,
+) -> Sampled:
+    """One action per prefilled prompt, sampled (or the mode when `greedy`) token by token with the KV
+    cache until end-of-turn or `max_tokens`, inside one jitted while-loop."""
+    n = prompt_length.shape[0]
+    decoder = agent.decoder
     vocab = decoder.cfg.vocab_size
     start = jnp.full((n,), grammar.START, jnp.int32)
     zeros = jnp.zeros((n, max_tokens))
@@ -148,11 +166,10 @@ def sample_actions(
     def more(carry):
         return (carry[0] < max_tokens) & ~jnp.all(carry[4])
 
-    first = decoder.logits(states[:, -1:])[:, 0]
-    carry = (0, cache, first, start, jnp.zeros(n, bool), key, zeros.astype(jnp.int32), zeros.astype(jnp.float32),
-             jnp.zeros(n, jnp.float32), jnp.zeros(n, jnp.int32))  # fmt: skip
+    carry = (0, prefilled.cache, prefilled.logits, start, jnp.zeros(n, bool), key, zeros.astype(jnp.int32),
+             zeros.astype(jnp.float32), jnp.zeros(n, jnp.float32), jnp.zeros(n, jnp.int32))  # fmt: skip
     _, _, _, _, _, _, tokens, logps, entropy, length = jax.lax.while_loop(more, step, carry)
-    return Sampled(tokens, length, logps, value, entropy)
+    return Sampled(tokens, length, logps, prefilled.value, entropy)
 
 
 class Scored(NamedTuple):
@@ -199,7 +216,7 @@ def score_actions(
     agent: LMAgent, decoding: Decoding, obs: dict[str, jax.Array], choice: dict[str, jax.Array]
 ):
     """The taken actions [B, T, A] scored on their prompts [B, T + 1, P] in one forward pass over prompt +
-    action tokens, with the positions, masks and grammar states the actor used (`sample_actions`)."""
+    action tokens, with the positions, masks and grammar states the actor used (`prefill`, `decode`)."""
     prompt, prompt_length = obs["prompt_ids"], obs["prompt_length"]
     b, rows, width = prompt.shape
     steps = rows - 1
