@@ -224,6 +224,7 @@ def test_the_lm_recipe_fills_flags_not_given_and_a_given_flag_wins(capsys):
     assert lm.max_steps == LM_RECIPE["max_steps"] and lm.checkpoint_every == LM_RECIPE["checkpoint_every"]
     assert lm.local.envs_per_actor == LM_RECIPE["local.envs_per_actor"]
     assert lm.transport.actor_timeout == LM_RECIPE["transport.actor_timeout"]
+    assert lm.loss.actor_weighting == "binary_ratio" != parse_args([]).loss.actor_weighting
     said = capsys.readouterr().out
     assert "--model.kind lm recipe:" in said and "--max-steps 10" in said and "--batch-size" not in said
     pointer = parse_args([])
