@@ -25,6 +25,8 @@ from common.protocol.episodes import (
 )
 from common.protocol.messages import (
     ACK,
+    ACT,
+    ACTED,
     ERROR,
     FROM_LEARNER,
     HEARTBEAT,
@@ -58,6 +60,8 @@ from common.protocol.params import params_frames, parse_params, snapshot_crc32
 
 __all__ = [
     "ACK",
+    "ACT",
+    "ACTED",
     "BASE_STEP_ARRAYS",
     "EPISODE_ARRAYS",
     "EPISODE_KEYS",

@@ -1,0 +1,148 @@
+"""An actor's policy in `--inference remote` mode: featurize here, act on the learner's inference service
+(learner/inference.py), so this host holds no parameters and needs no accelerator.
+
+`RemotePolicy` answers what the actor loop asks of actors/policy_runner.PolicyRunner (featurize, act,
+to_action, version), so the loop does not know which one it drives. Each `act` is one ACT request with the
+ready environments' observations; the answer names the parameters' version that produced it, which
+becomes `version` (the steps are labelled with it). A lost service (no answer within `timeout`) is asked
+again on a new connection after a backoff, and the wait is counted; a refused request raises
+`InferenceRefused` with the service's code.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import Counter
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+import zmq
+
+from actors.policy_runner import Acted
+from common import protocol, wire
+from common.config import ModelConfig
+from common.curve import CurveClient
+from common.policies import make_policy
+from common.protocol.inference import Act
+from common.protocol.inference import Acted as ActedMsg
+from common.types import Action, Observation
+
+
+class InferenceRefused(RuntimeError):
+    """The service answered an ACT with an ERROR (`code`: docs/PROTOCOL.md §7)."""
+
+    def __init__(self, code: str, reason: str):
+        super().__init__(f"{code}: {reason}")
+        self.code = code
+
+
+class RemotePolicy:
+    """See the module docstring. `address` is the service's tcp://host:port; `actor_id` this actor's id in
+    the run (the service refuses actors the learner has not welcomed)."""
+
+    def __init__(
+        self,
+        cfg: ModelConfig,
+        address: str,
+        actor_id: int,
+        timeout: float = 30.0,
+        curve: CurveClient | None = None,
+        ctx: zmq.Context | None = None,
+    ):
+        self.cfg, self.address, self.actor_id, self.timeout, self.curve = (
+            cfg,
+            address,
+            actor_id,
+            timeout,
+            curve,
+        )
+        self.policy = make_policy(cfg)
+        self.spec = self.policy.episode_spec()
+        self.version = -1
+        """The version of the parameters that answered the last request."""
+        self.stage_seconds: dict[str, float] = {}
+        """Kept empty: the stages run on the service."""
+        self.stats: Counter[str] = Counter()
+        """requests, reconnects, late_answers; `wait_s` the seconds spent without an answer."""
+        self._ctx = ctx or zmq.Context.instance()
+        self._sock: zmq.Socket | None = None
+        self._request = 0
+
+    def featurize(self, obs: Observation, history: Sequence[Action] = ()) -> dict[str, np.ndarray]:
+        return self.policy.featurize(obs, history)
+
+    def to_action(self, obs: Observation, choice: dict[str, Any]) -> Action:
+        return self.policy.to_action(obs, choice)
+
+    def act(self, features: dict[str, np.ndarray]) -> Acted:
+        """The service's choices for a batch of features [N, ...], asked again on a new connection after a
+        backoff while no answer comes (the actor keeps its environments and episodes meanwhile)."""
+        rows = len(next(iter(features.values())))
+        self._request += 1
+        frame = wire.encode(Act(self.actor_id, self._request, features).to_msg())
+        backoff = 0.5
+        while True:
+            self.stats["requests"] += 1
+            sock = self._socket()
+            sock.send(frame, copy=False)
+            answer = self._answer(sock, self._request, rows)
+            if answer is not None:
+                return self._acted(answer)
+            self.stats["reconnects"] += 1
+            self._drop_socket()
+            time.sleep(backoff)
+            self.stats["wait_s"] += backoff
+            backoff = min(2 * backoff, 10.0)
+
+    def close(self) -> None:
+        self._drop_socket()
+
+    def _answer(self, sock: zmq.Socket, request: int, rows: int) -> ActedMsg | None:
+        """The ACTED for `request`, or None after `timeout` s without one; ERROR raises InferenceRefused."""
+        deadline = time.monotonic() + self.timeout
+        while (left := deadline - time.monotonic()) > 0:
+            if not sock.poll(left * 1e3):
+                break
+            msg = protocol.parse(sock.recv(copy=False).buffer)
+            if msg["kind"] == protocol.ERROR:
+                error = protocol.Error.from_msg(msg)
+                if error.seq in (None, request):
+                    raise InferenceRefused(error.code, error.reason)
+                continue
+            if msg["kind"] != protocol.ACTED or msg.get("id") != request:
+                self.stats["late_answers"] += 1  # an answer to a request given up on
+                continue
+            return ActedMsg.from_msg(msg, self.spec, rows)
+        self.stats["wait_s"] += self.timeout
+        return None
+
+    def _acted(self, answer: ActedMsg) -> Acted:
+        self.version = answer.version
+        arrays = answer.arrays
+        names = list(self.spec.choice_arrays())
+        columns = {name: arrays[name].tolist() for name in names}
+        choices = [dict(zip(columns, row, strict=True)) for row in zip(*columns.values(), strict=True)]
+        f32 = np.float32
+        return Acted(
+            choices,
+            np.asarray(arrays["logp"], f32),
+            np.asarray(arrays["value"], f32),
+            np.asarray(arrays["entropy"], f32),
+        )
+
+    def _socket(self) -> zmq.Socket:
+        if self._sock is None:
+            sock = self._ctx.socket(zmq.DEALER)
+            sock.setsockopt(zmq.LINGER, 0)
+            sock.setsockopt(zmq.MAXMSGSIZE, wire.MAX_MESSAGE_BYTES)
+            if self.curve is not None:
+                self.curve.apply(sock)
+            sock.connect(self.address)
+            self._sock = sock
+        return self._sock
+
+    def _drop_socket(self) -> None:
+        if self._sock is not None:
+            self._sock.close(0)
+            self._sock = None

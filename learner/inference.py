@@ -1,0 +1,205 @@
+"""The inference service (SEED RL's design, issue 33): actors in `--inference remote` mode send featurized
+observations (ACT) and this acts on them with the learner's newest parameters, batched across actors, on
+the learner's own devices, so an emulator host needs no model, no accelerator and no parameter copy.
+
+One thread owns one ROUTER socket (ZeroMQ sockets are not thread-safe; the learner's other sockets stay on
+its main thread). It gathers requests until `max_rows` observations wait or `deadline_ms` has passed since
+the first, runs the family's jitted act once on all of them (rows padded to a power of two, so a handful
+of shapes compile), and answers each request with its rows (ACTED, common/protocol/inference.py). The
+parameters are the learner's own arrays, handed over by reference at each publish (`publish`): no copy,
+no serialisation, and the version each answer names is the one that produced it.
+
+Every refused request is answered with an ERROR and counted by code (`rejected`): malformed (the codes of
+common/protocol), from an actor the learner has not welcomed (`not_welcomed`), or before the first
+parameters exist (`unavailable`). Replies that cannot be queued are dropped and counted (`drops`).
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import jax
+import numpy as np
+import zmq
+
+from common import protocol, wire
+from common.curve import CurveServer
+from common.protocol.inference import ACTED_ARRAYS, Act, Acted
+
+POLL_MS = 50
+"""How long the service thread waits for a first request before it looks at its stop flag again."""
+QUEUE_MESSAGES = 64
+"""Send and receive high-water marks per actor connection (whole messages)."""
+
+
+@dataclass(frozen=True)
+class InferenceConfig:
+    """How the service batches requests."""
+
+    max_rows: int = 64
+    """Most observations in one batched act: requests wait no longer once this many are queued."""
+    deadline_ms: float = 5.0
+    """How long the first request of a batch waits for others (the latency paid for batching)."""
+    seed: int = 0
+    """Seed of the sampling keys (one stream for the whole service)."""
+
+
+class InferenceService:
+    """See the module docstring. `known(actor_id)` says whether the learner has welcomed that actor (read
+    from this thread: a dict lookup); `policy` is the run's family and `graphdef` its network's."""
+
+    def __init__(
+        self,
+        policy: Any,
+        graphdef: Any,
+        ctx: zmq.Context,
+        address: str,
+        known: Callable[[int], bool],
+        cfg: InferenceConfig = InferenceConfig(),
+        curve: CurveServer | None = None,
+    ):
+        self.policy, self.cfg, self.known = policy, cfg, known
+        self.spec = policy.episode_spec()
+        self.sock = ctx.socket(zmq.ROUTER)
+        self.sock.setsockopt(zmq.LINGER, 0)
+        self.sock.setsockopt(zmq.MAXMSGSIZE, wire.MAX_MESSAGE_BYTES)
+        self.sock.setsockopt(zmq.RCVHWM, QUEUE_MESSAGES)
+        self.sock.setsockopt(zmq.SNDHWM, QUEUE_MESSAGES)
+        self.sock.setsockopt(zmq.ROUTER_MANDATORY, 1)
+        if curve is not None:
+            curve.apply(self.sock)
+        self.sock.bind(address)
+        self.endpoint = self.sock.getsockopt_string(zmq.LAST_ENDPOINT)
+        self._act = jax.jit(lambda params, inputs, key: policy.act(graphdef, params, inputs, key, False))
+        self._key = jax.random.key(cfg.seed)
+        self._newest: tuple[int, Any] | None = None
+        self._params: tuple[int, Any] | None = None
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="inference", daemon=True)
+        self.stats: Counter[str] = Counter()
+        """requests, rows, batches, padded_rows, answered; `act_s` the seconds spent acting."""
+        self.rejected: Counter[str] = Counter()
+        self.drops: Counter[str] = Counter()
+
+    # ---- the main thread's side ------------------------------------------------------------------------
+    def publish(self, version: int, params: Any) -> None:
+        """From now on act with `params` (the learner's own arrays, by reference) as `version`."""
+        with self._lock:
+            self._newest = (version, params)
+
+    def start(self) -> InferenceService:
+        self._thread.start()
+        return self
+
+    def close(self) -> None:
+        self._stop.set()
+        if self._thread.is_alive():
+            self._thread.join()
+        self.sock.close(0)
+
+    # ---- the service thread ------------------------------------------------------------------------------
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            batch = self._gather()
+            if batch:
+                self._serve(batch)
+
+    def _gather(self) -> list[tuple[bytes, Act]]:
+        """Valid requests until max_rows rows wait or the deadline after the first has passed."""
+        batch: list[tuple[bytes, Act]] = []
+        rows, deadline = 0, None
+        while rows < self.cfg.max_rows:
+            wait = POLL_MS if deadline is None else max(0.0, (deadline - time.monotonic()) * 1e3)
+            if not self.sock.poll(wait):
+                break
+            got = self._receive()
+            if got is None:
+                continue
+            batch.append(got)
+            rows += len(next(iter(got[1].obs.values())))
+            deadline = deadline or time.monotonic() + self.cfg.deadline_ms / 1e3
+        return batch
+
+    def _receive(self) -> tuple[bytes, Act] | None:
+        """One request, checked; a refused one is answered and counted, and gives None."""
+        frames = self.sock.recv_multipart(copy=False)
+        identity = frames[0].bytes
+        self.stats["requests"] += 1
+        if len(frames) != 2:
+            self._refuse(identity, "bad_envelope", f"expected one message frame, got {len(frames) - 1}")
+            return None
+        request = None
+        try:
+            msg = protocol.parse(frames[1].buffer)
+            if msg["kind"] != protocol.ACT:
+                raise protocol.ProtocolError(
+                    "unexpected_kind", f"the inference service takes ACT, not {msg['kind']}"
+                )
+            request = msg.get("id") if type(msg.get("id")) is int else None
+            act = Act.from_msg(msg, self.spec)
+        except protocol.ProtocolError as e:
+            self._refuse(identity, e.code, e.reason, request)
+            return None
+        if not self.known(act.actor_id):
+            self._refuse(identity, "not_welcomed", f"actor {act.actor_id} has not joined this run", act.id)
+            return None
+        if self._current() is None:
+            self._refuse(identity, "unavailable", "no parameters yet; ask again", act.id)
+            return None
+        return identity, act
+
+    def _current(self) -> tuple[int, Any] | None:
+        """The parameters to act with: the newest published, taken up here (the family refreshes what it
+        derives from them, `loaded`)."""
+        with self._lock:
+            newest = self._newest
+        if newest is not None and (self._params is None or newest[0] != self._params[0]):
+            self.policy.loaded(newest[1])
+            self._params = newest
+        return self._params
+
+    def _serve(self, batch: list[tuple[bytes, Act]]) -> None:
+        version, params = self._current()
+        counts = [len(next(iter(act.obs.values()))) for _, act in batch]
+        total = sum(counts)
+        padded = 1 << (total - 1).bit_length()
+        features = {
+            name: np.concatenate(
+                [act.obs[name] for _, act in batch] + [batch[0][1].obs[name][:1]] * (padded - total)
+            )
+            for name in self.spec.observations
+        }
+        self._key, key = jax.random.split(self._key)
+        t0 = time.perf_counter()
+        out = jax.device_get(self._act(params, self.policy.inputs(features), key))
+        self.stats["act_s"] += time.perf_counter() - t0
+        columns = {**{k: np.asarray(v) for k, v in out.choice.items()}, "logp": out.logp, "value": out.value,
+                   "entropy": out.entropy}  # fmt: skip
+        wanted = {**self.spec.choice_arrays(), **{name: ((), "<f4") for name in ACTED_ARRAYS}}
+        columns = {name: np.asarray(columns[name], dtype) for name, (_, dtype) in wanted.items()}
+        self.stats.update(batches=1, rows=total, padded_rows=padded - total, answered=len(batch))
+        start = 0
+        for (identity, act), n in zip(batch, counts, strict=True):
+            rows = {name: col[start : start + n] for name, col in columns.items()}
+            self._send([identity, wire.encode(Acted(act.id, version, rows).to_msg())])
+            start += n
+
+    def _refuse(self, identity: bytes, code: str, reason: str, request: int | None = None) -> None:
+        self.rejected[code] += 1
+        self._send([identity, protocol.error(code, reason, request)])
+
+    def _send(self, frames: list) -> None:
+        try:
+            self.sock.send_multipart(frames, flags=zmq.NOBLOCK, copy=False)
+        except zmq.Again:
+            self.drops["queue_full"] += 1
+        except zmq.ZMQError as e:
+            if e.errno != zmq.EHOSTUNREACH:
+                raise
+            self.drops["actor_gone"] += 1

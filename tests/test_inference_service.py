@@ -1,0 +1,157 @@
+"""The inference service (learner/inference.py) with real sockets on 127.0.0.1, driven by the actor's
+remote policy (actors/remote_policy.py) and by a hostile fake peer.
+
+What must hold: the service answers with the newest published parameters and names their version; its
+log-probs are the family's own for the choices it made (the importance ratio an actor's steps get is 1 at
+zero lag); requests from several actors are batched; and every bad request (undecodable, wrong kind,
+wrong shapes, ids out of range, extra frames, an actor the learner has not welcomed, before the first
+parameters) is answered with its code and counted, while the service keeps serving.
+"""
+
+from __future__ import annotations
+
+import threading
+
+import jax
+import numpy as np
+import pytest
+import zmq
+
+from actors.envs.standin import StandInPhoneEnv
+from actors.policy_runner import stack
+from actors.remote_policy import InferenceRefused, RemotePolicy
+from common import protocol, wire
+from common.config import ModelConfig
+from common.policies import make_policy
+from common.protocol.inference import Act
+from learner.inference import InferenceConfig, InferenceService
+
+CFG = ModelConfig(vocab_size=512, d_model=32, num_heads=4, num_layers=1, mlp_dim=64, text_encoder="none")
+WELCOMED = {1, 2}
+
+
+@pytest.fixture
+def service():
+    policy = make_policy(CFG)
+    graphdef, _ = policy.create(0)
+    ctx = zmq.Context()
+    svc = InferenceService(
+        policy,
+        graphdef,
+        ctx,
+        "tcp://127.0.0.1:*",
+        WELCOMED.__contains__,
+        InferenceConfig(max_rows=16, deadline_ms=50),
+    ).start()
+    yield svc
+    svc.close()
+    ctx.term()
+
+
+def _features(n: int, seed: int = 0) -> dict[str, np.ndarray]:
+    policy = make_policy(CFG)
+    env = StandInPhoneEnv()
+    rows = []
+    for i in range(n):
+        obs, _ = env.reset(seed=seed + i)
+        rows.append(policy.featurize(obs))
+    return stack(rows)
+
+
+def _logp(params, features: dict[str, np.ndarray], choices: list[dict]) -> np.ndarray:
+    """The family's own log pi of each row's choice (each row a one-step episode)."""
+    policy = make_policy(CFG)
+    graphdef, _ = policy.create(0)
+    obs = {k: np.stack([v, v], 1) for k, v in features.items()}
+    choice = {k: np.array([[c[k]] for c in choices]) for k in choices[0]}
+    ev = jax.jit(lambda p, o, c: policy.evaluate(graphdef, p, o, c, None))(params, obs, choice)
+    return np.asarray(ev.logp)[:, 0]
+
+
+def test_answers_with_the_newest_parameters_and_their_own_log_probs(service):
+    client = RemotePolicy(CFG, service.endpoint, actor_id=1, timeout=30)
+    features = _features(5)
+    with pytest.raises(InferenceRefused, match="unavailable"):
+        client.act(features)  # nothing published yet
+    _, params = make_policy(CFG).create(0)
+    service.publish(3, params)
+    acted = client.act(features)
+    assert client.version == 3 and len(acted.choices) == 5
+    np.testing.assert_allclose(acted.logp, _logp(params, features, acted.choices), atol=1e-5)
+    _, newer = make_policy(CFG).create(1)
+    service.publish(4, newer)
+    acted = client.act(features)
+    assert client.version == 4
+    np.testing.assert_allclose(acted.logp, _logp(newer, features, acted.choices), atol=1e-5)
+    # A check that can fail: the same choices under the older parameters have other log-probs.
+    assert np.abs(acted.logp - _logp(params, features, acted.choices)).max() > 1e-3
+    assert service.rejected == {"unavailable": 1}
+    client.close()
+
+
+def test_requests_from_several_actors_are_batched(service):
+    _, params = make_policy(CFG).create(0)
+    service.publish(0, params)
+    clients = [RemotePolicy(CFG, service.endpoint, actor_id=1 + i % 2) for i in range(4)]
+    barrier = threading.Barrier(len(clients))
+    answers: list = [None] * len(clients)
+
+    def go(i: int) -> None:
+        barrier.wait()
+        answers[i] = clients[i].act(_features(3, seed=10 * i))
+
+    threads = [threading.Thread(target=go, args=(i,)) for i in range(len(clients))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    assert all(a is not None and len(a.choices) == 3 for a in answers)
+    assert service.stats["answered"] == 4 and service.stats["rows"] == 12
+    assert service.stats["batches"] < 4  # at least two requests shared one act
+    for c in clients:
+        c.close()
+
+
+def _ask(sock: zmq.Socket, frames: list[bytes]) -> dict:
+    sock.send_multipart(frames)
+    assert sock.poll(30_000), "no answer"
+    return protocol.parse(sock.recv())
+
+
+def test_bad_requests_are_answered_with_their_code_counted_and_change_nothing(service):
+    _, params = make_policy(CFG).create(0)
+    service.publish(0, params)
+    ctx = zmq.Context.instance()
+    sock = ctx.socket(zmq.DEALER)
+    sock.setsockopt(zmq.LINGER, 0)
+    sock.connect(service.endpoint)
+    good = _features(2)
+    spec = make_policy(CFG).episode_spec()
+    id_name = next(iter(spec.id_ranges))
+    out_of_range = {**good, id_name: np.full_like(good[id_name], spec.id_ranges[id_name][1])}
+    wrong_shape = {k: v[:, None] if k == id_name else v for k, v in good.items()}
+    hello = protocol.Hello("a", 1, "x" * 8, 1).to_msg()
+    cases = {
+        "bad_encoding": [b"\xc1not msgpack"],
+        "unknown_kind": [wire.encode({"v": protocol.PROTOCOL_VERSION, "kind": "NOPE"})],
+        "unexpected_kind": [wire.encode(hello)],
+        "bad_version": [wire.encode({**Act(1, 1, good).to_msg(), "v": 3})],
+        "bad_array": [wire.encode(Act(1, 2, out_of_range).to_msg())],
+        "bad_field": [wire.encode(Act(1, 3, wrong_shape).to_msg())],
+        "bad_envelope": [b"one", b"two"],
+        "not_welcomed": [wire.encode(Act(7, 4, good).to_msg())],
+    }
+    for code, frames in cases.items():
+        answer = _ask(sock, frames)
+        assert answer["kind"] == protocol.ERROR and answer["code"] == code, (code, answer)
+    assert service.rejected == {code: 1 for code in cases}
+    # A flood of good requests it does not read: the service keeps going, every one is answered or a
+    # dropped reply is counted, and a fresh client is still served.
+    for i in range(200):
+        sock.send(wire.encode(Act(1, 100 + i, good).to_msg()))
+    client = RemotePolicy(CFG, service.endpoint, actor_id=2)
+    assert len(client.act(good).choices) == 2
+    sock.close(0)
+    client.close()
+    assert service.stats["requests"] >= len(cases) + 1
+    assert sum(service.rejected.values()) == len(cases)
