@@ -28,6 +28,7 @@ from actors.envs.faults import DeviceFault
 from actors.outbox import Batch, Outbox
 from actors.pacing import TokenBucket
 from actors.policy_runner import PolicyRunner, stack
+from actors.remote_policy import InferenceRefused, RemotePolicy
 from actors.slots import EnvSlots
 from common import protocol
 from common.config import ModelConfig
@@ -91,6 +92,8 @@ class Actor:
         """Environments built before joining (devices: booting takes minutes, a bad setup stops us first)."""
         self._pacer = TokenBucket(cfg.max_episode_rate) if cfg.max_episode_rate else None
         """--max-episode-rate: what lets a slot start its next episode (None: no limit)."""
+        self.remote = cfg.inference == "remote"
+        """--inference remote: the learner's inference service acts (actors/remote_policy.py); no snapshots."""
 
     def request_stop(self, reason: str) -> None:
         """Stop taking steps, then deliver what is held (up to --flush-timeout); a second request means
@@ -109,7 +112,7 @@ class Actor:
         cfg = self.cfg
         conn = LearnerConnection(
             cfg.host, cfg.ingest_port, cfg.params_port, self.log, cfg.params_endpoint, curve_client(cfg),
-            stats=self.stats,
+            stats=self.stats, subscribe=not self.remote,
         )  # fmt: skip
         world = None
         try:
@@ -126,6 +129,9 @@ class Actor:
                 self._flush(conn, world)
         finally:
             self.stats["episodes_unacked_at_exit"] = self.outbox.held()
+            if world is not None and isinstance(world.runner, RemotePolicy):
+                self.stats.update({f"inference_{k}": round(v, 1) for k, v in world.runner.stats.items()})
+                world.runner.close()
             conn.close()
             if world is not None:
                 world.slots.close()
@@ -164,10 +170,18 @@ class Actor:
             self.outbox.unacked.clear()
             world.slots.close(close_envs=self._devices is None)  # devices are kept for the new model
             world = None
+        if self.remote and welcome.sync:
+            self.request_stop("--inference remote does not run DigiRL's synchronous rounds (--mode sync) yet")
+            return None
+        if self.remote and not welcome.inference_port:
+            self.request_stop("the learner has no inference service (it runs with --inference-port -1)")
+            return None
         if world is None:
             world = self._build(conn, model_cfg, max_steps)  # asks for parameters and waits for them
             if world is None:
                 return None
+        elif self.remote:
+            world.runner.reconnect(self._inference_address(welcome), conn.actor_id)
         else:
             conn.request_params(world.runner.version)
         if run_id != self._run_id and world.runner.version > version:
@@ -183,6 +197,10 @@ class Actor:
 
     def _build(self, conn: LearnerConnection, model_cfg: ModelConfig, max_steps: int) -> _World | None:
         cfg = self.cfg
+        if self.remote:
+            address = self._inference_address(conn.welcome)
+            runner = RemotePolicy(model_cfg, address, conn.actor_id, cfg.inference_timeout, curve_client(cfg))
+            return self._start_envs(conn, runner, model_cfg, max_steps)
         conn.request_params(-1)  # first: building the policy takes seconds, and the learner hears from us now
         runner = PolicyRunner(model_cfg, cfg.seed)
         while runner.params is None and not self._should_stop() and not self._rejoin:
@@ -192,19 +210,45 @@ class Actor:
             self._check_session(conn)
         if runner.params is None:
             return None
+        return self._start_envs(conn, runner, model_cfg, max_steps)
+
+    def _start_envs(self, conn: LearnerConnection, runner, model_cfg: ModelConfig, max_steps: int) -> _World:
+        """The environments (or the devices held since start-up) for this model, and the policy compiled
+        for their batch (locally; a remote policy compiles on the learner)."""
+        cfg = self.cfg
         if self._devices is not None:
             envs, threaded = self._devices
             for env in envs:
                 env.max_steps = max_steps  # the learner's limit, known only now
         else:
             envs, threaded = build_envs(cfg, max_steps, self.log)
-        self._compile_ahead(conn, runner, len(envs))
+        if isinstance(runner, PolicyRunner):
+            self._compile_ahead(conn, runner, len(envs))
         seeds = [cfg.seed * 100_003 + i for i in range(len(envs))]
         slots = EnvSlots(envs, seeds, threaded, self.stats, self.log)
         for i in range(len(slots)):
             slots.reset(i)
         spec = runner.policy.episode_spec()
         return _World(model_cfg, max_steps, runner, slots, [None] * len(slots), spec)
+
+    def _act(self, runner, features):
+        """The runner's choices; None when a remote policy's service refused or did not answer (counted, and
+        the step is tried again: `unavailable` before the first parameters, `no_answer` while the learner
+        may be gone; `not_welcomed` after a rejoin)."""
+        try:
+            return runner.act(features)
+        except InferenceRefused as e:
+            self.stats[f"inference_refused_{e.code}"] += 1
+            if e.code == "not_welcomed":
+                self._rejoin = "the inference service does not know this actor"
+            elif e.code in ("unavailable", "no_answer"):
+                time.sleep(0.2)
+            else:
+                raise
+            return None
+
+    def _inference_address(self, welcome: protocol.Welcome) -> str:
+        return f"tcp://{self.cfg.host}:{welcome.inference_port}"
 
     def _compile_ahead(self, conn: LearnerConnection, runner: PolicyRunner, batch: int) -> None:
         """Compile the policy for `batch` rows on a thread while still heartbeating: a first compile
@@ -257,7 +301,9 @@ class Actor:
             # Threaded slots act on any subset: pad to one batch shape so the policy compiles once.
             batch = features + features[:1] * (len(slots) - len(ready)) if slots.threaded else features
             t0 = time.perf_counter()
-            acted = runner.act(stack(batch))
+            acted = self._act(runner, stack(batch))
+            if acted is None:
+                return
             self.stats["act_us"] += int((time.perf_counter() - t0) * 1e6)
             self.stats["act_calls"] += 1
             for stage, seconds in runner.stage_seconds.items():
@@ -408,7 +454,11 @@ class Actor:
             elif isinstance(reply, protocol.Error):
                 self._refused(reply)
         reload = world is not None and world.reload
-        if newest is not None and (newest[0] > runner.version or (reload and newest[0] >= runner.version)):
+        if (
+            newest is not None
+            and not self.remote
+            and (newest[0] > runner.version or (reload and newest[0] >= runner.version))
+        ):
             try:
                 runner.load(*newest)
                 self.stats["param_swaps"] += 1

@@ -36,6 +36,12 @@ class ActorConfig:
     params_endpoint: str = ""
     """Take parameter snapshots from here instead, e.g. a per-host relay's "tcp://127.0.0.1:7557"
     (`python -m actors relay`), so many actors on one machine share one network copy of each snapshot."""
+    inference: Literal["local", "remote"] = "local"
+    """Where the policy runs: "local", on this machine with the newest snapshot (every actor holds the
+    model); "remote", on the learner's inference service, which batches the observations of all actors on
+    the learner's devices with its newest parameters (no model, no accelerator and no snapshots here)."""
+    inference_timeout: float = 30.0
+    """--inference remote: seconds without an answer before the request is sent again on a new connection."""
     env: Annotated[Literal["simphone", "standin", "adb"], tyro.conf.arg(aliases=("--backend",))] = "simphone"
     """Environment backend: "simphone" (the built-in phone), "standin" (a tiny phone with four task
     families) or "adb" (real phones or emulators through an adb server; see the --adb.* flags)."""

@@ -46,6 +46,7 @@ class LearnerConnection:
         params_addr: str = "",
         curve: CurveClient | None = None,
         stats: Counter | None = None,
+        subscribe: bool = True,
     ):
         self.ingest_addr = f"tcp://{host}:{ingest_port}"
         self.params_addr = params_addr or f"tcp://{host}:{params_port}"
@@ -60,8 +61,9 @@ class LearnerConnection:
             curve.apply(self.sub)
         self.sub.setsockopt(zmq.LINGER, 0)
         self.sub.setsockopt(zmq.RCVHWM, 2)
-        self.sub.setsockopt(zmq.SUBSCRIBE, b"")
-        self.sub.connect(self.params_addr)
+        if subscribe:  # --inference remote: no snapshots are needed, none are received
+            self.sub.setsockopt(zmq.SUBSCRIBE, b"")
+            self.sub.connect(self.params_addr)
         self.actor_id = -1
         self.welcome: protocol.Welcome | None = None
         self.last_heard = time.monotonic()

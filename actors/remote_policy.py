@@ -4,9 +4,9 @@
 `RemotePolicy` answers what the actor loop asks of actors/policy_runner.PolicyRunner (featurize, act,
 to_action, version), so the loop does not know which one it drives. Each `act` is one ACT request with the
 ready environments' observations; the answer names the parameters' version that produced it, which
-becomes `version` (the steps are labelled with it). A lost service (no answer within `timeout`) is asked
-again on a new connection after a backoff, and the wait is counted; a refused request raises
-`InferenceRefused` with the service's code.
+becomes `version` (the steps are labelled with it). A refused request raises `InferenceRefused` with the
+service's code, and so does a lost service (`no_answer` after `timeout`; the next request goes out on a
+new connection); the time spent waiting is counted (`stats`).
 """
 
 from __future__ import annotations
@@ -76,24 +76,26 @@ class RemotePolicy:
         return self.policy.to_action(obs, choice)
 
     def act(self, features: dict[str, np.ndarray]) -> Acted:
-        """The service's choices for a batch of features [N, ...], asked again on a new connection after a
-        backoff while no answer comes (the actor keeps its environments and episodes meanwhile)."""
+        """The service's choices for a batch of features [N, ...]. No answer within `timeout` raises
+        InferenceRefused("no_answer") after dropping the connection (the next request opens a new one), so
+        the actor's loop keeps heartbeating and finds out whether the learner is gone; the actor keeps its
+        environments and episodes meanwhile."""
         rows = len(next(iter(features.values())))
         self._request += 1
-        frame = wire.encode(Act(self.actor_id, self._request, features).to_msg())
-        backoff = 0.5
-        while True:
-            self.stats["requests"] += 1
-            sock = self._socket()
-            sock.send(frame, copy=False)
-            answer = self._answer(sock, self._request, rows)
-            if answer is not None:
-                return self._acted(answer)
+        self.stats["requests"] += 1
+        sock = self._socket()
+        sock.send(wire.encode(Act(self.actor_id, self._request, features).to_msg()), copy=False)
+        answer = self._answer(sock, self._request, rows)
+        if answer is None:
             self.stats["reconnects"] += 1
             self._drop_socket()
-            time.sleep(backoff)
-            self.stats["wait_s"] += backoff
-            backoff = min(2 * backoff, 10.0)
+            raise InferenceRefused("no_answer", f"no answer from {self.address} in {self.timeout:g}s")
+        return self._acted(answer)
+
+    def reconnect(self, address: str, actor_id: int) -> None:
+        """A new session (the actor joined again, perhaps a restarted learner on another port)."""
+        self._drop_socket()
+        self.address, self.actor_id = address, actor_id
 
     def close(self) -> None:
         self._drop_socket()

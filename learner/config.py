@@ -82,6 +82,15 @@ class TransportConfig:
     insecure: bool = False
     """Allow binding to an address other than loopback without CURVE keys: anyone who can reach the
     ports could then feed the learner trajectories and read its parameters."""
+    inference_port: int = 0
+    """ROUTER port of the inference service, which acts for actors started with `--inference remote` on
+    this learner's devices with its newest parameters. 0 picks a free port (actors learn it from WELCOME;
+    give a fixed one where a firewall must let it through), -1 turns the service off. Off with several
+    learner processes."""
+    inference_max_rows: int = 64
+    """The inference service acts on at most this many observations at once (from any actors)."""
+    inference_deadline_ms: float = 5.0
+    """How long the inference service's first waiting request waits for others to batch with."""
     actor_timeout: float = 15.0
     """An actor silent this long is forgotten: it no longer counts as connected and must HELLO again."""
     actor_credit: int = 8
@@ -98,6 +107,18 @@ class TransportConfig:
     def __post_init__(self) -> None:
         for flag, port in (("--ingest-port", self.ingest_port), ("--params-port", self.params_port)):
             _check(0 <= port <= 65535, f"{flag} must be in [0, 65535] (0 picks a free port), got {port}")
+        _check(
+            -1 <= self.inference_port <= 65535,
+            f"--inference-port must be in [-1, 65535] (0 picks a free port, -1 is off), got {self.inference_port}",
+        )
+        _check(
+            self.inference_max_rows >= 1,
+            f"--inference-max-rows must be at least 1, got {self.inference_max_rows}",
+        )
+        _check(
+            self.inference_deadline_ms >= 0,
+            f"--inference-deadline-ms must be >= 0, got {self.inference_deadline_ms}",
+        )
         _check(self.actor_timeout > 0, f"--actor-timeout must be positive, got {self.actor_timeout}")
         _check(self.actor_credit >= 1, f"--actor-credit must be at least 1, got {self.actor_credit}")
         _check(

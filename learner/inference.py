@@ -75,6 +75,7 @@ class InferenceService:
             curve.apply(self.sock)
         self.sock.bind(address)
         self.endpoint = self.sock.getsockopt_string(zmq.LAST_ENDPOINT)
+        self.port = int(self.endpoint.rsplit(":", 1)[1])
         self._act = jax.jit(lambda params, inputs, key: policy.act(graphdef, params, inputs, key, False))
         self._key = jax.random.key(cfg.seed)
         self._newest: tuple[int, Any] | None = None
@@ -92,6 +93,16 @@ class InferenceService:
         """From now on act with `params` (the learner's own arrays, by reference) as `version`."""
         with self._lock:
             self._newest = (version, params)
+
+    def metrics(self) -> dict[str, Any]:
+        """For the learner's metrics record: inference/requests, rows, batches, ..., and what was refused or
+        dropped (read from the main thread: counters the service thread only adds to)."""
+        stats = dict(self.stats)
+        return {
+            **{f"inference/{k}": (round(v, 3) if isinstance(v, float) else v) for k, v in stats.items()},
+            "inference/rejected_by_reason": dict(self.rejected),
+            "inference/dropped_replies": dict(self.drops),
+        }
 
     def start(self) -> InferenceService:
         self._thread.start()

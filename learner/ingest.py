@@ -25,6 +25,7 @@ from common.protocol import Episode, ProtocolError
 from learner.actor_registry import ActorInfo, ActorRegistry
 from learner.delivery import DeliveryLedger
 from learner.durable_inserter import DurableInserter
+from learner.inference import InferenceService
 from learner.param_publisher import ParamPublisher
 from learner.transport import Transport
 from learner.wal import WriteAheadLog
@@ -111,6 +112,8 @@ class IngestServer:
         self.duplicates = 0
         """TRAJ batches received again after they were settled (acknowledged again, stored once)."""
         self._last_beat = time.monotonic()
+        self.inference: InferenceService | None = None
+        """The inference service (learner/inference.py), when the run has one: its port goes in WELCOME."""
 
     @property
     def storage_error(self) -> str:
@@ -203,6 +206,7 @@ class IngestServer:
             grant=self._grant(hello.instance),
             heartbeat_every=self.heartbeat_every,
             text_vocab_size=self.text_vocab_size,
+            inference_port=self.inference.port if self.inference is not None else 0,
             **self._run_fields,
         )
         self.transport.send(identity, welcome.to_msg())
@@ -244,6 +248,8 @@ class IngestServer:
         return self.inserter.recover(start_lsn, newest_version, self.check.episodes)
 
     def close(self) -> None:
+        if self.inference is not None:
+            self.inference.close()
         self.inserter.commit()
         if self.wal is not None:
             self.wal.close()

@@ -1,16 +1,19 @@
 """The learner's ingest: the IngestServer (ROUTER and PUB bound, CURVE when configured), its
-write-ahead log (--durability), the ReplayInserter it stores with, and the rate limit's gate."""
+write-ahead log (--durability), the ReplayInserter it stores with, the rate limit's gate, and the
+inference service beside it."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
+import zmq
 from rich.console import Console
 
 from common import text_encoder
 from common.curve import CurveError, CurveServer
 from common.policies import make_policy
 from learner.config import LearnerConfig
+from learner.inference import InferenceConfig, InferenceService
 from learner.ingest import IngestServer
 from learner.inserter import ReplayInserter
 from learner.wal import WriteAheadLog
@@ -54,3 +57,26 @@ def open_ingest(
     if cfg.insert_slack():
         server.gate = inserter.accepts
     return server
+
+
+def open_inference(
+    cfg: LearnerConfig, server: IngestServer, policy, graphdef, curve: CurveServer | None
+) -> None:
+    """Bind and start the inference service beside the ingest (`server.inference`), unless
+    --inference-port -1 or the learner has several processes (its parameters are sharded across them)."""
+    net = cfg.transport
+    if net.inference_port < 0 or cfg.multihost.num_processes > 1:
+        return
+    port = "*" if net.inference_port == 0 else str(net.inference_port)
+    batching = InferenceConfig(net.inference_max_rows, net.inference_deadline_ms, cfg.seed)
+    try:
+        service = InferenceService(
+            policy, graphdef, server.transport.ctx, f"tcp://{net.bind}:{port}", server.actors.__contains__,
+            batching, curve,
+        )  # fmt: skip
+    except zmq.ZMQError as e:
+        raise SystemExit(
+            f"cannot bind the inference service to tcp://{net.bind}:{port}: {e}. Pick another port with "
+            "--inference-port (0 picks a free one, -1 turns the service off)."
+        ) from e
+    server.inference = service.start()

@@ -46,9 +46,11 @@ class RunOutputs:
 
 
 def write_endpoints(run_dir: Path, server: IngestServer, bind: str) -> None:
-    """run_dir/endpoints.json: the ports the ingest bound (--ingest-port 0 picks free ones), written
+    """run_dir/endpoints.json: the ports the ingest (and the inference service) bound (0 picks free ones), written
     atomically so a reader never sees half a file."""
     endpoints = {"ingest_port": server.ingest_port, "params_port": server.params_port, "bind": bind}
+    if server.inference is not None:
+        endpoints["inference_port"] = server.inference.port
     tmp = run_dir / "endpoints.json.tmp"
     tmp.write_text(json.dumps(endpoints))
     tmp.replace(run_dir / "endpoints.json")

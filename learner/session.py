@@ -9,7 +9,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 import numpy as np
 from rich.console import Console
@@ -99,7 +99,7 @@ class Session:
         this one keeps serving; every process publishes at the same point, so its collectives line up."""
         t0 = time.monotonic()
         version = self.trainer.new_version()
-        self.server.publish(version, run_while_serving(self.trainer.snapshot, serve, "publish"))
+        publish_version(self.server, self.trainer, version, serve)
         self.stats.timing["publish_s"] += time.monotonic() - t0
 
     def end_round(self, serve: Callable[[], None] | None = None) -> None:
@@ -229,6 +229,7 @@ class Session:
             "storage_error": server.storage_error,
             **({f"wal/{k}": v for k, v in server.wal.stats.items()} if server.wal is not None else {}),
             "accepting": server.accepting,
+            **(server.inference.metrics() if server.inference is not None else {}),
             "dropped_episodes": replay.counts["evicted_fifo"] + replay.counts["dropped_stale"],
             **{f"replay/{k}": v for k, v in replay.stats().items()},
             **{f"train/{k}": v for k, v in s.train_metrics.items()},
@@ -265,3 +266,18 @@ class Session:
             self.actors.stop()
         self.server.close()
         return last
+
+
+def publish_version(
+    server: IngestServer, trainer: Trainer, version: int, serve: Callable[[], None] | None
+) -> None:
+    """The trainer's parameters as `version`: their snapshot to every actor and, with an inference service,
+    a device copy to act with (both taken between updates, on a helper thread while `serve` runs)."""
+
+    def take() -> tuple[dict[str, np.ndarray], Any]:
+        return trainer.snapshot(), trainer.serving_copy() if server.inference is not None else None
+
+    flat, served = run_while_serving(take, serve, "publish")
+    server.publish(version, flat)
+    if served is not None:
+        server.inference.publish(version, served)

@@ -37,7 +37,7 @@ from learner.actor_check import check_local_flags
 from learner.checkpoint import Checkpointer
 from learner.config import LearnerConfig
 from learner.ingest import IngestServer
-from learner.ingest_setup import curve_server, open_ingest
+from learner.ingest_setup import curve_server, open_inference, open_ingest
 from learner.inserter import ReplayInserter
 from learner.local_actors import LocalActors
 from learner.mesh import large_model_config
@@ -45,7 +45,7 @@ from learner.resume import resume
 from learner.run_outputs import RunOutputs, write_endpoints
 from learner.run_stats import RunStats
 from learner.schedule import Schedule
-from learner.session import Session
+from learner.session import Session, publish_version
 from learner.tensorboard import require_wandb
 from learner.training_state import Training, build_training
 from learner.warmup_demos import demonstrations
@@ -75,6 +75,7 @@ def open_session(cfg: LearnerConfig, console: Console) -> Session:
     inserter = ReplayInserter(replay, schedule, stats, cfg.loss.gamma)
     server = open_ingest(cfg, run_dir, inserter, curve, console)
     try:
+        open_inference(cfg, server, trainer.policy, trainer.graphdef, curve)
         saved_lsn = resume(cfg, rank, checkpointer, trainer, replay, server, console)  # 6
         session = Session(
             cfg=cfg,
@@ -105,7 +106,7 @@ def _go_live(session: Session, training: Training) -> None:
     the console, then the local actors."""
     cfg, server, run_dir, rank = session.cfg, session.server, session.run_dir, session.rank
     write_endpoints(run_dir, server, cfg.transport.bind)
-    server.publish(training.trainer.version, training.trainer.snapshot())
+    publish_version(server, training.trainer, training.trainer.version, None)
     _announce(cfg, server, training, rank, run_dir, session.console)
     session.actors = _start_local_actors(cfg, server, rank, run_dir, session.console)
 
@@ -132,7 +133,8 @@ def _announce(
     bind = cfg.transport.bind
     console.print(
         f"learner: ingest tcp://{bind}:{server.ingest_port}, params tcp://{bind}:{server.params_port}, "
-        f"run dir {run_dir}, mesh {dict(training.mesh.shape)} ({cfg.mesh.param_sharding} parameters)"
+        + (f"inference tcp://{bind}:{server.inference.port}, " if server.inference is not None else "")
+        + f"run dir {run_dir}, mesh {dict(training.mesh.shape)} ({cfg.mesh.param_sharding} parameters)"
         + (f", process {rank} of {jax.process_count()}" if jax.process_count() > 1 else "")
     )
     for flag, port in (("--ingest-port", server.ingest_port), ("--params-port", server.params_port)):

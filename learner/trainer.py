@@ -224,6 +224,11 @@ class Trainer:
         LoRA adapters only what trains (adapters and heads; actors hold the frozen base themselves)."""
         return model.params_to_flat(multihost.host_copy(split_trained(self.params)[0]))
 
+    def serving_copy(self) -> Any:
+        """The parameters as the inference service acts with them: a copy on the same devices (the next
+        update donates the arrays it is given, so the service cannot keep those)."""
+        return jax.tree.map(lambda x: x.copy(), self.params)
+
     def digest(self) -> str:
         """A short hash of the snapshot: equal digests mean bit-identical parameters (across processes, runs)."""
         h = hashlib.sha256()

@@ -183,6 +183,9 @@ class Welcome:
     text_vocab_size: int = 0
     """The text encoder's WordPiece vocabulary: TRAJ's WordPiece ids must lie in [0, it); 0 (absent on the
     wire) without a text encoder."""
+    inference_port: int = 0
+    """The port of the learner's inference service (learner/inference.py) on the ingest's host; 0 (absent on
+    the wire) when it has none."""
 
     @property
     def sync(self) -> bool:
@@ -205,18 +208,20 @@ class Welcome:
         if mode is not None and mode not in MODES:
             raise ProtocolError("bad_field", f"WELCOME mode must be one of {MODES}, got {_short(mode)}")
         text_vocab_size = _at_least(msg, "text_vocab_size", 0) if "text_vocab_size" in msg else 0
+        inference_port = _at_least(msg, "inference_port", 0) if "inference_port" in msg else 0
         return cls(
             run_id, actor_id, policy_version, acked_upto, grant, heartbeat_every, model, max_steps, mode,
-            text_vocab_size,
+            text_vocab_size, inference_port,
         )  # fmt: skip
 
     def to_msg(self) -> dict[str, Any]:
         mode = {} if self.mode is None else {"mode": self.mode}
         text = {"text_vocab_size": self.text_vocab_size} if self.text_vocab_size else {}
+        inference = {"inference_port": self.inference_port} if self.inference_port else {}
         return message(
             WELCOME, run_id=self.run_id, actor_id=self.actor_id, policy_version=self.policy_version,
             acked_upto=self.acked_upto, grant=self.grant, heartbeat_every=self.heartbeat_every,
-            model=self.model.to_dict(), max_steps=self.max_steps, **mode, **text,
+            model=self.model.to_dict(), max_steps=self.max_steps, **mode, **text, **inference,
         )  # fmt: skip
 
 
