@@ -155,3 +155,33 @@ def test_bad_requests_are_answered_with_their_code_counted_and_change_nothing(se
     client.close()
     assert service.stats["requests"] >= len(cases) + 1
     assert sum(service.rejected.values()) == len(cases)
+
+
+def test_the_lm_family_is_served_with_its_token_log_probs(tmp_path):
+    """The decoder family through the service (tiny decoder, SmolLM2's tokenizer): per-token behaviour
+    log-probs come back with each action, and the learner's scoring of them gives an on-policy ratio of 1."""
+    from actors.envs.simphone.env import SimPhoneConfig, SimPhoneEnv
+    from tests.lm_backbone import tiny_lm_folder
+
+    cfg = ModelConfig(kind="lm", backbone=str(tiny_lm_folder(tmp_path / "tiny-lm")), lora_rank=4)
+    policy = make_policy(cfg)
+    graphdef, params = policy.create(0)
+    ctx = zmq.Context()
+    svc = InferenceService(policy, graphdef, ctx, "tcp://127.0.0.1:*", WELCOMED.__contains__).start()
+    try:
+        svc.publish(2, params)
+        env = SimPhoneEnv(SimPhoneConfig(tasks="general", split="train", max_steps=20))
+        features = stack([policy.featurize(env.reset(seed=i)[0]) for i in range(3)])
+        client = RemotePolicy(cfg, svc.endpoint, actor_id=1)
+        acted = client.act(features)
+        client.close()
+    finally:
+        svc.close()
+        ctx.term()
+    assert client.version == 2 and len(acted.choices) == 3
+    tokens = np.array([c["token_logp"] for c in acted.choices])
+    np.testing.assert_allclose(acted.logp, tokens.sum(-1), atol=1e-5)
+    obs = {k: np.stack([v, v], 1) for k, v in features.items()}
+    choice = {k: np.array([[c[k]] for c in acted.choices]) for k in acted.choices[0]}
+    ev = jax.jit(lambda p, o, c: policy.evaluate(graphdef, p, o, c, None))(params, obs, choice)
+    np.testing.assert_allclose(np.exp(np.asarray(ev.logp)[:, 0] - acted.logp), 1.0, atol=1e-4)

@@ -1,4 +1,4 @@
-"""Messages of the inference service (issue 33, docs/PROTOCOL.md §9): an actor in `--inference remote` mode
+"""Messages of the inference service (issue 33, docs/PROTOCOL.md §12): an actor in `--inference remote` mode
 sends its ready environments' featurized observations (ACT) and gets back what its own policy would have
 given it (ACTED): each row's choice, the behaviour log-probs, the value, the entropy and the version of the
 parameters that produced them. Both are single-frame msgpack maps with the usual envelope; their arrays

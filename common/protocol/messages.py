@@ -25,7 +25,7 @@ PROTOCOL_VERSION = 4
 3: TRAJ episodes packed: their task names, and one array table + one bin for all their arrays (§3.5, §6).
 4: per-step arrays with a row shape ([sum of T, *row shape]: e.g. generated token ids) and the behaviour
 policy's own per-step log-probabilities (`EpisodeSpec.choice_shapes`, `step_logps`, §6).
-The inference service's ACT and ACTED (common/protocol/inference.py, §9) came without a new version: they
+The inference service's ACT and ACTED (common/protocol/inference.py, §12) came without a new version: they
 travel only on the service's own socket, which a learner without the service does not have."""
 
 HELLO, WELCOME, TRAJ, ACK = "HELLO", "WELCOME", "TRAJ", "ACK"
