@@ -5,7 +5,8 @@ What must hold: the service answers with the newest published parameters and nam
 log-probs are the family's own for the choices it made (the importance ratio an actor's steps get is 1 at
 zero lag); requests from several actors are batched; and every bad request (undecodable, wrong kind,
 wrong shapes, ids out of range, extra frames, an actor the learner has not welcomed, before the first
-parameters) is answered with its code and counted, while the service keeps serving.
+parameters) is answered with its code and counted, while the service keeps serving. Against a fake
+service, the remote policy ignores late answers and gives up on silence. Both policy families are served.
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ from actors.remote_policy import InferenceRefused, RemotePolicy
 from common import protocol, wire
 from common.config import ModelConfig
 from common.policies import make_policy
-from common.protocol.inference import Act
+from common.protocol.inference import Act, Acted
 from learner.inference import InferenceConfig, InferenceService
 
 CFG = ModelConfig(vocab_size=512, d_model=32, num_heads=4, num_layers=1, mlp_dim=64, text_encoder="none")
@@ -185,3 +186,37 @@ def test_the_lm_family_is_served_with_its_token_log_probs(tmp_path):
     choice = {k: np.array([[c[k]] for c in acted.choices]) for k in acted.choices[0]}
     ev = jax.jit(lambda p, o, c: policy.evaluate(graphdef, p, o, c, None))(params, obs, choice)
     np.testing.assert_allclose(np.exp(np.asarray(ev.logp)[:, 0] - acted.logp), 1.0, atol=1e-4)
+
+
+def test_the_remote_policy_ignores_late_answers_and_gives_up_on_silence():
+    """Against a fake service: an answer to an earlier request is ignored (counted), the one for this
+    request is taken; a service that never answers gives `no_answer` after the timeout, and the next request
+    goes out on a new connection."""
+    ctx = zmq.Context.instance()
+    fake = ctx.socket(zmq.ROUTER)
+    fake.setsockopt(zmq.LINGER, 0)
+    port = fake.bind_to_random_port("tcp://127.0.0.1")
+    client = RemotePolicy(CFG, f"tcp://127.0.0.1:{port}", actor_id=1, timeout=2)
+    features = _features(2)
+    spec = make_policy(CFG).episode_spec()
+    rows = {
+        **{name: np.zeros((2, *shape), dtype) for name, (shape, dtype) in spec.choice_arrays().items()},
+        **{name: np.zeros(2, "<f4") for name in ("logp", "value", "entropy")},
+    }
+
+    def serve() -> None:
+        identity, frame = fake.recv_multipart()
+        request = protocol.parse(frame)["id"]
+        for answer in (Acted(request - 1, 8, rows), Acted(request, 9, rows)):  # a stale one first
+            fake.send_multipart([identity, wire.encode(answer.to_msg())])
+
+    server = threading.Thread(target=serve)
+    server.start()
+    acted = client.act(features)
+    server.join()
+    assert client.version == 9 and len(acted.choices) == 2 and client.stats["late_answers"] == 1
+    with pytest.raises(InferenceRefused, match="no_answer"):
+        client.act(features)  # the fake reads it and stays silent
+    assert client.stats["reconnects"] == 1 and client._sock is None
+    client.close()
+    fake.close(0)
