@@ -24,6 +24,7 @@ BENCHMARKS = {
     "decoder_speed": "benchmarks.decoder_speed",
     "ray_launch": "benchmarks.ray_launch",
     "lm_agent": "benchmarks.lm_agent",
+    "inference": "benchmarks.inference",
 }
 
 
