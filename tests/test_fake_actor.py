@@ -376,7 +376,7 @@ def _check_alive(learner, waiting_for: str) -> None:
 
 
 # ---- tests -----------------------------------------------------------------------------------------------
-def test_handshake_welcome_carries_run_and_model(learner_process, fake_actor):
+def test_handshake_welcome_carries_run_and_model_and_is_bound_to_the_connection(learner_process, fake_actor):
     learner = learner_process("--max-steps", "5", "--model.max-elements", "7", "--model.vocab-size", "321")
     a, b = fake_actor(learner, "a"), fake_actor(learner, "b")
 
@@ -407,24 +407,23 @@ def test_handshake_welcome_carries_run_and_model(learner_process, fake_actor):
     seq, ack = a.traj([make_episode(model, 5, np.random.default_rng(0))])
     assert_stored(ack, seq, 1)
 
-
-def test_welcome_is_bound_to_the_connection(learner_process, fake_actor):
-    learner = learner_process()
-    a = fake_actor(learner, "a")
-    a.hello()
+    # The WELCOME is bound to the connection. This was a test of its own, with a learner of its own (a
+    # start-up and a compile to wait for at the end); the model flags above change nothing of it.
+    c = fake_actor(learner, "c")
+    c.hello()
     # A new DEALER without a routing id of its own is a new connection: the old actor_id is refused.
-    a.connect()
-    reply = a.request(message("HEARTBEAT", actor_id=a.actor_id))
+    c.connect()
+    reply = c.request(message("HEARTBEAT", actor_id=c.actor_id))
     assert (reply["kind"], reply["code"]) == ("ERROR", "not_welcomed"), reply
-    assert a.hello()["kind"] == "WELCOME"  # HELLO again on the new connection
-    assert a.request(message("HEARTBEAT", actor_id=a.actor_id))["kind"] == "HEARTBEAT"
+    assert c.hello()["kind"] == "WELCOME"  # HELLO again on the new connection
+    assert c.request(message("HEARTBEAT", actor_id=c.actor_id))["kind"] == "HEARTBEAT"
 
     # With a fixed routing id the registration survives a reconnect (ROUTER_HANDOVER).
-    b = fake_actor(learner, "b")
-    b.connect(routing_id=b"fake-actor-b")
-    b.hello()
-    b.connect(routing_id=b"fake-actor-b")
-    reply = b.request(message("HEARTBEAT", actor_id=b.actor_id))
+    d = fake_actor(learner, "d")
+    d.connect(routing_id=b"fake-actor-d")
+    d.hello()
+    d.connect(routing_id=b"fake-actor-d")
+    reply = d.request(message("HEARTBEAT", actor_id=d.actor_id))
     assert reply["kind"] == "HEARTBEAT", reply
 
 
@@ -569,6 +568,12 @@ def _with_actor_id(kind: str, **fields: Any):
     return lambda bad, rng: [encode(message(kind, actor_id=bad.actor_id, **fields))]
 
 
+def _token_beyond_vocab(bad: FakeActor, rng: np.random.Generator) -> list[bytes]:
+    ep = make_episode(bad.model, 2, rng)
+    ep["obs"]["instr_tokens"][:, 0] = bad.model["vocab_size"]
+    return [encode(traj_message(bad.actor_id, _next_seq(bad), [ep]))]
+
+
 def _next_seq(bad: FakeActor) -> int:
     """A new seq for a batch whose episodes are refused: the learner settles a seq refused for good (the
     actor drops that batch), so each refused batch needs its own, as each stored one does."""
@@ -610,6 +615,9 @@ BAD_CASES = [
     ),
     ("HELLO with zero environments", "bad_field", _frames(message("HELLO", actor="x", num_envs=0))),
     ("unknown kind", "unknown_kind", _with_actor_id("GOODBYE")),
+    # A regression (it once crashed the learner): a kind that cannot be a dict key. It had a test of its
+    # own, with a learner of its own; here the learner's answers after it show that it kept serving.
+    ("unhashable kind", "unknown_kind", _frames({"v": PROTOCOL_VERSION, "kind": ["HELLO"]})),
     ("learner-only kind from an actor", "unexpected_kind", _with_actor_id("ACK", seq=1)),
     ("HELLO without num_envs", "bad_field", _frames(message("HELLO", actor="x"))),
     (
@@ -663,6 +671,8 @@ BAD_CASES = [
     ("action type out of range", "bad_array", _bad_traj(action_type=lambda a: a + NUM_ACTION_TYPES)),
     ("positive behavior_logp", "bad_array", _bad_traj(behavior_logp=lambda p: p * 0 + 0.5)),
     ("negative token id", "bad_array", _bad_traj(obs={"instr_tokens": lambda t: t * 0 - 1})),
+    # A regression (it once poisoned the parameters), with a learner of its own before: id == vocab_size.
+    ("token id beyond the vocabulary", "bad_array", _token_beyond_vocab),
     ("NaN in reward", "non_finite", _bad_traj(reward=_with_nan)),
     ("infinity in an obs feature", "non_finite", _bad_traj(obs={"elem_feats": lambda f: f + np.inf})),
     ("policy_version from the future", "future_version", _bad_traj(policy_version=lambda v: v + 10**6)),
@@ -739,26 +749,6 @@ def test_metrics_lines_hold_the_contract_fields(learner_process, fake_actor):
     walls = [m["wall"] for m in lines]
     assert walls == sorted(walls)
     assert lines[-1]["stopped"] == "SIGTERM"  # one last line at exit
-
-
-# ---- regressions: inputs that once crashed the learner or poisoned its parameters ----------------------
-def test_unhashable_kind_is_refused(learner_process, fake_actor):
-    learner = learner_process()
-    actor = fake_actor(learner)
-    actor.send({"v": PROTOCOL_VERSION, "kind": ["HELLO"]})
-    reply = actor.recv(timeout=10)
-    assert reply["kind"] == "ERROR" and reply["code"] == "unknown_kind"
-    assert actor.hello()["kind"] == "WELCOME"
-
-
-def test_token_id_beyond_vocab_is_refused(learner_process, fake_actor):
-    learner = learner_process()
-    actor = fake_actor(learner)
-    actor.hello()
-    ep = make_episode(actor.model, 2, np.random.default_rng(4))
-    ep["obs"]["instr_tokens"][:, 0] = actor.model["vocab_size"]
-    _, reply = actor.traj([ep])
-    assert reply["kind"] == "ERROR" and reply["code"] == "bad_array"
 
 
 @pytest.mark.long

@@ -196,10 +196,15 @@ def refusals_explained(final: dict, *actors: ActorProcess) -> None:
         rejoin_reasons(a)  # fails on an undocumented reason
 
 
-# ---- 1. a clean run ----------------------------------------------------------------------------------
+# ---- 1. a clean run, then emulator faults under the same learner ----------------------------------------
 @pytest.mark.long
 @pytest.mark.timeout(900)
-def test_clean_run_accounts_for_every_episode(learner_process, start_actor):
+def test_clean_run_accounts_for_every_episode_and_so_does_an_actor_with_emulator_faults(
+    learner_process, start_actor
+):
+    """A stand-in actor with no faults at all, then (section 6 below) a SimPhone actor whose emulated
+    device crashes, hangs and disconnects, one after the other under one learner: each was a test with a
+    learner of its own (the same flags), and one learner saves a start-up and a compile."""
     learner = learner_process(*FAST_LEARNER)
     actor = start_actor(*ports_of(learner), "--max-episodes", "200", "--seed", "1", *STEADY_ACTOR)
     assert actor.wait(START_S) == 0, actor.log()
@@ -208,8 +213,15 @@ def test_clean_run_accounts_for_every_episode(learner_process, start_actor):
     assert stats["episodes_finished"] >= 200
     assert_all_delivered(stats)
     assert stats.get("rejoins", 0) == 0 and stats.get("batches_resent", 0) == 0, stats
+    # Everything it finished is stored, once, before the next actor starts.
+    clean = wait_for(
+        lambda: (m := latest(learner)).get("episodes") == stats["episodes_finished"] and m, 60, "its episodes"
+    )
+    assert clean["duplicates"] == 0 and clean["rejected"] == 0, clean["rejected_by_reason"]
+
+    faulty_stats = actor_with_emulator_faults_delivers_every_episode(learner, start_actor)
     final = final_metrics(learner)
-    assert final["episodes"] == stats["episodes_finished"]
+    assert final["episodes"] == stats["episodes_finished"] + faulty_stats["episodes_finished"], (final, stats)
     assert final["duplicates"] == 0 and final["rejected"] == 0, final["rejected_by_reason"]
     assert final["batches_lost_in_restart"] == 0
 
@@ -388,10 +400,10 @@ SLACK, CREDIT, MAX_BATCH, BATCH, SPI = 20, 1, 8, 16, 16.0
 
 @pytest.mark.long
 @pytest.mark.timeout(900)
-@pytest.mark.parametrize("when_blocked", ["discard", "wait"])
-def test_insert_slack_bounds_what_the_learner_stores_ahead_of_training(
-    learner_process, start_actor, when_blocked
-):
+def test_insert_slack_bounds_what_the_learner_stores_ahead_of_training(learner_process, start_actor):
+    """Both --when-blocked modes, one actor after the other under one learner: "wait" (100 episodes),
+    then "discard" (600). Each was a test with a learner of its own; one learner saves a start-up and a
+    train-step compile, and each actor is checked as it was, on its own part of the metrics."""
     # Training consumes BATCH / SPI = 1 episode per update (about 10 a second here); the actor makes
     # about 150 a second. (Below the batch size the tap waits for a first batch: see the regression test at the end.)
     learner = learner_process(
@@ -401,18 +413,25 @@ def test_insert_slack_bounds_what_the_learner_stores_ahead_of_training(
     # The rate limit applies from the training loop on: while the train step compiles the learner accepts
     # everything (see the module notes), so the actor starts after that.
     wait_for(lambda: "train step compiled" in learner.log(), START_S, "the train step compiled")
-    episodes = 600 if when_blocked == "discard" else 100
-    actor = start_actor(
-        *ports_of(learner), "--seed", "7", "--when-blocked", when_blocked, "--max-pending-episodes", "8",
-        "--max-batch-episodes", str(MAX_BATCH), "--max-episodes", str(episodes), "--flush-timeout", "120", *STEADY_ACTOR,
-    )  # fmt: skip
-    assert actor.wait(START_S) == 0, actor.log()
-    reason, stats = actor.result()
-    assert reason == "episode limit", stats
-    assert stats.get("episodes_unacked_at_exit", 0) == 0, stats
+    phases = []
+    for when_blocked, episodes in (("wait", 100), ("discard", 600)):
+        # Training has caught up with what the actor before stored (the tap is open): a closed tap in the
+        # metrics from here on is this actor's doing.
+        wait_for(lambda: latest(learner).get("accepting"), START_S, "an open tap")
+        mark = len(learner.metrics())
+        actor = start_actor(
+            *ports_of(learner), "--seed", "7", "--when-blocked", when_blocked, "--max-pending-episodes", "8",
+            "--max-batch-episodes", str(MAX_BATCH), "--max-episodes", str(episodes), "--flush-timeout", "120", *STEADY_ACTOR,
+        )  # fmt: skip
+        assert actor.wait(START_S) == 0, actor.log()
+        reason, stats = actor.result()
+        assert reason == "episode limit", (when_blocked, stats)
+        assert stats.get("episodes_unacked_at_exit", 0) == 0, (when_blocked, stats)
+        phases.append((when_blocked, stats, mark))
     final = final_metrics(learner)
     lines = learner.metrics()
-    assert final["episodes"] == stats["episodes_acked"] and final["duplicates"] == 0, (final, stats)
+    acked = sum(stats["episodes_acked"] for _, stats, _ in phases)
+    assert final["episodes"] == acked and final["duplicates"] == 0, (final, phases)
     assert final["rejected"] == 0, final["rejected_by_reason"]
     # learner/loop.py closes the credit tap while episodes - rl_updates * batch / samples_per_insert
     # > slack (no warm-up here: update == rl_updates). It is checked once per loop iteration, before the
@@ -421,20 +440,22 @@ def test_insert_slack_bounds_what_the_learner_stores_ahead_of_training(
     # slack + credit x batch episodes (30 > 28 seen here).
     ahead = [m["episodes"] - m["update"] * BATCH / SPI for m in lines]
     assert max(ahead) <= SLACK + 2 * CREDIT * MAX_BATCH, ahead
-    assert any(not m["accepting"] for m in lines), "the tap never closed"
-    if when_blocked == "discard":
-        assert stats["episodes_discarded_backlog"] > 0, stats
-        assert stats.get("blocked_s", 0) == 0, stats
-        assert stats["episodes_finished"] == stats["episodes_acked"] + stats["episodes_discarded_backlog"]
-    else:
-        assert stats["blocked_s"] > 0, stats
-        assert_all_delivered(stats)  # waited, discarded nothing
+    ends = [mark for _, _, mark in phases[1:]] + [len(lines)]
+    for (when_blocked, stats, mark), end in zip(phases, ends, strict=True):
+        assert any(not m["accepting"] for m in lines[mark:end]), f"{when_blocked}: the tap never closed"
+        if when_blocked == "discard":
+            assert stats["episodes_discarded_backlog"] > 0, stats
+            assert stats.get("blocked_s", 0) == 0, stats
+            assert stats["episodes_finished"] == stats["episodes_acked"] + stats["episodes_discarded_backlog"]
+        else:
+            assert stats["blocked_s"] > 0, stats
+            assert_all_delivered(stats)  # waited, discarded nothing
 
 
-# ---- 6. emulator faults under a real learner --------------------------------------------------------
-@pytest.mark.timeout(900)
-def test_actor_with_emulator_faults_delivers_every_episode(learner_process, start_actor):
-    learner = learner_process(*FAST_LEARNER)
+# ---- 6. emulator faults under a real learner (run by test 1, on its learner) --------------------------
+def actor_with_emulator_faults_delivers_every_episode(learner, start_actor) -> dict:
+    """A SimPhone actor with emulated device faults runs to its episode limit and every episode it
+    finished is acknowledged; its stats."""
     faults = ("--emulator.enabled", "--emulator.time-scale", "0.0005", "--emulator.crash-prob", "0.05",
               "--emulator.hang-prob", "0.05", "--emulator.disconnect-prob", "0.05")  # fmt: skip
     actor = start_actor(
@@ -454,9 +475,7 @@ def test_actor_with_emulator_faults_delivers_every_episode(learner_process, star
     assert_all_delivered(stats)
     faults_counted = sum(stats.get(f"device_{kind}", 0) for kind in ("crash", "hang", "disconnect"))
     assert faults_counted >= 1, stats
-    final = final_metrics(learner)
-    assert final["episodes"] == stats["episodes_finished"], (final, stats)
-    assert final["duplicates"] == 0 and final["rejected"] == 0, final["rejected_by_reason"]
+    return stats
 
 
 # ---- regressions: faults found while writing these tests ------------------------------------------------

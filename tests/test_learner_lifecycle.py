@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import ACTOR_ENV, ROOT, START_S, one_line
+from tests.test_tensorboard import assert_a_real_run_wrote_tensorboard
 
 pytestmark = pytest.mark.timeout(1200)  # learners with actors, started twice in one test, on a busy machine
 
@@ -75,12 +76,18 @@ def test_actors_exit_when_the_learner_is_killed(learner_process):
 
 @pytest.mark.long
 def test_restart_resumes_from_the_checkpoint(learner_process, tmp_path):
+    """A learner stopped by its update limit resumes from its checkpoint (update, policy version and
+    replay). Its first run is also tests/test_tensorboard.py's real run: its progress lines and its
+    TensorBoard scalars are checked before the second run writes to the same run dir."""
     run_dir = tmp_path / "resumable"
     args = ("--local-actors", "1", "--envs-per-actor", "4", "--batch-size", "4", "--checkpoint-every", "5")
-    first = learner_process(*args, "--max-updates", "6", run_dir=run_dir)
+    dashboards = ("--log-every", "0.3", "--console", "auto")  # several records in 6 updates, as lines
+    first = learner_process(*args, *dashboards, "--max-updates", "6", run_dir=run_dir)
     assert first.proc.wait(timeout=2 * START_S) == 0, first.log()
     first_final = first.metrics()[-1]  # read now: the second run appends to the same metrics.jsonl
     assert first_final["update"] == 6 and first_final["policy_version"] == 3
+    assert first_final["stopped"] == "update limit"
+    assert_a_real_run_wrote_tensorboard(first, first_final)
     first.stop()
     second = learner_process(*args, "--max-updates", "10", run_dir=run_dir)
     assert second.proc.wait(timeout=2 * START_S) == 0, second.log()

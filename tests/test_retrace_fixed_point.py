@@ -143,7 +143,13 @@ def test_the_imitation_critic_regresses_onto_the_retrace_targets_for_pi():
 @pytest.mark.long
 def test_the_learners_imitation_update_uses_that_critic():
     """The jitted imitation step of an A-RIDE learner is A-RIDE's imitation_loss (its ratios are
-    reported), not the plain actor-critic's imitation loss on Monte-Carlo returns."""
+    reported), not the plain actor-critic's imitation loss on Monte-Carlo returns.
+
+    Which loss the step computes, and so which metrics it returns, is fixed when the step is traced:
+    jax.eval_shape traces the very step make_train_step jits and gives its metrics' keys without the
+    compile (two compiles cost this test 30 s of the suite). Both imitation steps are compiled and run
+    elsewhere: A-RIDE's by the learner's warm-up in tests/test_end_to_end.py's SimPhone run, the actor-
+    critic's in tests/test_text_encoder_finetune.py's test_the_step_trains_the_encoder_at_its_own_rate."""
     from common.policies import PointerPolicy
     from learner.train_step import make_optimizer, make_train_step
     from tests.mesh_check import TINY, random_batch
@@ -154,5 +160,5 @@ def test_the_learners_imitation_update_uses_that_critic():
     batch = random_batch(TINY, 0)
     for name, has_ratios in (("aride", True), ("a2c", False)):
         step = make_train_step(graphdef, optimizer, LOSSES[name].imitation, LossParams(), policy.evaluate)
-        metrics = step(jax.tree.map(jnp.copy, params), optimizer.init(params), batch)[2]
+        metrics = jax.eval_shape(step, params, optimizer.init(params), batch)[2]
         assert ("rho_mean" in metrics) == has_ratios and "bc_loss" in metrics
