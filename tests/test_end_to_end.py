@@ -49,9 +49,10 @@ def _run(learner_process, *args: str, timeout: float):
     return learner, learner.metrics()
 
 
-def _assert_two_actors_delivered_and_stopped(learner, metrics: list[dict]) -> None:
+def _assert_two_actors_delivered_and_stopped(learner, metrics: list[dict], remote: bool = False) -> None:
     """Plumbing every run must show, however early it stops: trajectories from both actors, none
-    refused, actors acting with published parameters, and both actors stopped by the learner."""
+    refused, actors acting with published parameters (swapped in, or with `remote` the learner's
+    inference service acting with them), and both actors stopped by the learner."""
     final = metrics[-1]
     assert final["episodes"] > 500 and final["env_steps"] > final["episodes"]
     assert max(m["actors"] for m in metrics) == 2
@@ -63,7 +64,15 @@ def _assert_two_actors_delivered_and_stopped(learner, metrics: list[dict]) -> No
     for i in range(2):
         actor_log = (learner.run_dir / f"actor-{i}.log").read_text()
         swaps = [int(n) for n in re.findall(r"'param_swaps': (\d+)", actor_log)]
-        assert swaps and max(swaps) >= max(3, final["policy_version"] // 4), actor_log
+        if remote:  # no snapshot is ever loaded: every step was the service's
+            requests = [int(n) for n in re.findall(r"'inference_requests': (\d+)", actor_log)]
+            assert (
+                not swaps
+                and requests
+                and requests == [int(n) for n in re.findall(r"'act_calls': (\d+)", actor_log)]
+            )
+        else:
+            assert swaps and max(swaps) >= max(3, final["policy_version"] // 4), actor_log
         assert "stopped (SIGTERM)" in actor_log
     # Nothing left behind: the local actors were stopped and reaped by the learner.
     assert learner.proc.returncode == 0
@@ -71,9 +80,13 @@ def _assert_two_actors_delivered_and_stopped(learner, metrics: list[dict]) -> No
 
 @pytest.mark.long
 @pytest.mark.timeout(800)
-def test_learner_and_two_actors_reach_a_success_target(learner_process):
+def test_learner_and_two_remote_actors_reach_a_success_target(learner_process):
     """Plain RL from scratch on the stand-in phone reaches a sampled success rate of 0.3 over 100
-    episodes (the initial policy: about 0.02) within 120 updates.
+    episodes (the initial policy: about 0.02) within 120 updates, with both actors acting through the
+    learner's inference service (`--inference remote`, learner/inference.py): training improves as it
+    does with actor-side inference, which this test used until issue 33 (the calibration below is from
+    then; one remote actor of 8 environments reached the target within the budget too). Actor-side
+    inference keeps its learning test in the SimPhone run below.
 
     Calibration (seeds 3-7 twice, this configuration, on the 2-core machine loaded by two other test
     runs): n=10, stopped on the target at update min 25 / median 52 / max 86 (wall 108 s to 170 s); two
@@ -84,6 +97,7 @@ def test_learner_and_two_actors_reach_a_success_target(learner_process):
         learner_process,
         *STANDIN,
         *("--max-updates", str(STANDIN_BUDGET), "--stop-at-success", str(STANDIN_TARGET)),
+        "--local-actor-args=--inference remote",
         timeout=760,
     )
     final = metrics[-1]
@@ -91,9 +105,11 @@ def test_learner_and_two_actors_reach_a_success_target(learner_process):
     assert final["update"] <= STANDIN_BUDGET
     started = next(m["success_rate"] for m in metrics if m["episodes"] >= 100)
     assert started < 0.15, metrics[:5]
-    _assert_two_actors_delivered_and_stopped(learner, metrics)
+    _assert_two_actors_delivered_and_stopped(learner, metrics, remote=True)
     # Every episode came with the actor's own estimates and entered the replay at their priority.
     assert final["replay/added"] > 0 and final["replay/added_at_max"] == 0
+    # Every step was the service's, each request answered, none refused.
+    assert final["inference/rejected_by_reason"] == {} and final["inference/rows"] >= final["env_steps"]
 
 
 @pytest.mark.long
