@@ -41,7 +41,8 @@ class ActorConfig:
     model); "remote", on the learner's inference service, which batches the observations of all actors on
     the learner's devices with its newest parameters (no model, no accelerator and no snapshots here)."""
     inference_timeout: float = 30.0
-    """--inference remote: seconds without an answer before the request is sent again on a new connection."""
+    """--inference remote: seconds without an answer before the actor gives the step up (counted as
+    inference_refused_no_answer), keeps heartbeating, and asks again on a new connection."""
     env: Annotated[Literal["simphone", "standin", "adb"], tyro.conf.arg(aliases=("--backend",))] = "simphone"
     """Environment backend: "simphone" (the built-in phone), "standin" (a tiny phone with four task
     families) or "adb" (real phones or emulators through an adb server; see the --adb.* flags)."""
@@ -106,7 +107,7 @@ class ActorConfig:
                 raise ValueError(f"{_flag(name)} must be in [1, 65535], got {port}")
         for name in (
             "num_envs", "max_pending_episodes", "handshake_timeout", "max_backoff", "heartbeat_every",
-            "learner_timeout", "ack_timeout", "status_every",
+            "learner_timeout", "ack_timeout", "status_every", "inference_timeout",
         ):  # fmt: skip
             value = getattr(self, name)
             if not (value > 0 and math.isfinite(value)):
