@@ -59,11 +59,11 @@ def open_ingest(
     return server
 
 
-def open_inference(
-    cfg: LearnerConfig, server: IngestServer, policy, graphdef, curve: CurveServer | None
-) -> None:
+def open_inference(cfg: LearnerConfig, server: IngestServer, graphdef, curve: CurveServer | None) -> None:
     """Bind and start the inference service beside the ingest (`server.inference`), unless
-    --inference-port -1 or the learner has several processes (its parameters are sharded across them)."""
+    --inference-port -1 or the learner has several processes (its parameters are sharded across them).
+    The service gets a policy family object of its own: host-side state such as the pointer family's
+    text-encoder cache is then never shared with the trainer's thread."""
     net = cfg.transport
     if net.inference_port < 0 or cfg.multihost.num_processes > 1:
         return
@@ -71,7 +71,7 @@ def open_inference(
     batching = InferenceConfig(net.inference_max_rows, net.inference_deadline_ms, cfg.seed)
     try:
         service = InferenceService(
-            policy, graphdef, server.transport.ctx, f"tcp://{net.bind}:{port}", server.actors.__contains__,
+            make_policy(cfg.model), graphdef, server.transport.ctx, f"tcp://{net.bind}:{port}", server.actors.__contains__,
             batching, curve,
         )  # fmt: skip
     except zmq.ZMQError as e:

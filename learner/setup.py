@@ -75,7 +75,7 @@ def open_session(cfg: LearnerConfig, console: Console) -> Session:
     inserter = ReplayInserter(replay, schedule, stats, cfg.loss.gamma)
     server = open_ingest(cfg, run_dir, inserter, curve, console)
     try:
-        open_inference(cfg, server, trainer.policy, trainer.graphdef, curve)
+        open_inference(cfg, server, trainer.graphdef, curve)
         saved_lsn = resume(cfg, rank, checkpointer, trainer, replay, server, console)  # 6
         session = Session(
             cfg=cfg,
