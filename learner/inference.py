@@ -30,6 +30,7 @@ import zmq
 from common import protocol, wire
 from common.curve import CurveServer
 from common.protocol.inference import ACTED_ARRAYS, Act, Acted
+from learner.transport import send_or_count
 
 POLL_MS = 50
 """How long the service thread waits for a first request before it looks at its stop flag again."""
@@ -206,11 +207,4 @@ class InferenceService:
         self._send([identity, protocol.error(code, reason, request)])
 
     def _send(self, frames: list) -> None:
-        try:
-            self.sock.send_multipart(frames, flags=zmq.NOBLOCK, copy=False)
-        except zmq.Again:
-            self.drops["queue_full"] += 1
-        except zmq.ZMQError as e:
-            if e.errno != zmq.EHOSTUNREACH:
-                raise
-            self.drops["actor_gone"] += 1
+        send_or_count(self.sock, frames, self.drops)

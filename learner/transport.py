@@ -31,6 +31,19 @@ _AUTH_FAILURES = (
 )
 
 
+def send_or_count(router: zmq.Socket, frames: list, drops: Counter) -> None:
+    """Send a reply on a ROUTER with ROUTER_MANDATORY without blocking; one that cannot be queued (the
+    peer does not read) or whose peer is gone is dropped and counted in `drops` by reason."""
+    try:
+        router.send_multipart(frames, flags=zmq.NOBLOCK, copy=False)
+    except zmq.Again:
+        drops["queue_full"] += 1
+    except zmq.ZMQError as e:
+        if e.errno != zmq.EHOSTUNREACH:
+            raise
+        drops["actor_gone"] += 1
+
+
 class Transport:
     """The bound ROUTER and PUB, with CURVE when `curve` is given (its failed handshakes are counted in
     `rejected["auth_failed"]`: no reply can reach such a client)."""
@@ -94,14 +107,7 @@ class Transport:
     def send_frames(self, frames: list) -> None:
         """Never blocks: a reply to an actor that does not read (its queue is full) or that is gone is
         dropped and counted by reason (the actor re-sends what stays unacknowledged)."""
-        try:
-            self.router.send_multipart(frames, flags=zmq.NOBLOCK, copy=False)
-        except zmq.Again:
-            self.drops["queue_full"] += 1
-        except zmq.ZMQError as e:
-            if e.errno != zmq.EHOSTUNREACH:
-                raise
-            self.drops["actor_gone"] += 1
+        send_or_count(self.router, frames, self.drops)
 
     def close(self) -> None:
         if self._auth_events is not None:

@@ -345,9 +345,14 @@ RESUMED = re.compile(
 
 @pytest.mark.long
 @pytest.mark.timeout(900)
+@pytest.mark.parametrize("inference", ["local", "remote"])
 def test_killed_learner_restarts_from_its_checkpoint_and_the_actor_rejoins(
-    learner_process, start_actor, tmp_path
+    learner_process, start_actor, tmp_path, inference
 ):
+    """With `remote`, the actor acts through the learner's inference service (learner/inference.py): the
+    service dies with the learner and comes back, on another port, with the restarted one; the actor, which
+    holds no model, gives up its silent requests (`no_answer`), joins again, takes the new port from WELCOME
+    and loses nothing either."""
     ingest, params = free_ports(2)
     run_dir = tmp_path / "restarted"
     args = (*FAST_LEARNER, "--actor-timeout", "5", "--checkpoint-every", "5", "--batch-size", "4")
@@ -362,6 +367,7 @@ def test_killed_learner_restarts_from_its_checkpoint_and_the_actor_rejoins(
     actor = start_actor(
         ingest, params, "--max-episodes", "600", "--seed", "6", "--flush-timeout", "120",
         "--max-batch-episodes", "1", "--max-pending-episodes", "16",
+        *(("--inference", "remote", "--inference-timeout", "3") if inference == "remote" else ()),
     )  # fmt: skip
     wait_for(lambda: latest(first).get("update", 0) >= 12, START_S, "two checkpoints")
     assert actor.proc.poll() is None, actor.log()
@@ -392,6 +398,9 @@ def test_killed_learner_restarts_from_its_checkpoint_and_the_actor_rejoins(
     # learner's episodes (those it recovered from the log and those it took in since).
     assert stats["episodes_finished"] == kept + final["episodes"] + lost, (kept, final, stats)
     refusals_explained(final, actor)
+    if inference == "remote":  # every step was the service's, before and after the restart
+        assert stats["inference_reconnects"] >= 1 and "param_swaps" not in stats, stats
+        assert final["inference/answered"] > 0
 
 
 # ---- 5. flow control: an actor faster than training -------------------------------------------------

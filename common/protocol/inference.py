@@ -30,6 +30,17 @@ ACTED_ARRAYS = ("logp", "value", "entropy")
 """The float32 [n] arrays of every ACTED, after the family's choice arrays."""
 
 
+def _arrays(msg: dict[str, Any]) -> dict[str, np.ndarray]:
+    """The message's packed arrays: `arrays` a list and `data` a bin (`bad_field`), the table fitting its
+    bin (`bad_encoding`, §3.5)."""
+    table = require(msg, "arrays", list)
+    data = require(msg, "data", (bytes, bytearray, memoryview))
+    try:
+        return wire.unpack_arrays(table, data)
+    except wire.WireError as e:
+        raise ProtocolError("bad_encoding", f"{msg.get('kind')}: {e}") from e
+
+
 @dataclass(frozen=True)
 class Act:
     """ACT (actor -> inference service): observations to act on, validated against the family's spec."""
@@ -48,12 +59,7 @@ class Act:
         request = require(msg, "id", int)
         if request < 0:
             raise ProtocolError("bad_field", f"ACT id must be >= 0, got {request}")
-        table = require(msg, "arrays", list)
-        data = require(msg, "data", (bytes, bytearray, memoryview))
-        try:
-            arrays = wire.unpack_arrays(table, data)
-        except wire.WireError as e:
-            raise ProtocolError("bad_encoding", f"ACT: {e}") from e
+        arrays = _arrays(msg)
         want = spec.observations
         names = {name[len(OBS_PREFIX) :] for name in arrays if name.startswith(OBS_PREFIX)}
         if names != set(want) or len(arrays) != len(want):
@@ -95,12 +101,7 @@ class Acted:
         """Checked against what was asked: `rows` rows of the family's choices, in range, and finite
         float32 log-probs (<= 0), values and entropies (ProtocolError, `bad_field` / `bad_array`)."""
         request, version = require(msg, "id", int), require(msg, "version", int)
-        try:
-            arrays = wire.unpack_arrays(
-                require(msg, "arrays", list), require(msg, "data", (bytes, memoryview))
-            )
-        except wire.WireError as e:
-            raise ProtocolError("bad_encoding", f"ACTED: {e}") from e
+        arrays = _arrays(msg)
         want = {**spec.choice_arrays(), **{name: ((), "<f4") for name in ACTED_ARRAYS}}
         if set(arrays) != set(want):
             raise ProtocolError("bad_field", f"ACTED arrays are {sorted(arrays)}, expected {sorted(want)}")
