@@ -148,6 +148,15 @@ def wait_gone(pids: list[int], timeout: float) -> list[int]:
     return left
 
 
+def wait_ports_free(ports: list[int], timeout: float) -> list[int]:
+    """The ports still bound after `timeout` seconds: a dying process's threads close its sockets after
+    /proc already shows its leader as a zombie, so the ports are polled, not checked once."""
+    deadline = time.monotonic() + timeout
+    while (bound := [p for p in ports if not port_free(p)]) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return bound
+
+
 def test_emulators_die_when_the_actor_is_killed(actor):
     actor.wait_ready()
     emulators, children = actor.pids()
@@ -159,7 +168,8 @@ def test_emulators_die_when_the_actor_is_killed(actor):
     actor.proc.wait()
     left = wait_gone(watched, GONE_S)
     assert not left, f"still running {GONE_S:.0f} s after the actor was killed: {left}\n{actor.output}"
-    assert all(port_free(p) for port in actor.emulator_ports for p in (port, port + 1))
+    bound = wait_ports_free([p for port in actor.emulator_ports for p in (port, port + 1)], GONE_S)
+    assert not bound, f"ports still bound {GONE_S:.0f} s after the emulators died: {bound}"
     logs = actor.emulator_logs()
     assert len(logs) == 2
     assert all("guard: the actor is gone" in log and "console kill" not in log for log in logs), logs
