@@ -18,6 +18,7 @@ import signal
 import time
 import uuid
 from collections import Counter, deque
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -181,7 +182,7 @@ class Actor:
             if world is None:
                 return None
         elif self.remote:
-            world.runner.reconnect(self._inference_address(welcome), conn.actor_id)
+            world.runner.reconnect(self._inference_address(welcome), conn.actor_id, self._heartbeats(conn))
         else:
             conn.request_params(world.runner.version)
         if run_id != self._run_id and world.runner.version > version:
@@ -199,7 +200,10 @@ class Actor:
         cfg = self.cfg
         if self.remote:
             address = self._inference_address(conn.welcome)
-            runner = RemotePolicy(model_cfg, address, conn.actor_id, cfg.inference_timeout, curve_client(cfg))
+            runner = RemotePolicy(
+                model_cfg, address, conn.actor_id, cfg.inference_timeout, curve_client(cfg),
+                while_waiting=self._heartbeats(conn),
+            )  # fmt: skip
             return self._start_envs(conn, runner, model_cfg, max_steps)
         conn.request_params(-1)  # first: building the policy takes seconds, and the learner hears from us now
         runner = PolicyRunner(model_cfg, cfg.seed)
@@ -246,6 +250,10 @@ class Actor:
             else:
                 raise
             return None
+
+    def _heartbeats(self, conn: LearnerConnection) -> Callable[[], None]:
+        """What a remote policy does while it waits for the service: keep this session alive."""
+        return lambda: conn.heartbeat_if_due(self.cfg.heartbeat_every)
 
     def _inference_address(self, welcome: protocol.Welcome) -> str:
         return f"tcp://{self.cfg.host}:{welcome.inference_port}"

@@ -6,14 +6,16 @@ to_action, version), so the loop does not know which one it drives. Each `act` i
 ready environments' observations; the answer names the parameters' version that produced it, which
 becomes `version` (the steps are labelled with it). A refused request raises `InferenceRefused` with the
 service's code, and so does a lost service (`no_answer` after `timeout`; the next request goes out on a
-new connection); the time spent waiting is counted (`stats`).
+new connection); the time spent waiting is counted (`stats`). While it waits it calls `while_waiting`
+every WAIT_SLICE_S (the actor heartbeats there: a first batch of a new size compiles on the service for
+seconds, longer than the learner waits before it forgets a silent actor).
 """
 
 from __future__ import annotations
 
 import time
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
@@ -28,6 +30,9 @@ from common.protocol.inference import Act
 from common.protocol.inference import Acted as ActedMsg
 from common.types import Action, Observation
 
+WAIT_SLICE_S = 0.25
+"""How often `while_waiting` runs while an answer is awaited."""
+
 
 class InferenceRefused(RuntimeError):
     """The service answered an ACT with an ERROR (`code`: docs/PROTOCOL.md §7)."""
@@ -39,7 +44,8 @@ class InferenceRefused(RuntimeError):
 
 class RemotePolicy:
     """See the module docstring. `address` is the service's tcp://host:port; `actor_id` this actor's id in
-    the run (the service refuses actors the learner has not welcomed)."""
+    the run (the service refuses actors the learner has not welcomed); `while_waiting` is called every
+    WAIT_SLICE_S while an answer is awaited."""
 
     def __init__(
         self,
@@ -49,14 +55,10 @@ class RemotePolicy:
         timeout: float = 30.0,
         curve: CurveClient | None = None,
         ctx: zmq.Context | None = None,
+        while_waiting: Callable[[], None] = lambda: None,
     ):
-        self.cfg, self.address, self.actor_id, self.timeout, self.curve = (
-            cfg,
-            address,
-            actor_id,
-            timeout,
-            curve,
-        )
+        self.cfg, self.address, self.actor_id, self.timeout = cfg, address, actor_id, timeout
+        self.curve, self.while_waiting = curve, while_waiting
         self.policy = make_policy(cfg)
         self.spec = self.policy.episode_spec()
         self.version = -1
@@ -92,10 +94,10 @@ class RemotePolicy:
             raise InferenceRefused("no_answer", f"no answer from {self.address} in {self.timeout:g}s")
         return self._acted(answer)
 
-    def reconnect(self, address: str, actor_id: int) -> None:
+    def reconnect(self, address: str, actor_id: int, while_waiting: Callable[[], None]) -> None:
         """A new session (the actor joined again, perhaps a restarted learner on another port)."""
         self._drop_socket()
-        self.address, self.actor_id = address, actor_id
+        self.address, self.actor_id, self.while_waiting = address, actor_id, while_waiting
 
     def close(self) -> None:
         self._drop_socket()
@@ -104,8 +106,9 @@ class RemotePolicy:
         """The ACTED for `request`, or None after `timeout` s without one; ERROR raises InferenceRefused."""
         deadline = time.monotonic() + self.timeout
         while (left := deadline - time.monotonic()) > 0:
-            if not sock.poll(left * 1e3):
-                break
+            if not sock.poll(min(left, WAIT_SLICE_S) * 1e3):
+                self.while_waiting()
+                continue
             msg = protocol.parse(sock.recv(copy=False).buffer)
             if msg["kind"] == protocol.ERROR:
                 error = protocol.Error.from_msg(msg)

@@ -6,8 +6,10 @@ One thread owns one ROUTER socket (ZeroMQ sockets are not thread-safe; the learn
 its main thread). It gathers requests until `max_rows` observations wait or `deadline_ms` has passed since
 the first, runs the family's jitted act once on all of them (rows padded to a power of two, so a handful
 of shapes compile), and answers each request with its rows (ACTED, common/protocol/inference.py). The
-parameters are the learner's own arrays, handed over by reference at each publish (`publish`): no copy,
-no serialisation, and the version each answer names is the one that produced it.
+parameters are a copy on the learner's own devices, handed over at each publish (`publish`,
+Trainer.serving_copy: the update donates the trainer's arrays, so they cannot be shared; a frozen LoRA
+base is copied once, per version only what trains): no host round trip, no serialisation, and the version
+each answer names is the one that produced it.
 
 Every refused request is answered with an ERROR and counted by code (`rejected`): malformed (the codes of
 common/protocol), from an actor the learner has not welcomed (`not_welcomed`), or before the first
@@ -91,7 +93,7 @@ class InferenceService:
 
     # ---- the main thread's side ------------------------------------------------------------------------
     def publish(self, version: int, params: Any) -> None:
-        """From now on act with `params` (the learner's own arrays, by reference) as `version`."""
+        """From now on act with `params` (a device copy the service may keep) as `version`."""
         with self._lock:
             self._newest = (version, params)
 

@@ -214,6 +214,8 @@ class Session:
             "policy_version": self.trainer.version,
             "policy_lag_mean": s.lag_mean,
             "policy_lag_max": s.lag_max,
+            "policy_lag_trained": s.trained_lag.summary(),
+            "policy_lag_at_arrival": s.arrival_lag.summary(),
             "skipped_nonfinite": s.totals["skipped_nonfinite"],
             "instruction_filtered": s.totals["instruction_filtered"],
             "imitation_updates": s.totals["imitation_updates"],

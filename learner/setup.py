@@ -72,7 +72,7 @@ def open_session(cfg: LearnerConfig, console: Console) -> Session:
     schedule = Schedule(cfg, trainer.local_batch, has_demos=bool(demos), start=start)
     if not schedule.in_warmup(resume_update or 0):
         stats.mark_rl_start()  # no warm-up (or past it): every episode counts towards the success target
-    inserter = ReplayInserter(replay, schedule, stats, cfg.loss.gamma)
+    inserter = ReplayInserter(replay, schedule, stats, cfg.loss.gamma, lambda: trainer.version)
     server = open_ingest(cfg, run_dir, inserter, curve, console)
     try:
         open_inference(cfg, server, trainer.graphdef, curve)

@@ -20,6 +20,7 @@ from typing import Any, TypeVar
 
 import jax
 import numpy as np
+from flax import nnx
 
 from common import model, text_encoder
 from common.backbones.lora import split_trained
@@ -138,6 +139,8 @@ class Trainer:
         """Updates applied (imitation ones included); checkpoints are numbered by it."""
         self.version = 0
         """The newest published policy version."""
+        self._served_frozen: Any = None
+        """The inference service's copy of a frozen base (`serving_copy`), made once."""
         # Process I's demonstration draws: process 0's stream jumped I times (so a restored state stays right).
         self.demo_rng = _jumped(np.random.default_rng(cfg.seed), rank)
         self.text = self.policy.text if isinstance(self.policy, PointerPolicy) else None
@@ -226,8 +229,15 @@ class Trainer:
 
     def serving_copy(self) -> Any:
         """The parameters as the inference service acts with them: a copy on the same devices (the next
-        update donates the arrays it is given, so the service cannot keep those)."""
-        return jax.tree.map(lambda x: x.copy(), self.params)
+        update donates the arrays it is given, so the service cannot keep those). A frozen base (LoRA) is
+        copied once and shared by every later copy: per version only what trains is copied."""
+        trained, frozen = split_trained(self.params)
+        trained = jax.tree.map(lambda x: x.copy(), trained)
+        if frozen is None:
+            return trained
+        if self._served_frozen is None:
+            self._served_frozen = jax.tree.map(lambda x: x.copy(), frozen)
+        return nnx.merge_state(trained, self._served_frozen)
 
     def digest(self) -> str:
         """A short hash of the snapshot: equal digests mean bit-identical parameters (across processes, runs)."""
@@ -258,6 +268,7 @@ class Trainer:
         state = checkpointer.restore(template, self.cfg.model.to_dict())
         self.params, self.opt_state = state.params, state.opt_state
         self.update, self.version = state.update, state.policy_version
+        self._served_frozen = None
         set_rng_state(self.demo_rng, state.rng)
         self.demo_rng = _jumped(self.demo_rng, self.rank)
 

@@ -275,9 +275,12 @@ def test_actor_frozen_past_the_timeout_rejoins_and_loses_nothing(learner_process
 @pytest.mark.long
 @pytest.mark.timeout(900)
 def test_killed_actor_is_forgotten_and_a_new_one_streams(learner_process, start_actor):
+    """A acts through the learner's inference service (`--inference remote`), B on its own: a killed remote
+    actor leaves the service with answers nobody takes (dropped and counted, never a crash), and loses no
+    acknowledged episode either."""
     learner = learner_process(*FAST_LEARNER, "--actor-timeout", "3")
     ingest, params = ports_of(learner)
-    a = start_actor(ingest, params, "--seed", "3")
+    a = start_actor(ingest, params, "--seed", "3", "--inference", "remote")
     wait_for(lambda: latest(learner).get("episodes", 0) >= 100, START_S, "episodes from actor A")
     a.kill()  # SIGKILL while it streams: mid-episode, and likely mid-send
     seen = len(learner.metrics())
@@ -298,6 +301,7 @@ def test_killed_actor_is_forgotten_and_a_new_one_streams(learner_process, start_
     assert final["episodes"] == from_a + stats["episodes_finished"], (from_a, final["episodes"], stats)
     assert final["duplicates"] == 0 and final["batches_lost_in_restart"] == 0
     refusals_explained(final, a, b)
+    assert final["inference/answered"] > 0 and set(final["inference/rejected_by_reason"]) <= {"not_welcomed"}
 
 
 # ---- 3b. an actor stopped with a signal ---------------------------------------------------------------

@@ -12,6 +12,7 @@ service, the remote policy ignores late answers and gives up on silence. Both po
 from __future__ import annotations
 
 import threading
+import time
 
 import jax
 import numpy as np
@@ -191,12 +192,20 @@ def test_the_lm_family_is_served_with_its_token_log_probs(tmp_path):
 def test_the_remote_policy_ignores_late_answers_and_gives_up_on_silence():
     """Against a fake service: an answer to an earlier request is ignored (counted), the one for this
     request is taken; a service that never answers gives `no_answer` after the timeout, and the next request
-    goes out on a new connection."""
+    goes out on a new connection. While it waits, it keeps calling `while_waiting` (the actor heartbeats
+    there, or a learner would forget it while a new batch size compiles on the service)."""
     ctx = zmq.Context.instance()
     fake = ctx.socket(zmq.ROUTER)
     fake.setsockopt(zmq.LINGER, 0)
     port = fake.bind_to_random_port("tcp://127.0.0.1")
-    client = RemotePolicy(CFG, f"tcp://127.0.0.1:{port}", actor_id=1, timeout=2)
+    waits: list[float] = []
+    client = RemotePolicy(
+        CFG,
+        f"tcp://127.0.0.1:{port}",
+        actor_id=1,
+        timeout=2,
+        while_waiting=lambda: waits.append(time.monotonic()),
+    )
     features = _features(2)
     spec = make_policy(CFG).episode_spec()
     rows = {
@@ -215,8 +224,36 @@ def test_the_remote_policy_ignores_late_answers_and_gives_up_on_silence():
     acted = client.act(features)
     server.join()
     assert client.version == 9 and len(acted.choices) == 2 and client.stats["late_answers"] == 1
+    waits.clear()
     with pytest.raises(InferenceRefused, match="no_answer"):
         client.act(features)  # the fake reads it and stays silent
+    assert len(waits) >= 4 and max(np.diff(waits)) < 1.0  # heartbeats every WAIT_SLICE_S through the 2 s
     assert client.stats["reconnects"] == 1 and client._sock is None
     client.close()
     fake.close(0)
+
+
+def test_the_serving_copy_outlives_the_donated_parameters_and_shares_one_frozen_base(tmp_path):
+    """Trainer.serving_copy: the update donates the trainer's arrays (deleted here, as donation does), and
+    the service's copy still acts; with LoRA, the frozen base is copied once, only what trains per version."""
+    import dataclasses
+
+    from common.backbones.lora import split_trained
+    from learner.config import LearnerConfig, MeshConfig
+    from learner.mesh import make_mesh
+    from learner.trainer import Trainer
+    from tests.lm_backbone import tiny_lm_folder
+
+    model = ModelConfig(kind="lm", backbone=str(tiny_lm_folder(tmp_path / "tiny-lm")), lora_rank=4)
+    trainer = Trainer(
+        dataclasses.replace(LearnerConfig(), model=model, batch_size=2), make_mesh(MeshConfig()), 0
+    )
+    want = jax.tree.map(np.asarray, trainer.params)
+    first, second = trainer.serving_copy(), trainer.serving_copy()
+    (trained_1, frozen_1), (trained_2, frozen_2) = split_trained(first), split_trained(second)
+    assert all(a is b for a, b in zip(jax.tree.leaves(frozen_1), jax.tree.leaves(frozen_2), strict=True))
+    assert not any(
+        a is b for a, b in zip(jax.tree.leaves(trained_1), jax.tree.leaves(trained_2), strict=True)
+    )
+    jax.tree.map(lambda x: x.delete(), trainer.params)  # what the next update's donation does
+    jax.tree.map(np.testing.assert_array_equal, jax.tree.map(np.asarray, second), want)

@@ -12,10 +12,12 @@ from common.protocol import Episode
 from learner.config import LearnerConfig
 from learner.inserter import ReplayInserter
 from learner.replay import PrioritizedReplay, trajectory_priority
-from learner.run_stats import RunStats
+from learner.run_stats import LAG_CAP, LagHistogram, RunStats
 from learner.schedule import Schedule
 
 GAMMA = 0.5
+NEWEST = 6
+"""The learner's policy version while the episodes arrive."""
 WEIGHTS = (1.0, 0.5, 0.25)
 
 
@@ -36,7 +38,9 @@ def inserter(mode: str = "sync", max_policy_lag: int = 0, **buffer) -> ReplayIns
         cfg, buffer=dataclasses.replace(cfg.buffer, max_policy_lag=max_policy_lag, **buffer)
     )
     replay = PrioritizedReplay[Episode](8, priority_weights=WEIGHTS, max_policy_lag=max_policy_lag)
-    return ReplayInserter(replay, Schedule(cfg, local_batch=2, has_demos=False), RunStats(), GAMMA)
+    return ReplayInserter(
+        replay, Schedule(cfg, local_batch=2, has_demos=False), RunStats(), GAMMA, lambda: NEWEST
+    )
 
 
 def test_episodes_enter_at_the_actors_priority_and_are_counted():
@@ -62,6 +66,8 @@ def test_episodes_enter_at_the_actors_priority_and_are_counted():
         5,
     )
     assert list(stats.recent_success) == [True, False]
+    # how old each step's policy was when it arrived: 6 - [3, 4, 5]
+    assert stats.arrival_lag.summary() == {"steps": 3, "p50": 2, "p90": 3, "p99": 3, "max": 3}
     assert insert.schedule.round_complete(connected_envs=2)  # the sync round saw both episodes
 
 
@@ -113,3 +119,15 @@ def test_stale_episodes_are_no_inserts_of_the_rate_limit():
     insert.replay.drop_stale(10)
     insert([episode([8], [0.0]), episode([9], [1.0])])
     assert insert.schedule.inserted == 1
+
+
+def test_lag_percentiles_match_numpys_inverted_cdf():
+    rng = np.random.default_rng(0)
+    lags = np.concatenate([rng.geometric(0.3, 5000) - 1, [3000]])  # one lag past the cap
+    hist = LagHistogram()
+    for part in np.array_split(lags, 7):
+        hist.add(part)
+    clipped = np.minimum(lags, LAG_CAP)
+    want = {f"p{q}": int(np.percentile(clipped, q, method="inverted_cdf")) for q in (50, 90, 99)}
+    assert hist.summary() == {"steps": lags.size, **want, "max": LAG_CAP}
+    assert LagHistogram().summary() == {}

@@ -1,6 +1,7 @@
 """The `lm` family through the whole system, on the tiny decoder with SmolLM2's tokenizer (tests/lm_backbone.py):
 `python -m learner --model.kind lm` records grammar demonstrations, imitates them, trains A-RIDE on a real
-actor's episodes, checkpoints, resumes, and `python -m learner eval` runs the checkpoint; hostile TRAJs from
+actor's episodes, checkpoints, resumes with the actor acting through the learner's inference service, and
+`python -m learner eval` runs the checkpoint; hostile TRAJs from
 a fake actor (out-of-range token ids, token rows of the wrong shape, in-range tokens outside the grammar)
 are refused with their reason codes while it keeps training. Whether the real SmolLM2 learns is a
 benchmark (BENCHMARKS.md, "lm_agent"), not a test: it takes minutes per update on this CPU."""
@@ -113,11 +114,15 @@ def test_lm_learner_trains_refuses_hostile_batches_checkpoints_resumes_and_evalu
     assert meta["base"] == backbone and meta["lora"].rank == 4
     assert adapters and all("lora" in name for name in adapters)
 
+    # Resumed with the actor acting through the learner's inference service (--inference remote).
     second = learner_process("--model.kind", "lm", "--model.backbone", backbone, *RUN, "--max-updates", "8",
-                             run_dir=run_dir)  # fmt: skip
+                             "--local-actor-args=--inference remote", run_dir=run_dir)  # fmt: skip
     assert second.proc.wait(timeout=600) == 0, second.log()
     assert "resuming from the checkpoint at update 6" in second.log()
-    assert _metrics(run_dir)[-1]["update"] == 8
+    resumed = _metrics(run_dir)[-1]
+    assert resumed["update"] == 8 and resumed["episodes"] > 0, resumed
+    assert resumed["inference/answered"] > 0 and resumed["inference/rejected_by_reason"] == {}, resumed
+    assert "param_swaps" not in (run_dir / "actor-0.log").read_text().rsplit("stopped", 1)[-1]
 
     out = tmp_path / "eval.json"
     cmd = [sys.executable, "-m", "learner", "eval", "--checkpoint", str(run_dir), "--episodes", "4",

@@ -56,6 +56,8 @@ def test_a_replay_update_is_drawn_counted_and_settled_through_the_session(sessio
     assert len(draw.episodes) == session.trainer.local_batch == 4 and draw.sample is not None
     assert session.schedule.rl_updates == 1  # the rate limit counts it
     assert (session.stats.lag_mean, session.stats.lag_max) == (2.0, 2)
+    steps = sum(ep.length for ep in draw.episodes)
+    assert session.record()["policy_lag_trained"] == {"steps": steps, "p50": 2, "p90": 2, "p99": 2, "max": 2}
 
     ones = np.ones(4, np.float32)
     terms = PriorityTerms(5 * ones, ones, ones)
@@ -75,7 +77,9 @@ def test_demonstrations_join_the_replay_at_rl_start_but_buy_no_updates(session):
     session.start_rl()
     assert len(session.replay) == 8 and not session.prefill_pending
     assert not session.schedule.can_train(len(session.replay))  # the loop's question: no update yet
-    inserter = ReplayInserter(session.replay, session.schedule, session.stats, gamma=0.9)
+    inserter = ReplayInserter(
+        session.replay, session.schedule, session.stats, 0.9, lambda: session.trainer.version
+    )
     inserter([episode(0)])  # one actor episode: 4 samples at --samples-per-insert 4, one update of 4
     assert session.schedule.can_train(len(session.replay))
     session.draw_replay()
