@@ -9,7 +9,9 @@ of shapes compile), and answers each request with its rows (ACTED, common/protoc
 parameters are a copy on the learner's own devices, handed over at each publish (`publish`,
 Trainer.serving_copy: the update donates the trainer's arrays, so they cannot be shared; a frozen LoRA
 base is copied once, per version only what trains): no host round trip, no serialisation, and the version
-each answer names is the one that produced it.
+each answer names is the one that produced it. While no actor asks (none in the last IDLE_S seconds) a
+publish hands over no copy, only its version (`wants_params`); a request that finds the service behind
+is refused `unavailable` and the next publish copies again.
 
 Every refused request is answered with an ERROR and counted by code (`rejected`): malformed (the codes of
 common/protocol), from an actor the learner has not welcomed (`not_welcomed`), or before the first
@@ -38,6 +40,8 @@ POLL_MS = 50
 """How long the service thread waits for a first request before it looks at its stop flag again."""
 QUEUE_MESSAGES = 64
 """Send and receive high-water marks per actor connection (whole messages)."""
+IDLE_S = 30.0
+"""A service with no request for this long takes no parameter copies at publishes (`wants_params`)."""
 
 
 @dataclass(frozen=True)
@@ -82,7 +86,11 @@ class InferenceService:
         self._act = jax.jit(lambda params, inputs, key: policy.act(graphdef, params, inputs, key, False))
         self._key = jax.random.key(cfg.seed)
         self._newest: tuple[int, Any] | None = None
+        """(version, params or None): the newest publish; None params when it handed over no copy."""
         self._params: tuple[int, Any] | None = None
+        self._last_request: float | None = None
+        self.idle_publishes = 0
+        """Publishes that handed over no copy (nobody asked); written by the main thread only."""
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="inference", daemon=True)
@@ -92,8 +100,15 @@ class InferenceService:
         self.drops: Counter[str] = Counter()
 
     # ---- the main thread's side ------------------------------------------------------------------------
-    def publish(self, version: int, params: Any) -> None:
-        """From now on act with `params` (a device copy the service may keep) as `version`."""
+    def wants_params(self) -> bool:
+        """Whether the next publish should hand over a copy: until the first one, and while actors ask."""
+        last = self._last_request
+        return self._newest is None or (last is not None and time.monotonic() - last < IDLE_S)
+
+    def publish(self, version: int, params: Any | None) -> None:
+        """From now on act with `params` (a device copy the service may keep) as `version`; None (see
+        `wants_params`): `version` exists, and requests are refused until a publish brings parameters."""
+        self.idle_publishes += params is None
         with self._lock:
             self._newest = (version, params)
 
@@ -103,6 +118,7 @@ class InferenceService:
         stats = dict(self.stats)
         return {
             **{f"inference/{k}": (round(v, 3) if isinstance(v, float) else v) for k, v in stats.items()},
+            "inference/idle_publishes": self.idle_publishes,
             "inference/rejected_by_reason": dict(self.rejected),
             "inference/dropped_replies": dict(self.drops),
         }
@@ -145,6 +161,7 @@ class InferenceService:
         frames = self.sock.recv_multipart(copy=False)
         identity = frames[0].bytes
         self.stats["requests"] += 1
+        self._last_request = time.monotonic()
         if len(frames) != 2:
             self._refuse(identity, "bad_envelope", f"expected one message frame, got {len(frames) - 1}")
             return None
@@ -164,19 +181,23 @@ class InferenceService:
             self._refuse(identity, "not_welcomed", f"actor {act.actor_id} has not joined this run", act.id)
             return None
         if self._current() is None:
-            self._refuse(identity, "unavailable", "no parameters yet; ask again", act.id)
+            self._refuse(
+                identity, "unavailable", "no parameters for the newest version yet; ask again", act.id
+            )
             return None
         return identity, act
 
     def _current(self) -> tuple[int, Any] | None:
         """The parameters to act with: the newest published, taken up here (the family refreshes what it
-        derives from them, `loaded`)."""
+        derives from them, `loaded`); None while the newest version came without them."""
         with self._lock:
             newest = self._newest
-        if newest is not None and (self._params is None or newest[0] != self._params[0]):
+        if newest is None:
+            return None
+        if newest[1] is not None and (self._params is None or newest[0] != self._params[0]):
             self.policy.loaded(newest[1])
             self._params = newest
-        return self._params
+        return self._params if self._params is not None and self._params[0] == newest[0] else None
 
     def _serve(self, batch: list[tuple[bytes, Act]]) -> None:
         version, params = self._current()

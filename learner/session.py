@@ -273,13 +273,17 @@ class Session:
 def publish_version(
     server: IngestServer, trainer: Trainer, version: int, serve: Callable[[], None] | None
 ) -> None:
-    """The trainer's parameters as `version`: their snapshot to every actor and, with an inference service,
-    a device copy to act with (both taken between updates, on a helper thread while `serve` runs)."""
+    """The trainer's parameters as `version`: their snapshot to every actor and, with an inference service
+    that remote actors use, a device copy to act with (both taken between updates, on a helper thread while
+    `serve` runs)."""
+
+    service = server.inference
+    copy = service is not None and service.wants_params()  # not while no remote actor asks
 
     def take() -> tuple[dict[str, np.ndarray], Any]:
-        return trainer.snapshot(), trainer.serving_copy() if server.inference is not None else None
+        return trainer.snapshot(), trainer.serving_copy() if copy else None
 
     flat, served = run_while_serving(take, serve, "publish")
     server.publish(version, flat)
-    if served is not None:
-        server.inference.publish(version, served)
+    if service is not None:
+        service.publish(version, served)

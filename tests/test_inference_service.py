@@ -91,6 +91,28 @@ def test_answers_with_the_newest_parameters_and_their_own_log_probs(service):
     client.close()
 
 
+def test_an_idle_service_takes_no_copies_and_never_serves_an_older_version(service, monkeypatch):
+    """A publish while no actor asks hands over only the version: a request then is refused (`unavailable`)
+    instead of being served by older parameters, and the next publish copies again."""
+    import learner.inference
+
+    _, params = make_policy(CFG).create(0)
+    assert service.wants_params()  # nothing held yet
+    service.publish(1, params)
+    assert not service.wants_params()  # nobody has asked
+    service.publish(2, None)
+    client = RemotePolicy(CFG, service.endpoint, actor_id=1, timeout=30)
+    with pytest.raises(InferenceRefused, match="unavailable"):
+        client.act(_features(2))  # version 2 exists, its parameters are not here: not served with 1's
+    assert service.wants_params()  # an actor asked
+    service.publish(3, params)
+    client.act(_features(2))
+    assert client.version == 3 and service.metrics()["inference/idle_publishes"] == 1
+    monkeypatch.setattr(learner.inference, "IDLE_S", 0.0)
+    assert not service.wants_params()  # idle again
+    client.close()
+
+
 def test_requests_from_several_actors_are_batched(service):
     _, params = make_policy(CFG).create(0)
     service.publish(0, params)

@@ -48,6 +48,16 @@ def test_opening_writes_the_run_files_and_publishes(session, tmp_path):
     assert "episodes_at_rl_start" in session.stats.totals  # no warm-up: reinforcement learning from the start
 
 
+def test_publishing_copies_parameters_for_the_inference_service_only_while_actors_use_it(session):
+    service = session.server.inference
+    assert service is not None and service._params is None  # opened: the first version is published...
+    held = service._newest
+    assert held is not None and held[1] is not None  # ...with its copy
+    session.publish()  # no remote actor has asked: the version alone
+    assert service._newest[0] == session.trainer.version and service._newest[1] is None
+    assert service.metrics()["inference/idle_publishes"] == 1
+
+
 def test_a_replay_update_is_drawn_counted_and_settled_through_the_session(session):
     for v in (0, 0, 0, 0, 0):
         session.replay.add(episode(v), v)
