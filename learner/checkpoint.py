@@ -62,9 +62,13 @@ class Checkpointer:
         complete = [s for s in steps if self.delivery_path(s).is_file()]
         return (complete or steps or [None])[-1]
 
-    def config(self) -> dict[str, Any]:
-        """The run config stored with the checkpoint to resume from."""
-        step = self.latest_update()
+    def updates(self) -> list[int]:
+        """Every saved checkpoint's update, oldest first."""
+        return sorted(self.manager.all_steps())
+
+    def config(self, update: int | None = None) -> dict[str, Any]:
+        """The run config stored with checkpoint `update` (default: the one to resume from)."""
+        step = self.latest_update() if update is None else update
         return self.manager.restore(step, args=ocp.args.Composite(meta=ocp.args.JsonRestore()))["meta"][
             "config"
         ]
@@ -87,10 +91,12 @@ class Checkpointer:
             force=True,
         )
 
-    def restore(self, template: TrainState, model_config: dict[str, Any]) -> TrainState:
-        """The checkpoint to resume from (`latest_update`), shaped like `template`; refuses one written for
-        another model."""
-        step = self.latest_update()
+    def restore(
+        self, template: TrainState, model_config: dict[str, Any], update: int | None = None
+    ) -> TrainState:
+        """Checkpoint `update` (default: the one to resume from, `latest_update`), shaped like `template`;
+        refuses one written for another model."""
+        step = self.latest_update() if update is None else update
         if step is None:
             raise FileNotFoundError(f"{self.directory}: no checkpoint to resume from")
         abstract = jax.tree.map(

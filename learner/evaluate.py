@@ -35,6 +35,9 @@ class EvalConfig:
 
     checkpoint: Path | None = None
     """A run dir, or its `checkpoints` folder; the newest checkpoint is used. Not read with --init."""
+    update: int | None = None
+    """Evaluate the checkpoint saved at this update instead of the newest (the run's
+    `checkpoints/` folder names them)."""
     init: bool = False
     """Evaluate the untrained policy of --model.* instead of a checkpoint: for --model.kind lm the
     pretrained decoder as it comes (its zero-shot score), for the pointer policy random weights."""
@@ -70,22 +73,28 @@ class Restored:
     """The run's step limit per episode."""
 
 
-def restore(checkpoint: Path) -> Restored:
-    """The newest checkpoint of a run dir or checkpoints folder (SystemExit with the reason if none)."""
+def restore(checkpoint: Path, update: int | None = None) -> Restored:
+    """Checkpoint `update` (default: the newest) of a run dir or checkpoints folder (SystemExit with the
+    reason if there is none)."""
     directory = checkpoint / "checkpoints" if (checkpoint / "checkpoints").is_dir() else checkpoint
     if not directory.is_dir():
         raise SystemExit(f"{checkpoint}: no such checkpoint directory")
     ckpt = Checkpointer(directory)
     if ckpt.latest_update() is None:
         raise SystemExit(f"{directory}: holds no checkpoint")
-    run_cfg = ckpt.config()
+    if update is not None and update not in ckpt.updates():
+        saved = ", ".join(map(str, ckpt.updates()))
+        raise SystemExit(f"{directory}: no checkpoint at update {update} (saved: {saved})")
+    run_cfg = ckpt.config(update)
     model_cfg = ModelConfig.from_dict(run_cfg["model"])
     _, params = make_policy(model_cfg).create(0)
     optimizer = make_optimizer(run_cfg["learning_rate"], run_cfg["max_grad_norm"])
     opt_state = optimizer.init(split_trained(params)[0])  # with LoRA adapters, only they have Adam moments
     try:
         state = ckpt.restore(
-            TrainState(params, opt_state, 0, 0, rng_state(np.random.default_rng())), model_cfg.to_dict()
+            TrainState(params, opt_state, 0, 0, rng_state(np.random.default_rng())),
+            model_cfg.to_dict(),
+            update,
         )
     except ValueError as e:
         raise SystemExit(str(e)) from e
@@ -176,7 +185,7 @@ def evaluate(cfg: EvalConfig, console: Console | None = None) -> dict:
     elif cfg.checkpoint is None:
         raise SystemExit("eval: give --checkpoint RUN_DIR, or --init to evaluate an untrained policy")
     else:
-        restored = restore(cfg.checkpoint)
+        restored = restore(cfg.checkpoint, cfg.update)
     # What actors receive: with LoRA adapters only they (and heads); the evaluator reads its own base.
     flat = model.params_to_flat(split_trained(restored.state.params)[0])
     episodes = run_episodes(cfg, restored.model_cfg, flat, restored.state.policy_version, restored.max_steps)

@@ -26,12 +26,12 @@ CFG = ModelConfig(vocab_size=512, d_model=16, num_heads=2, num_layers=1, mlp_dim
 MAX_STEPS = 6
 
 
-def _checkpoint(directory, seed=0):
+def _checkpoint(directory, seed=0, update=7, version=3):
     _, params = model.create(CFG, seed)
     opt_state = make_optimizer(1e-3, 1.0).init(params)
     ckpt = Checkpointer(directory)
     config = {"model": CFG.to_dict(), "learning_rate": 1e-3, "max_grad_norm": 1.0, "max_steps": MAX_STEPS}
-    ckpt.save(TrainState(params, opt_state, 7, 3, rng_state(np.random.default_rng())), config)
+    ckpt.save(TrainState(params, opt_state, update, version, rng_state(np.random.default_rng())), config)
     ckpt.close()
     return params
 
@@ -83,6 +83,23 @@ def test_the_evaluator_runs_the_checkpoints_own_parameters(tmp_path, monkeypatch
         per_template.setdefault(ep["template"], []).append(ep["success"])
     assert report["per_template"] == {k: float(np.mean(v)) for k, v in sorted(per_template.items())}
     assert report["episodes"] == 20 == len(expected)
+
+
+def test_an_older_checkpoint_is_chosen_by_its_update(tmp_path):
+    older = _checkpoint(tmp_path / "run" / "checkpoints", seed=1, update=7, version=3)
+    newer = _checkpoint(tmp_path / "run" / "checkpoints", seed=2, update=9, version=4)
+
+    def weights(restored) -> dict[str, np.ndarray]:
+        return model.params_to_flat(restored.state.params)
+
+    chosen, newest = learner_eval.restore(tmp_path / "run", 7), learner_eval.restore(tmp_path / "run")
+    assert (chosen.state.update, chosen.state.policy_version, newest.state.update) == (7, 3, 9)
+    for name, value in model.params_to_flat(older).items():
+        np.testing.assert_array_equal(weights(chosen)[name], value)
+    assert any(not np.array_equal(weights(newest)[k], v) for k, v in model.params_to_flat(older).items())
+    assert all(np.array_equal(weights(newest)[k], v) for k, v in model.params_to_flat(newer).items())
+    with pytest.raises(SystemExit, match=r"no checkpoint at update 8 \(saved: 7, 9\)"):
+        learner_eval.restore(tmp_path / "run", 8)
 
 
 def test_eval_without_a_checkpoint_says_so(tmp_path):
