@@ -153,6 +153,30 @@ def test_layout_is_randomized_per_episode():
     assert len(homes) > 1 and len(sections) > 1
 
 
+def test_the_status_bar_shows_the_radios_as_android_does():
+    """Wi-Fi, Bluetooth and airplane mode show as status-bar icons while on, on every screen: a task that
+    turns on two radios can see from the Settings main screen that one is already done."""
+    env = SimPhoneEnv(SimPhoneConfig(dialog_probability=0.0))
+    env.reset(seed=0)
+    st = env.phone.state["settings"]
+    icons = {"wifi": "Wi-Fi signal full", "bluetooth": "Bluetooth on", "airplane_mode": "Airplane mode on"}
+    for wifi, bluetooth, airplane in [(False, False, False), (True, False, False), (True, True, True)]:
+        st.update(wifi=wifi, bluetooth=bluetooth, airplane_mode=airplane)
+        env.phone.open_app("Settings")  # a fresh screen
+        shown = {
+            e.content_desc
+            for e in env.phone.screen().elements
+            if e.resource_id.startswith("com.android.systemui")
+        }
+        on = {
+            key
+            for key, value in (("wifi", wifi), ("bluetooth", bluetooth), ("airplane_mode", airplane))
+            if value
+        }
+        assert {icons[k] for k in on} == shown & set(icons.values()), (on, shown)
+        env.phone.go_home()
+
+
 def test_long_lists_scroll_and_dialogs_block_until_dismissed():
     env = SimPhoneEnv(SimPhoneConfig(dialog_probability=1.0))
     env.reset(seed=3)

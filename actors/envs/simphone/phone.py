@@ -246,6 +246,27 @@ class SimPhone:
             self._screen = self._build_screen()
         return self._screen
 
+    def _add_status_icons(self, s: Screen) -> None:
+        """What Android's status bar shows of the radios, right to left before the battery: an airplane
+        while airplane mode is on, Bluetooth while it is on, the Wi-Fi signal while Wi-Fi is on (each with
+        the content description and view id SystemUI gives it)."""
+        st = self.state.get("settings", {})
+        icons = [
+            ("airplane", "Airplane mode on", st.get("airplane_mode")),
+            ("bluetooth", "Bluetooth on", st.get("bluetooth")),
+            ("wifi_combo", "Wi-Fi signal full", st.get("wifi")),
+        ]
+        right = 960
+        for rid, desc, shown in reversed(icons):
+            if shown:
+                bounds = (right - 80, 0, right, STATUS_BAR)
+                s.add(
+                    UIElement(
+                        IMAGE, content_desc=desc, resource_id=f"com.android.systemui:id/{rid}", bounds=bounds
+                    )
+                )
+                right -= 80
+
     def _build_screen(self) -> Screen:
         s = Screen()
         s.add(
@@ -257,6 +278,7 @@ class SimPhone:
             )
         )
         s.add(UIElement(IMAGE, content_desc="Battery 80 percent", resource_id="com.android.systemui:id/battery", bounds=(960, 0, 1080, STATUS_BAR)))  # fmt: skip
+        self._add_status_icons(s)
         if self.dialog:
             self._add_dialog(s)
         elif self.app is None:
