@@ -50,7 +50,7 @@ class ActorConfig:
     """Tasks: a shipped suite (SimPhone: "general", "webshop"; adb: "stock"), a task .json file, or a
     folder of them. With --backend adb the default "general" means "stock"."""
     split: str = "train"
-    """Split to draw tasks from: "train" or "test"."""
+    """Split to draw tasks from: train, test, dev or validation (actors/envs/simphone/tasks.py SPLITS)."""
     num_envs: int = 16
     """Environments stepped together; inference runs on all of them in one batched, jitted call
     (--backend adb: one environment per device instead)."""

@@ -58,7 +58,7 @@ class DemosConfig:
     tasks: str = "general"
     """A shipped suite ("general", "webshop"), a task .json file, or a folder of them."""
     split: str = "train"
-    """"train" or "test"."""
+    """A split of actors/envs/simphone/tasks.py SPLITS."""
     episodes: int = 500
     """Episodes to write (skipped ones do not count)."""
     noise: float = 0.0

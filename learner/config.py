@@ -147,7 +147,8 @@ class LocalActorsConfig:
     tasks: str = "general"
     """SimPhone tasks of the local actors (a suite name, a .json file or a folder)."""
     split: str = "train"
-    """SimPhone split of the local actors."""
+    """SimPhone split of the local actors (and of the warm-up demonstrations): train, or dev (train
+    without the validation templates, for development whose choices are made on --split validation)."""
     local_actor_args: str = ""
     """Further `python -m actors` flags for every local actor, one string, e.g.
     --local-actor-args="--max-episode-rate 0.5" (with "=": the value starts with dashes); they come last, so they win, and are checked by the actor's own parser

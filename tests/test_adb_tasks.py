@@ -101,7 +101,7 @@ def test_sampling_is_deterministic_and_uses_split_values(tmp_path):
     test = {sample_task(templates, "test", np.random.default_rng(i)).template.id for i in range(40)}
     assert test == {"a", "b"}
     with pytest.raises(ValueError, match="split"):
-        sample_task(templates, "dev", np.random.default_rng(0))
+        sample_task(templates, "nope", np.random.default_rng(0))
 
 
 def test_unknown_suite_lists_the_shipped_ones():

@@ -119,7 +119,7 @@ def test_a_bad_task_set_reaches_the_user_as_one_line(tmp_path):
 @pytest.mark.parametrize(
     ("flags", "message"),
     [
-        ({"split": "bogus"}, "split must be one of ('train', 'test'), got 'bogus'"),
+        ({"split": "bogus"}, "split must be one of ('train', 'test', 'dev', 'validation'), got 'bogus'"),
         ({"episodes": 0}, "--episodes must be at least 1, got 0"),
     ],
 )

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import json
 
 import gymnasium
@@ -33,7 +34,7 @@ def test_oracle_solves_every_template_on_both_splits(suite):
     env = SimPhoneEnv(SimPhoneConfig(tasks=suite, success_on="complete", dialog_probability=0.3))
     solved = 0
     for template in env.templates:
-        for split in task_lib.SPLITS:
+        for split in task_lib.VALUE_SETS:
             if not task_lib.available(template, split):
                 continue
             for seed in range(4):
@@ -67,6 +68,44 @@ def test_train_split_never_draws_held_out_templates_or_test_values():
             assert task.instruction.split()[2] in task.template.params["app"]["train"]
     assert not seen & held_out
     assert len(seen) == len(templates) - len(held_out)
+
+
+VALIDATION = {
+    "contacts.save_number", "notes.remind", "messages.tell", "clock.wake_me", "browser.search_google",
+    "settings.wifi_off_airplane_on",
+}  # fmt: skip
+"""docs/SIMPHONE.md's rule, applied once (issue 34): of every success predicate that two or more training
+templates share, the later-listed phrasing; and the one training task that composes two trained toggles."""
+
+
+def _drawn(split: str, n: int = 600) -> tuple[set[str], list]:
+    templates, rng = task_lib.load_templates("general"), np.random.default_rng(0)
+    tasks = [task_lib.sample(templates, split, rng) for _ in range(n)]
+    return {t.template.id for t in tasks}, tasks
+
+
+def test_the_validation_split_is_the_written_rule_and_dev_never_draws_it():
+    templates = task_lib.load_templates("general")
+    assert {t.id for t in templates if t.split == "validation"} == VALIDATION
+    training = {t.id for t in templates if t.split != "test"}
+    dev, _ = _drawn("dev")
+    validation, tasks = _drawn("validation", 200)
+    train, _ = _drawn("train")
+    assert dev == training - VALIDATION and validation == VALIDATION and train == training
+    # With the training values (phrasing is what validation tests): every drawn instruction is one that
+    # the template's training values make.
+    for task in tasks:
+        params = task.template.params
+        made = {
+            task_lib.bind(task.template, dict(zip(params, combo, strict=True))).instruction
+            for combo in itertools.product(*(v["train"] for v in params.values()))
+        }
+        assert task.instruction in made, (task.template.id, task.instruction)
+
+
+def test_a_split_with_no_templates_says_so():
+    with pytest.raises(ValueError, match="no template is available for split 'validation'"):
+        task_lib.sample(task_lib.load_templates("webshop"), "validation", np.random.default_rng(0))
 
 
 def _write(tmp_path, templates) -> str:

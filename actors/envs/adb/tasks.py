@@ -39,7 +39,15 @@ import numpy as np
 
 from actors.envs.adb.device import AdbDevice
 from actors.envs.faults import DeviceCommandFailed, DeviceFault, DeviceHang
-from actors.envs.simphone.tasks import SPLITS, TaskFileError, TemplateFields, load_suite
+from actors.envs.simphone.tasks import (
+    SPLITS,
+    VALUE_SETS,
+    TaskFileError,
+    TemplateFields,
+    available,
+    load_suite,
+    values_of,
+)
 from common.types import Observation
 
 SUITES_DIR = Path(__file__).parent / "suites"
@@ -153,17 +161,13 @@ def _template(path: Path, suite: str, index: int, raw: Any) -> DeviceTemplate:
     # Bind every parameter value once (value i of each parameter together), so a value that breaks a
     # placeholder or a pattern fails now, not in the middle of training.
     try:
-        for sp in SPLITS:
+        for sp in VALUE_SETS:
             if available(template, sp):
                 for i in range(max((len(v[sp]) for v in params.values()), default=1)):
                     bind(template, {n: v[sp][i % len(v[sp])] for n, v in params.items()})
     except ValueError as e:
         raise TaskFileError(f"{where}: {e}") from e
     return template
-
-
-def available(template: DeviceTemplate, split: str) -> bool:
-    return split == "test" or template.split == "both"
 
 
 def sample_task(templates: list[DeviceTemplate], split: str, rng: np.random.Generator) -> DeviceTask:
@@ -174,7 +178,8 @@ def sample_task(templates: list[DeviceTemplate], split: str, rng: np.random.Gene
     if not pool:
         raise ValueError(f"no template is available for split {split!r}")
     template = pool[int(rng.integers(len(pool)))]
-    values = {name: v[split][int(rng.integers(len(v[split])))] for name, v in template.params.items()}
+    drawn = values_of(split)
+    values = {name: v[drawn][int(rng.integers(len(v[drawn])))] for name, v in template.params.items()}
     return bind(template, values)
 
 

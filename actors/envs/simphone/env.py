@@ -29,7 +29,8 @@ class SimPhoneConfig:
     tasks: str = "general"
     """A shipped suite ("general", "webshop"), a task .json file, or a folder of them."""
     split: str = "train"
-    """Parameter values and templates to draw from: "train" or "test" (test adds held-out templates)."""
+    """Templates and parameter values to draw from: train, test (adds held-out templates and test values),
+    dev (train without the validation templates) or validation (tasks.py SPLITS)."""
     success_on: str = "any_step"
     """"complete": reward only at status_complete; "any_step": end with reward once the task holds."""
     step_penalty: float = 0.0

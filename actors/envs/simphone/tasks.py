@@ -12,7 +12,8 @@ A task file is `{"suite": NAME, "templates": [TEMPLATE, ...]}`. A TEMPLATE has
                  {"type": TEXT, "field": FIELD} | {"enter": true} | {"back": true} | {"home": true}
                  | {"swipe": "up"|"down"}]
     max_steps    step limit (default 15)
-    split        "both" (train and test parameter values) or "test" (a held-out template)
+    split        "both" (train and test parameter values), "validation" (a training template set aside
+                 for development choices: not in the "dev" split) or "test" (a held-out template)
 Errors name the file, the template and the field. docs/SIMPHONE.md documents the format and the state.
 """
 
@@ -30,7 +31,29 @@ import numpy as np
 from actors.envs.simphone.expr import Predicate, PredicateError, compile_predicate
 
 SUITES_DIR = Path(__file__).parent / "suites"
-SPLITS = ("train", "test")
+SPLITS = ("train", "test", "dev", "validation")
+"""What a task is drawn from. train: every training template (split "both" or "validation") with the
+training parameter values; test: every template with the test values; dev: the training templates
+without the validation ones; validation: those alone, with training values. Development trains on dev
+and makes its choices on validation, so the test split and the held-out templates decide nothing."""
+VALUE_SETS = ("train", "test")
+"""The parameter value lists every template gives (params.NAME.train / .test)."""
+TEMPLATE_SPLITS = ("both", "validation", "test")
+
+
+def values_of(split: str) -> str:
+    """Which parameter values a split draws: the test split the test ones, every other the training ones."""
+    return "test" if split == "test" else "train"
+
+
+def available(template: Any, split: str) -> bool:
+    """Whether `split` draws `template` (a SimPhone or device template: anything with `.split`)."""
+    kind = template.split
+    return {"test": True, "train": kind != "test", "dev": kind == "both", "validation": kind == "validation"}[
+        split
+    ]
+
+
 PLAN_KINDS = ("open", "tap", "tap_nth", "type", "enter", "back", "home", "swipe")
 _PLACEHOLDER = re.compile(r"\{([a-z_][a-z0-9_]*)(?:\.([a-z_][a-z0-9_]*))?\}")
 # Top-level keys of the phone state; predicates and setup may only use these (see docs/SIMPHONE.md).
@@ -139,7 +162,7 @@ class TemplateFields:
         for name, values in self.params.items():
             if (
                 not isinstance(values, dict)
-                or set(values) != set(SPLITS)
+                or set(values) != set(VALUE_SETS)
                 or not all(isinstance(v, list) and v for v in values.values())
             ):
                 raise TaskFileError(
@@ -147,8 +170,10 @@ class TemplateFields:
                     "with values in both"
                 )
         self.split = self.field("split", str, "both")
-        if self.split not in ("both", "test"):
-            raise TaskFileError(f'{self.where}: field \'split\' must be "both" or "test", got {self.split!r}')
+        if self.split not in TEMPLATE_SPLITS:
+            raise TaskFileError(
+                f"{self.where}: field 'split' must be one of {', '.join(TEMPLATE_SPLITS)}, got {self.split!r}"
+            )
         self.max_steps = self.field("max_steps", int, 15)
         if not 1 <= self.max_steps <= 100:
             raise TaskFileError(f"{self.where}: field 'max_steps' must be in [1, 100]")
@@ -188,17 +213,13 @@ def _template(path: Path, suite: str, index: int, raw: Any) -> Template:
         split,
     )
     # Bind the first value of every parameter once, so a broken predicate or placeholder fails at load.
-    for sp in SPLITS:
+    for sp in VALUE_SETS:
         if available(template, sp):
             try:
                 bind(template, {name: values[sp][0] for name, values in params.items()})
             except (KeyError, PredicateError, ValueError) as e:
                 raise TaskFileError(f"{where}: {e}") from e
     return template
-
-
-def available(template: Template, split: str) -> bool:
-    return split == "test" or template.split == "both"
 
 
 def sample(templates: list[Template], split: str, rng: np.random.Generator) -> Task:
@@ -209,7 +230,8 @@ def sample(templates: list[Template], split: str, rng: np.random.Generator) -> T
     if not pool:
         raise ValueError(f"no template is available for split {split!r}")
     template = pool[int(rng.integers(len(pool)))]
-    values = {name: v[split][int(rng.integers(len(v[split])))] for name, v in template.params.items()}
+    drawn = values_of(split)
+    values = {name: v[drawn][int(rng.integers(len(v[drawn])))] for name, v in template.params.items()}
     return bind(template, values)
 
 
