@@ -163,12 +163,12 @@ def record_episode(
         else:
             choice = pending.pop(0)
         p = (1 - noise) * _same(choice, expert) + noise * _random_prob(choice, n_el, n_words)
-        features = featurize.featurize(obs, cfg)
+        features = policy.featurize(obs, episode.actions)
         action = policy.to_action(obs, dataclasses.asdict(choice))
         obs, reward, terminated, truncated, info = env.step(action)
         done = terminated or truncated
         episode.add(features, dataclasses.asdict(choice), math.log(p), float(reward), 0, action)
-    final = featurize.featurize(obs, cfg)
+    final = policy.featurize(obs, episode.actions)
     return episode.finish(
         final, bool(info["success"]), bool(truncated and not terminated), policy.episode_spec()
     )

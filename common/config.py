@@ -26,7 +26,10 @@ class ModelConfig:
     max_elements: int = 24
     """UI elements kept per screen, in tree order; the tap pointer chooses among them."""
     max_element_tokens: int = 6
-    """Words kept per element label."""
+    """Words kept per element label (and per remembered action, with `history`)."""
+    history: int = 0
+    """The pointer policy's memory: the episode's last this many actions it reads (what each aimed at,
+    its kind and age, and the step count; common/featurize.py); 0 = the current screen only."""
     d_model: int = 64
     """Width of the transformer."""
     num_heads: int = 4
@@ -104,7 +107,7 @@ class ModelConfig:
             elif by_name[k].type in (float, "float"):
                 if isinstance(v, bool) or not isinstance(v, int | float) or not math.isfinite(v) or v <= 0:
                     raise ValueError(f"model config field {k} must be a finite number > 0, got {v!r}")
-            elif k in ("text_dim", "lora_rank", "lora_layers", "lm_history"):
+            elif k in ("text_dim", "lora_rank", "lora_layers", "lm_history", "history"):
                 if not isinstance(v, int) or isinstance(v, bool) or v < 0:
                     raise ValueError(f"model config field {k} must be an integer >= 0, got {v!r}")
             elif not isinstance(v, int) or isinstance(v, bool) or v <= 0:
@@ -133,6 +136,8 @@ class ModelConfig:
             raise ValueError(f"--model.lora-layers must be >= 0 (0 = every block), got {self.lora_layers}")
         if self.lm_history < 0:
             raise ValueError(f"--model.lm-history must be >= 0, got {self.lm_history}")
+        if self.history < 0:
+            raise ValueError(f"--model.history must be >= 0, got {self.history}")
 
 
 def _flag(name: str) -> str:

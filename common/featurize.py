@@ -9,6 +9,12 @@ in a text field. The last two let the typed-text pointer find the next word to t
 elem_feats: box (left, top, right, bottom) / screen size, clickable, checked, focused, scrollable,
 editable, and the share of the element's words that occur in the instruction (the grounding cue).
 
+With ModelConfig.history = H > 0, the episode's last H actions, most recent first (the policy's memory):
+    hist_tokens [H, Le] int32 (the words of what each action aimed at: the tapped element's label, the
+    typed text, the swipe's direction; Action.note, which the pointer family's to_action writes)
+    hist_feats [H, NUM_ACTION_TYPES + 1] f32 (the action's kind, one-hot, and its age (i + 1) / H)
+    hist_mask [H] bool   episode_step [1] f32 (actions taken so far / 16)
+
 With a text encoder (ModelConfig.text_encoder), also its WordPiece ids (common/text_encoder.py adds
 the encoder's states from them before the policy runs):
     instr_wp [Lp] int32   instr_wp_word [Lp] int32 (the word slot of each piece, -1 for none)
@@ -17,15 +23,20 @@ the encoder's states from them before the policy runs):
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import numpy as np
 
 from common import tokenizer
 from common.config import ModelConfig
 from common.protocol.episodes import EpisodeSpec
-from common.types import NUM_ACTION_TYPES, NUM_SWIPE_DIRECTIONS, Observation
+from common.types import NUM_ACTION_TYPES, NUM_SWIPE_DIRECTIONS, Action, Observation
 
 NUM_ELEMENT_FEATURES = 10
 NUM_INSTRUCTION_FEATURES = 3
+NUM_HISTORY_FEATURES = NUM_ACTION_TYPES + 1
+STEP_SCALE = 16.0
+"""episode_step = actions taken / STEP_SCALE (about one at a typical step limit)."""
 
 
 def feature_spec(cfg: ModelConfig) -> dict[str, tuple[tuple[int, ...], str]]:
@@ -38,7 +49,21 @@ def feature_spec(cfg: ModelConfig) -> dict[str, tuple[tuple[int, ...], str]]:
         "elem_tokens": ((e, le), "<i4"),
         "elem_mask": ((e,), "|b1"),
         "elem_feats": ((e, NUM_ELEMENT_FEATURES), "<f4"),
+        **history_spec(cfg),
         **text_spec(cfg),
+    }
+
+
+def history_spec(cfg: ModelConfig) -> dict[str, tuple[tuple[int, ...], str]]:
+    """The memory arrays featurize adds with ModelConfig.history > 0 (none without)."""
+    h = cfg.history
+    if not h:
+        return {}
+    return {
+        "hist_tokens": ((h, cfg.max_element_tokens), "<i4"),
+        "hist_feats": ((h, NUM_HISTORY_FEATURES), "<f4"),
+        "hist_mask": ((h,), "|b1"),
+        "episode_step": ((1,), "<f4"),
     }
 
 
@@ -62,6 +87,8 @@ def episode_spec(cfg: ModelConfig, text_vocab_size: int) -> EpisodeSpec:
     features = feature_spec(cfg)
     elements, words = cfg.max_elements, cfg.max_instruction_tokens
     ids = {"instr_tokens": (0, cfg.vocab_size), "elem_tokens": (0, cfg.vocab_size)}
+    if cfg.history:
+        ids["hist_tokens"] = (0, cfg.vocab_size)
     if "instr_wp" in features:
         if text_vocab_size < 1:
             raise ValueError("checking WordPiece ids needs the text encoder's vocabulary size (>= 1)")
@@ -93,7 +120,9 @@ def instruction_words(instruction: str, cfg: ModelConfig) -> list[str]:
     return tokenizer.surface_words(instruction)[: cfg.max_instruction_tokens]
 
 
-def featurize(obs: Observation, cfg: ModelConfig) -> dict[str, np.ndarray]:
+def featurize(obs: Observation, cfg: ModelConfig, history: Sequence[Action] = ()) -> dict[str, np.ndarray]:
+    """One observation as the arrays of the module docstring; `history` is the episode's actions so far,
+    oldest first (read only with ModelConfig.history > 0)."""
     li, e, le, v = cfg.max_instruction_tokens, cfg.max_elements, cfg.max_element_tokens, cfg.vocab_size
     instr_tokens, instr_mask = tokenizer.encode(obs.instruction, li, v)
     instr_words = set(tokenizer.words(obs.instruction))
@@ -138,9 +167,27 @@ def featurize(obs: Observation, cfg: ModelConfig) -> dict[str, np.ndarray]:
         "elem_mask": elem_mask,
         "elem_feats": elem_feats,
     }
+    if cfg.history:
+        out.update(_history(history, cfg))
     if cfg.uses_text_encoder:
         out.update(_word_pieces(obs, elements, cfg))
     return out
+
+
+def _history(history: Sequence[Action], cfg: ModelConfig) -> dict[str, np.ndarray]:
+    """The last cfg.history actions, most recent first, as words, kind and age (module docstring)."""
+    h, le = cfg.history, cfg.max_element_tokens
+    tokens = np.zeros((h, le), np.int32)
+    feats = np.zeros((h, NUM_HISTORY_FEATURES), np.float32)
+    mask = np.zeros(h, bool)
+    for i, action in enumerate(reversed(history[-h:])):
+        tokens[i], _ = tokenizer.encode(action.note, le, cfg.vocab_size)
+        if int(action.type) < NUM_ACTION_TYPES:  # NOOP (an unparsed lm action) has no kind column
+            feats[i, int(action.type)] = 1.0
+        feats[i, -1] = (i + 1) / h
+        mask[i] = True
+    step = np.array([len(history) / STEP_SCALE], np.float32)
+    return {"hist_tokens": tokens, "hist_feats": feats, "hist_mask": mask, "episode_step": step}
 
 
 def _word_pieces(obs: Observation, elements, cfg: ModelConfig) -> dict[str, np.ndarray]:

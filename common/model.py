@@ -1,7 +1,9 @@
 """The default policy: a small transformer over instruction words and UI elements (Flax NNX).
 
-Tokens: one summary token, the instruction words (hashed embedding + position + visibility feature) and
-the UI elements (mean of their word embeddings + a projection of box and flags). Heads read the summary
+Tokens: one summary token, the instruction words (hashed embedding + position + visibility feature), the
+UI elements (mean of their word embeddings + a projection of box and flags) and, with a memory
+(ModelConfig.history), the episode's recent actions (mean of the words of what each aimed at + a
+projection of its kind and age; the step count goes into the summary token). Heads read the summary
 token for the action type, the swipe direction and the value, and point at elements (tap target) and at
 instruction words (the text to type). See common.distribution for the factorized action distribution.
 """
@@ -16,7 +18,7 @@ from flax import nnx
 from common import text_encoder
 from common.backbones import bert
 from common.config import ModelConfig
-from common.featurize import NUM_ELEMENT_FEATURES, NUM_INSTRUCTION_FEATURES
+from common.featurize import NUM_ELEMENT_FEATURES, NUM_HISTORY_FEATURES, NUM_INSTRUCTION_FEATURES
 from common.types import NUM_ACTION_TYPES, NUM_SWIPE_DIRECTIONS
 
 Logits = dict[str, jax.Array]
@@ -61,27 +63,39 @@ class PhonePolicy(nnx.Module):
         self.word_pointer = nnx.Linear(d, 1, rngs=rngs)
         if cfg.uses_text_encoder:
             self.text = TextInputs(cfg, rngs)
+        if cfg.history:
+            self.hist_feat = nnx.Linear(NUM_HISTORY_FEATURES, d, rngs=rngs)
+            self.step_feat = nnx.Linear(1, d, rngs=rngs)
+
+    def _mean_words(self, tokens: jax.Array) -> jax.Array:
+        """[..., L] word ids -> [..., d]: the mean embedding of the words (padding excluded)."""
+        mask = (tokens != 0)[..., None]
+        return jnp.sum(self.embed(tokens) * mask, axis=-2) / jnp.maximum(mask.sum(-2), 1)
 
     def __call__(self, f: dict[str, jax.Array]) -> tuple[Logits, jax.Array]:
         """Features with one leading batch axis -> (logits per head, value [B])."""
         li = self.cfg.max_instruction_tokens
         instr = self.embed(f["instr_tokens"]) + self.instr_pos[...] + self.instr_feat(f["instr_feats"])
-        tok_mask = (f["elem_tokens"] != 0)[..., None]
-        word_sum = jnp.sum(self.embed(f["elem_tokens"]) * tok_mask, axis=-2)
-        elems = word_sum / jnp.maximum(tok_mask.sum(-2), 1) + self.elem_feat(f["elem_feats"])
+        elems = self._mean_words(f["elem_tokens"]) + self.elem_feat(f["elem_feats"])
         batch = instr.shape[0]
         summary = jnp.broadcast_to(self.summary[...], (batch, 1, instr.shape[-1]))
         if self.cfg.uses_text_encoder:
             summary, instr, elems = self.text(f, summary, instr, elems)
-        x = jnp.concatenate([summary, instr, elems], axis=1)
-        valid = jnp.concatenate([jnp.ones((batch, 1), bool), f["instr_mask"], f["elem_mask"]], axis=1)
+        tokens, valid = [summary, instr, elems], [jnp.ones((batch, 1), bool), f["instr_mask"], f["elem_mask"]]
+        if self.cfg.history:
+            summary = summary + self.step_feat(f["episode_step"])[:, None]
+            tokens[0] = summary
+            tokens.append(self._mean_words(f["hist_tokens"]) + self.hist_feat(f["hist_feats"]))
+            valid.append(f["hist_mask"])
+        x = jnp.concatenate(tokens, axis=1)
+        valid = jnp.concatenate(valid, axis=1)
         attn_mask = nnx.make_attention_mask(jnp.ones_like(valid), valid)
         for block in self.blocks:
             x = block(x, attn_mask)
         x = self.norm(x)
         head = x[:, 0]
         word_logits = self.word_pointer(x[:, 1 : 1 + li])[..., 0]
-        elem_logits = self.element_pointer(x[:, 1 + li :])[..., 0]
+        elem_logits = self.element_pointer(x[:, 1 + li : 1 + li + self.cfg.max_elements])[..., 0]
         logits = {
             "type": self.type_head(head),
             "element": _mask_logits(elem_logits, f["elem_mask"]),

@@ -36,7 +36,9 @@ import numpy as np
 
 from learner.batch import Batch
 
-TOKEN_KEYS = ("instr_tokens", "elem_tokens")
+TOKEN_KEYS = ("instr_tokens", "elem_tokens", "hist_tokens")
+"""The hashed word ids renamed (hist_tokens only with a memory, ModelConfig.history: the labels an
+episode's actions aimed at are renamed as the same words on screen are)."""
 """Featurized arrays that hold hashed word ids (0 is padding)."""
 
 KEEP, WORD, NUMBER, WORD_CONT, NUMBER_CONT = range(5)
@@ -129,7 +131,7 @@ def rename_words(
     typed = _typed_ids(obs) if typed_rate != rate or with_pieces else None
     out = dict(obs)
     with np.errstate(over="ignore"):
-        for key in TOKEN_KEYS:
+        for key in (k for k in TOKEN_KEYS if k in obs):
             ids = np.asarray(obs[key])
             salt = episode_seed.reshape((episodes,) + (1,) * (ids.ndim - 1))
             h = _mix(ids.astype(np.uint64) * _GOLDEN ^ salt)

@@ -23,14 +23,15 @@ from learner.augment import (
 )
 from learner.batch import collate
 
-CFG = ModelConfig()
+CFG = ModelConfig(history=3)
+"""With a memory, so that renaming is checked on the remembered actions' words too."""
 
 
 @pytest.fixture(scope="module")
 def demo_batch(tmp_path_factory):
     """A real collated batch: 16 oracle episodes of SimPhone `general`."""
     out = tmp_path_factory.mktemp("demos") / "d.msgpack"
-    write_demos(DemosConfig(out=out, episodes=16, seed=5), log=lambda _: None)
+    write_demos(DemosConfig(out=out, episodes=16, seed=5, model=CFG), log=lambda _: None)
     return collate(load_demos(out, CFG), max_steps=16)
 
 

@@ -367,3 +367,28 @@ def test_elements_without_words():
     f = featurize.featurize(Observation("go", els), CFG)
     np.testing.assert_array_equal(f["elem_mask"], [True, True, False, False])
     assert (f["elem_tokens"] == 0).all() and (f["elem_feats"][:, 9] == 0).all()
+
+
+def test_memory_holds_the_last_actions_most_recent_first():
+    """ModelConfig.history: what each remembered action aimed at (its note) as words, its kind one-hot and
+    its age, written out by hand; older actions beyond the window are gone, and the step count goes on."""
+    cfg = dataclasses.replace(CFG, history=2)
+    history = [
+        Action(ActionType.TAP, 0.5, 0.1, note="Settings"),
+        Action(ActionType.SWIPE, note="up"),
+        Action(ActionType.TAP, 0.5, 0.2, note="Network & internet"),
+    ]
+    f = featurize.featurize(OBS, cfg, history)
+    assert_matches_spec(f, cfg)
+    np.testing.assert_array_equal(
+        f["hist_tokens"], [[id_ref("network"), id_ref("internet"), 0], [id_ref("up"), 0, 0]]
+    )
+    want = np.zeros((2, featurize.NUM_HISTORY_FEATURES), np.float32)
+    want[0, ActionType.TAP], want[0, -1] = 1, 0.5
+    want[1, ActionType.SWIPE], want[1, -1] = 1, 1.0
+    np.testing.assert_array_equal(f["hist_feats"], want)
+    np.testing.assert_array_equal(f["hist_mask"], [True, True])
+    np.testing.assert_allclose(f["episode_step"], [3 / featurize.STEP_SCALE])
+    first = featurize.featurize(OBS, cfg)  # the first step: nothing remembered
+    assert not first["hist_mask"].any() and not first["hist_tokens"].any() and first["episode_step"][0] == 0
+    assert "hist_tokens" not in featurize.featurize(OBS, CFG, history)  # no memory: the screen only

@@ -234,6 +234,7 @@ def test_to_action_tap_hits_the_element_center(index, center):
     assert action.type == ActionType.TAP
     assert action.x == pytest.approx(center[0] / 1080, abs=1e-12)
     assert action.y == pytest.approx(center[1] / 2400, abs=1e-12)
+    assert action.note == OBS.elements[index].label  # what the memory remembers of it
 
 
 def test_to_action_tap_on_a_missing_element_taps_the_middle():
@@ -252,14 +253,14 @@ def test_to_action_type_uses_the_chosen_instruction_word():
     words = ["Write", "Milk", "in", "the", "Notes"]  # as written (case kept), cut at max_instruction_tokens
     for i, w in enumerate(words):
         action = to_action(OBS, PolicyChoice(int(ActionType.TYPE), element=1, word=i))
-        assert action == Action(ActionType.TYPE, text=w)
+        assert action == Action(ActionType.TYPE, text=w) and action.note == w  # the memory's words
     assert to_action(OBS, PolicyChoice(int(ActionType.TYPE), word=5)).text == ""
 
 
 def test_to_action_swipe_and_keys():
     for d in SwipeDirection:
         action = to_action(OBS, PolicyChoice(int(ActionType.SWIPE), element=1, word=1, direction=int(d)))
-        assert action == Action(ActionType.SWIPE, direction=d)
+        assert action == Action(ActionType.SWIPE, direction=d) and action.note == d.name.lower()
     for kind in (
         ActionType.PRESS_BACK,
         ActionType.PRESS_HOME,
@@ -293,3 +294,33 @@ def test_policy_runner_samples_valid_actions_with_their_log_probs(net):
     logits, _ = apply(params, f)
     choice = {k: np.array([c[k] for c in choices], np.int32) for k in distribution.CHOICE_KEYS}
     np.testing.assert_allclose(logp, np.asarray(distribution.log_prob(logits, choice)), rtol=1e-5, atol=1e-5)
+
+
+def test_memory_is_read_and_its_masked_slots_are_not():
+    """With ModelConfig.history the remembered actions change the outputs (the memory is read), what sits
+    in unused memory slots does not, and without a memory the network has no parameters for one."""
+    import dataclasses
+
+    cfg = dataclasses.replace(CFG, history=3)
+    spec = featurize.feature_spec(cfg)
+    graphdef, params = model.create(cfg, 0)
+    apply = jax.jit(lambda p, f: model.apply(graphdef, p, f))
+    rng = np.random.default_rng(4)
+    f = random_features(5)
+    f["hist_tokens"] = rng.integers(1, CFG.vocab_size, (N, *spec["hist_tokens"][0])).astype(np.int32)
+    f["hist_feats"] = rng.random((N, *spec["hist_feats"][0])).astype(np.float32)
+    f["hist_mask"] = np.tile([True, True, False], (N, 1))
+    f["episode_step"] = np.full((N, 1), 0.25, np.float32)
+    _, value = to_np(apply(params, f))
+    hidden = {k: v.copy() for k, v in f.items()}
+    hidden["hist_tokens"][:, 2] = rng.integers(1, CFG.vocab_size, (N, CFG.max_element_tokens))
+    hidden["hist_feats"][:, 2] += 7.0
+    np.testing.assert_allclose(to_np(apply(params, hidden))[1], value, rtol=1e-5, atol=1e-5)
+    remembered = {k: v.copy() for k, v in f.items()}
+    remembered["hist_tokens"][:, 0] = rng.integers(1, CFG.vocab_size, (N, CFG.max_element_tokens))
+    assert not np.allclose(to_np(apply(params, remembered))[1], value, atol=1e-4)
+    steps = {**f, "episode_step": np.full((N, 1), 0.75, np.float32)}
+    assert not np.allclose(to_np(apply(params, steps))[1], value, atol=1e-4)
+    without = set(model.params_to_flat(model.create(CFG, 0)[1]))
+    assert not any(name.startswith(("hist_feat", "step_feat")) for name in without)
+    assert {"hist_feat/kernel", "step_feat/kernel"} <= set(model.params_to_flat(params))

@@ -5,6 +5,7 @@ a factorized action distribution (common/distribution.py) and optional frozen or
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Sequence
 from typing import Any
 
@@ -29,7 +30,7 @@ class PointerPolicy:
         return featurize.episode_spec(self.cfg, text_encoder.vocab_size(self.cfg))
 
     def featurize(self, obs: Observation, history: Sequence[Action] = ()) -> dict[str, np.ndarray]:
-        return featurize.featurize(obs, self.cfg)
+        return featurize.featurize(obs, self.cfg, history)
 
     @property
     def text(self) -> text_encoder.TextEmbedder | None:
@@ -87,20 +88,23 @@ class PointerPolicy:
         return Evaluation(logp, entropy, values, jax.lax.stop_gradient(ratio_logp))
 
     def to_action(self, obs: Observation, choice: dict[str, Any]) -> Action:
-        """A tap at the chosen element's centre, the chosen instruction word typed, a swipe, or a key."""
+        """A tap at the chosen element's centre, the chosen instruction word typed, a swipe, or a key; its
+        note says what it aimed at (the element's label, the word, the direction), which the policy's
+        memory reads (ModelConfig.history)."""
         kind = ActionType(int(choice["action_type"]))
         if kind == ActionType.TAP:
             elements = obs.elements[: self.cfg.max_elements]
             element = int(choice["element"])
-            return (
-                Action.tap_element(elements[element], obs.screen_size)
-                if element < len(elements)
-                else Action.tap(0.5, 0.5)
-            )
+            if element >= len(elements):
+                return Action.tap(0.5, 0.5)
+            tap = Action.tap_element(elements[element], obs.screen_size)
+            return dataclasses.replace(tap, note=elements[element].label)
         if kind == ActionType.TYPE:
             words = featurize.instruction_words(obs.instruction, self.cfg)
             word = int(choice["word"])
-            return Action(kind, text=words[word] if word < len(words) else "")
+            text = words[word] if word < len(words) else ""
+            return Action(kind, text=text, note=text)
         if kind == ActionType.SWIPE:
-            return Action(kind, direction=SwipeDirection(int(choice["direction"])))
+            direction = SwipeDirection(int(choice["direction"]))
+            return Action(kind, direction=direction, note=direction.name.lower())
         return Action(kind)
