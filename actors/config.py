@@ -51,6 +51,10 @@ class ActorConfig:
     folder of them. With --backend adb the default "general" means "stock"."""
     split: str = "train"
     """Split to draw tasks from: train, test, dev or validation (actors/envs/simphone/tasks.py SPLITS)."""
+    compose_rate: float = 0.0
+    """SimPhone: chance that an episode's task composes two training tasks ("A and B", "A, then B" from
+    templates with independent success predicates; actors/envs/simphone/compose.py), so the policy learns
+    to carry on after a subgoal; train and dev splits only. 0 = never."""
     num_envs: int = 16
     """Environments stepped together; inference runs on all of them in one batched, jitted call
     (--backend adb: one environment per device instead)."""
@@ -120,6 +124,12 @@ class ActorConfig:
             value = getattr(self, name)
             if not (value >= 0 and math.isfinite(value)):
                 raise ValueError(f"{_flag(name)} must be >= 0, got {value}")
+        if not 0.0 <= self.compose_rate <= 1.0:
+            raise ValueError(f"--compose-rate must be in [0, 1], got {self.compose_rate}")
+        if self.compose_rate and (self.env != "simphone" or self.split not in ("train", "dev")):
+            raise ValueError(
+                "--compose-rate composes SimPhone training tasks: it needs --env simphone and --split train or dev"
+            )
 
 
 def _flag(name: str) -> str:

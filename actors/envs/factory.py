@@ -17,6 +17,7 @@ def make_env(
     split: str = "train",
     emulator: EmulatorModelConfig | None = None,
     index: int = 0,
+    compose_rate: float = 0.0,
 ) -> gym.Env:
     """One environment whose episodes end within `max_steps` (the learner's limit, from WELCOME),
     behind the emulator latency/fault model when `emulator.enabled`."""
@@ -27,7 +28,9 @@ def make_env(
     elif name == "simphone":
         from actors.envs.simphone.env import SimPhoneConfig, SimPhoneEnv
 
-        env = SimPhoneEnv(SimPhoneConfig(tasks=tasks, split=split, max_steps=max_steps))
+        env = SimPhoneEnv(
+            SimPhoneConfig(tasks=tasks, split=split, max_steps=max_steps, compose_rate=compose_rate)
+        )
     else:
         raise ValueError(f"unknown environment {name!r}; choose from {ENVS}")
     return maybe_wrap(env, emulator or EmulatorModelConfig(), index=index)
@@ -51,7 +54,10 @@ def build_envs(cfg, max_steps: int, log=print) -> tuple[list[gym.Env], bool]:
             return make_adb_envs(cfg.adb, cfg.tasks, cfg.split, max_steps, log), True
         except (DevicePoolError, TaskFileError, ValueError) as e:
             raise SystemExit(f"--backend adb: {e}") from e
-    envs = [make_env(cfg.env, max_steps, cfg.tasks, cfg.split, cfg.emulator, i) for i in range(cfg.num_envs)]
+    envs = [
+        make_env(cfg.env, max_steps, cfg.tasks, cfg.split, cfg.emulator, i, cfg.compose_rate)
+        for i in range(cfg.num_envs)
+    ]
     threaded = {"on": True, "off": False}.get(cfg.threads, cfg.emulator.enabled)
     return envs, threaded
 

@@ -14,6 +14,7 @@ from typing import Any
 import gymnasium as gym
 import numpy as np
 
+from actors.envs.simphone import compose
 from actors.envs.simphone import tasks as task_lib
 from actors.envs.simphone.apps import default_apps
 from actors.envs.simphone.phone import HEIGHT, WIDTH, SimPhone
@@ -41,6 +42,9 @@ class SimPhoneConfig:
     """(width, height) of the rendered RGB screenshot, or None for no screenshot."""
     max_steps: int = 0
     """Override every template's step limit (0 keeps the template's)."""
+    compose_rate: float = 0.0
+    """Chance that an episode's task is a composition of two training tasks ("A and B", compose.py); only
+    with the train and dev splits. 0 = never."""
 
 
 class SimPhoneEnv(gym.Env):
@@ -49,6 +53,12 @@ class SimPhoneEnv(gym.Env):
     def __init__(self, cfg: SimPhoneConfig = SimPhoneConfig(), templates: list | None = None):
         if cfg.success_on not in ("complete", "any_step"):
             raise ValueError(f"success_on must be 'complete' or 'any_step', got {cfg.success_on!r}")
+        if not 0.0 <= cfg.compose_rate <= 1.0:
+            raise ValueError(f"compose rate must be in [0, 1], got {cfg.compose_rate}")
+        if cfg.compose_rate and cfg.split not in compose.SPLITS:
+            raise ValueError(
+                f"only the {' and '.join(compose.SPLITS)} splits compose tasks, not {cfg.split!r}"
+            )
         self.cfg = cfg
         self.templates = templates if templates is not None else task_lib.load_templates(cfg.tasks)
         self.observation_space = ObservationSpace()
@@ -61,11 +71,19 @@ class SimPhoneEnv(gym.Env):
         super().reset(seed=seed)
         self.phone.rng = self.np_random
         self.phone.reset()
-        task = (options or {}).get("task") or task_lib.sample(self.templates, self.cfg.split, self.np_random)
+        task = (options or {}).get("task") or self._draw()
         task_lib.apply_setup(self.phone.state, task.setup)
         self.task = task
         self._steps = 0
         return self._observe(), {"task": task.template.id, "suite": task.template.suite}
+
+    def _draw(self) -> task_lib.Task:
+        """The next task of the split: a composition with probability compose_rate (no draw at 0, so the
+        task stream of a run without compositions is unchanged)."""
+        rng = self.np_random
+        if self.cfg.compose_rate and rng.random() < self.cfg.compose_rate:
+            return compose.sample_composed(self.templates, self.cfg.split, rng)
+        return task_lib.sample(self.templates, self.cfg.split, rng)
 
     def step(self, action: Action):
         assert self.task is not None, "call reset() first"

@@ -9,8 +9,10 @@ When the plan is done, the oracle answers `status_complete`.
 
 It recovers from actions it did not choose (the random ones of noisy demonstrations): a phrase typed
 wrong is selected again (tapping a field selects its text) and retyped, and a plan that finds itself
-on the home screen, or on a screen without its target and nothing to scroll, goes back to its last
-`open` step and carries on from there; when a reopened app shows a later step's target, it skips ahead.
+on the home screen, or on a screen without its target and nothing to scroll, goes up a page when the
+app offers one (an app reopened where it was left, below the page the step needs) and otherwise back to
+its last `open` step, and carries on from there; when a reopened app shows a later step's target, it
+skips ahead.
 `undo` takes back a decision that was replaced by another action.
 """
 
@@ -134,8 +136,12 @@ class Oracle:
             ):
                 self._goto(j)
                 return self._act(obs)
-        if not any(e.scrollable for e in els) and self._rewind():
-            return self._open(els, self.plan[self.index]["open"])
+        if not any(e.scrollable for e in els):
+            up = next((e for e in els if e.clickable and e.content_desc == "Navigate up"), None)
+            if up is not None:  # a page below the step's (an app reopened where it was left): go up
+                return _tap(up)
+            if self._rewind():
+                return self._open(els, self.plan[self.index]["open"])
         return self._scroll(els)
 
     def _open(self, els, app: str) -> Action:
