@@ -57,6 +57,10 @@ class ModelConfig:
     """sha256 of the encoder's model.safetensors (set when resolved): actors refuse a different copy."""
     max_instruction_pieces: int = 40
     """WordPiece tokens kept of the instruction, [CLS] and [SEP] included (with a text encoder)."""
+    raw_instruction: bool = False
+    """With a text encoder: it reads the instruction as written (punctuation and "'s" kept: the colon of
+    "Text Aiko: Running late") and its pieces are aligned to the hashed-word slots by character offsets.
+    Off: it reads the surface words the hashed tokenizer keeps."""
     max_element_pieces: int = 10
     """WordPiece tokens kept of each element label, [CLS] and [SEP] included (with a text encoder)."""
     backbone: str = "default"

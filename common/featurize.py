@@ -194,11 +194,16 @@ def _word_pieces(obs: Observation, elements, cfg: ModelConfig) -> dict[str, np.n
     from common.text_encoder import word_pieces
 
     pieces = word_pieces(cfg.text_encoder)
-    ids, slot = pieces.instruction(
-        tuple(tokenizer.surface_words(obs.instruction)),
-        cfg.max_instruction_pieces,
-        cfg.max_instruction_tokens,
-    )
+    if cfg.raw_instruction:
+        ids, slot = pieces.raw_instruction(
+            obs.instruction, cfg.max_instruction_pieces, cfg.max_instruction_tokens
+        )
+    else:
+        ids, slot = pieces.instruction(
+            tuple(tokenizer.surface_words(obs.instruction)),
+            cfg.max_instruction_pieces,
+            cfg.max_instruction_tokens,
+        )
     elem = np.zeros((cfg.max_elements, cfg.max_element_pieces), np.int32)
     for i, el in enumerate(elements):
         elem[i] = pieces.label(el.label, cfg.max_element_pieces)

@@ -35,6 +35,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
+from common import tokenizer
 from common.backbones import CheckpointError, bert
 from common.config import ModelConfig
 
@@ -153,6 +154,7 @@ class WordPieces:
             raise CheckpointError(f"{folder}/tokenizer.json: no [CLS] / [SEP] tokens (not a BERT tokenizer)")
         self._sep = sep
         self.instruction = functools.lru_cache(maxsize=8192)(self._instruction)
+        self.raw_instruction = functools.lru_cache(maxsize=8192)(self._raw_instruction)
         self.label = functools.lru_cache(maxsize=65536)(self._label)
 
     def _fit(self, ids: list[int], length: int) -> np.ndarray:
@@ -175,6 +177,22 @@ class WordPieces:
         for p, w in enumerate(word_ids):
             if w is not None and w < max_words:
                 slot[p] = w
+        return ids, slot
+
+    def _raw_instruction(self, text: str, length: int, max_words: int) -> tuple[np.ndarray, np.ndarray]:
+        """`_instruction` for the instruction as written (punctuation, "'s" and all): the encoder reads the
+        real text, and each piece gets the slot of the hashed word whose characters it falls in
+        (tokenizer.surface_spans; -1 for punctuation between words, specials and padding)."""
+        enc = self._tok.encode(text)
+        ids = self._fit(enc.ids, length)
+        spans = tokenizer.surface_spans(text)[:max_words]
+        slot = np.full(length, -1, np.int32)
+        kept = min(len(enc.ids), length) - (1 if len(enc.ids) > length else 0)  # the cut keeps [SEP] last
+        for p in range(kept):
+            start, end = enc.offsets[p]
+            if enc.special_tokens_mask[p] or end <= start:
+                continue
+            slot[p] = next((w for w, (a, b) in enumerate(spans) if a <= start < b), -1)
         return ids, slot
 
     def vocabulary(self) -> list[str]:

@@ -10,6 +10,7 @@ that also sees word-overlap features.
 
 from __future__ import annotations
 
+import re
 import zlib
 
 import numpy as np
@@ -18,16 +19,28 @@ PAD_ID = 0
 _PUNCTUATION = "\"'`.,;:!?()[]{}<>%*"
 
 
+def surface_spans(text: str) -> list[tuple[int, int]]:
+    """Where each word of `surface_words` sits in `text`: (start, end) character offsets, so that pieces
+    of a tokenizer that reads the raw text can be matched to word slots."""
+    out = []
+    for token in re.finditer(r"\S+", text):
+        start, end = token.span()
+        while start < end and text[start] in _PUNCTUATION:
+            start += 1
+        while end > start and text[end - 1] in _PUNCTUATION:
+            end -= 1
+        if text[start:end].lower().endswith("'s"):
+            end -= 2
+            while end > start and text[end - 1] in _PUNCTUATION:
+                end -= 1
+        if any(c.isalnum() for c in text[start:end]):
+            out.append((start, end))
+    return out
+
+
 def surface_words(text: str) -> list[str]:
     """The words of `text` as written (case kept): what the typed-text pointer can type."""
-    out = []
-    for raw in text.split():
-        word = raw.strip(_PUNCTUATION)
-        if word.lower().endswith("'s"):
-            word = word[:-2].strip(_PUNCTUATION)
-        if any(c.isalnum() for c in word):
-            out.append(word)
-    return out
+    return [text[start:end] for start, end in surface_spans(text)]
 
 
 def words(text: str) -> list[str]:

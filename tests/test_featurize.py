@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import os
 import string
 import subprocess
@@ -105,6 +106,14 @@ def test_encode_pads_and_truncates():
     assert mask.all()
     ids, mask = tokenizer.encode("!!", 4, V)
     assert (ids == tokenizer.PAD_ID).all() and not mask.any()
+
+
+@PROPS
+@given(text=st.text(alphabet=st.sampled_from("ab1 's:\"().,-%S"), max_size=40))
+def test_surface_spans_locate_the_reference_words(text):
+    spans = tokenizer.surface_spans(text)
+    assert [text[a:b].lower() for a, b in spans] == words_ref(text)
+    assert all(a < b <= c for (a, b), (c, _) in itertools.pairwise(spans))
 
 
 @PROPS

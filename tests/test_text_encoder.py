@@ -111,6 +111,29 @@ def test_word_pieces_keep_sep_and_map_pieces_to_word_slots(tiny):
     assert pieces.label("", 5).tolist() == [0] * 5  # an empty label has no tokens at all
 
 
+def test_the_raw_instruction_keeps_its_punctuation_and_aligns_pieces_by_characters(tiny):
+    """--model.raw-instruction: the encoder reads the text as written; a piece's slot is the hashed word
+    whose characters it falls in (tokenizer.surface_spans), punctuation between words has none."""
+    pieces = text_encoder.WordPieces(tiny)
+    cls, sep, unk = VOCAB["[CLS]"], VOCAB["[SEP]"], VOCAB["[UNK]"]
+    ids, slot = pieces.raw_instruction("Turn on Wi-Fi: networks", 12, 4)
+    want = [cls, VOCAB["turn"], VOCAB["on"], VOCAB["wi"], VOCAB["-"], VOCAB["fi"], unk, VOCAB["network"],
+            VOCAB["##s"], sep]  # fmt: skip
+    assert ids[:10].tolist() == want and not ids[10:].any()  # the colon is read ([UNK] in this vocabulary)
+    assert slot[:10].tolist() == [-1, 0, 1, 2, 2, 2, -1, 3, 3, -1]
+    words, _ = pieces.instruction(("Turn", "on", "Wi-Fi", "networks"), 12, 4)
+    assert unk not in words.tolist()  # the surface words lose it
+    short, short_slot = pieces.raw_instruction("Turn on Wi-Fi: networks", 5, 4)
+    assert short.tolist() == [cls, VOCAB["turn"], VOCAB["on"], VOCAB["wi"], sep]  # cut, [SEP] kept
+    assert short_slot.tolist() == [-1, 0, 1, 2, -1]
+    cfg = dataclasses.replace(model_config(tiny), raw_instruction=True)
+    obs = Observation("Turn on Wi-Fi: networks", ())
+    np.testing.assert_array_equal(
+        featurize.featurize(obs, cfg)["instr_wp"],
+        pieces.raw_instruction(obs.instruction, cfg.max_instruction_pieces, cfg.max_instruction_tokens)[0],
+    )
+
+
 def test_embeddings_match_the_numpy_reference(tiny):
     cfg = model_config(tiny)
     obs = observation("Turn on the Wi-Fi", ["Wi-Fi", "Notes"])
