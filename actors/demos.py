@@ -84,8 +84,10 @@ class Inexpressible(Exception):
     """The oracle did something the policy's action space cannot represent."""
 
 
-def _choices(obs: Observation, action: Action, cfg: ModelConfig) -> list[PolicyChoice]:
-    """The policy choices that perform `action` (several for a phrase typed word by word)."""
+def _choices(obs: Observation, action: Action, cfg: ModelConfig, phrase: str = "") -> list[PolicyChoice]:
+    """The policy choices that perform `action` (several for a phrase typed word by word). With spans
+    (ModelConfig.span_words > 1) and the rest of the oracle's phrase (`phrase`, starting with the word it
+    types) found as consecutive instruction words, the phrase in spans of up to span_words words."""
     kind = int(action.type)
     if action.type == ActionType.TAP:
         point = (round(action.x * obs.screen_size[0]), round(action.y * obs.screen_size[1]))
@@ -95,33 +97,53 @@ def _choices(obs: Observation, action: Action, cfg: ModelConfig) -> list[PolicyC
         raise Inexpressible("tap target beyond max_elements")
     if action.type == ActionType.TYPE:
         words = featurize.instruction_words(obs.instruction, cfg)
+        spans = _phrase_spans(words, phrase.split(), action.text, cfg)
+        if spans:
+            return [PolicyChoice(kind, word=featurize.span_choice(first, n, cfg)) for first, n in spans]
         out = []
         for w in action.text.split():
             if w not in words:
                 raise Inexpressible(f"typed word {w!r} is not an instruction word")
-            out.append(PolicyChoice(kind, word=words.index(w)))
+            out.append(PolicyChoice(kind, word=featurize.span_choice(words.index(w), 1, cfg)))
         return out
     if action.type == ActionType.SWIPE:
         return [PolicyChoice(kind, direction=int(action.direction))]
     return [PolicyChoice(kind)]
 
 
-def _random_choice(rng: np.random.Generator, n_elements: int, n_words: int) -> PolicyChoice:
-    return PolicyChoice(
-        int(rng.integers(NUM_ACTION_TYPES)),
-        element=int(rng.integers(max(n_elements, 1))),
-        word=int(rng.integers(max(n_words, 1))),
-        direction=int(rng.integers(NUM_SWIPE_DIRECTIONS)),
-    )
+def _phrase_spans(words: list[str], phrase: list[str], typed: str, cfg: ModelConfig) -> list[tuple[int, int]]:
+    """(first word, count) spans of at most span_words that type `phrase` (which starts with `typed`),
+    where it stands as consecutive instruction words; [] without spans or when it does not."""
+    if cfg.span_words == 1 or not phrase or phrase[0] != typed:
+        return []
+    n = len(phrase)
+    first = next((i for i in range(len(words) - n + 1) if words[i : i + n] == phrase), None)
+    if first is None:
+        return []
+    return [(i, min(cfg.span_words, first + n - i)) for i in range(first, first + n, cfg.span_words)]
 
 
-def _random_prob(c: PolicyChoice, n_elements: int, n_words: int) -> float:
+def _random_choice(rng: np.random.Generator, n_elements: int, n_words: int, cfg: ModelConfig) -> PolicyChoice:
+    """A uniformly random action of the policy's action space: type, then its argument (a typed-text
+    choice uniform over the spans inside the instruction)."""
+    spans = [
+        featurize.span_choice(i, k, cfg)
+        for i in range(n_words)
+        for k in range(1, min(cfg.span_words, n_words - i) + 1)
+    ]
+    kind, element = int(rng.integers(NUM_ACTION_TYPES)), int(rng.integers(max(n_elements, 1)))
+    word = int(rng.integers(max(len(spans), 1)))  # one draw either way: the same stream as word-by-word
+    direction = int(rng.integers(NUM_SWIPE_DIRECTIONS))
+    return PolicyChoice(kind, element=element, word=spans[word] if spans else 0, direction=direction)
+
+
+def _random_prob(c: PolicyChoice, n_elements: int, n_words: int, cfg: ModelConfig) -> float:
     """Probability of choice `c` under the uniform random action of the policy's action space."""
     p = 1.0 / NUM_ACTION_TYPES
     if c.action_type == ActionType.TAP:
         p /= max(n_elements, 1)
     elif c.action_type == ActionType.TYPE:
-        p /= max(n_words, 1)
+        p /= max(featurize.valid_spans(n_words, cfg), 1)
     elif c.action_type == ActionType.SWIPE:
         p /= NUM_SWIPE_DIRECTIONS
     return p
@@ -153,16 +175,16 @@ def record_episode(
         n_el = min(len(obs.elements), cfg.max_elements)
         n_words = len(featurize.instruction_words(obs.instruction, cfg))
         if not pending:
-            pending = _choices(obs, oracle.act(obs), cfg)
+            pending = _choices(obs, oracle.act(obs), cfg, oracle.phrase)
         expert = pending[0]
         if rng.random() < noise:
-            choice = _random_choice(rng, n_el, n_words)
+            choice = _random_choice(rng, n_el, n_words, cfg)
             if not _same(choice, expert):
                 oracle.undo()  # its action was not taken: it re-plans from whatever the random one did
             pending = []
         else:
             choice = pending.pop(0)
-        p = (1 - noise) * _same(choice, expert) + noise * _random_prob(choice, n_el, n_words)
+        p = (1 - noise) * _same(choice, expert) + noise * _random_prob(choice, n_el, n_words, cfg)
         features = policy.featurize(obs, episode.actions)
         action = policy.to_action(obs, dataclasses.asdict(choice))
         obs, reward, terminated, truncated, info = env.step(action)

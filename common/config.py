@@ -27,6 +27,10 @@ class ModelConfig:
     """UI elements kept per screen, in tree order; the tap pointer chooses among them."""
     max_element_tokens: int = 6
     """Words kept per element label (and per remembered action, with `history`)."""
+    span_words: int = 1
+    """Longest text the pointer policy types in one action, in consecutive instruction words: 1 types
+    one word per action (a phrase word by word); more makes its typed-text choice a span (its start and
+    length in one categorical, common/featurize.py), so a phrase is one action."""
     history: int = 0
     """The pointer policy's memory: the episode's last this many actions it reads (what each aimed at,
     its kind and age, and the step count; common/featurize.py); 0 = the current screen only."""
@@ -142,6 +146,8 @@ class ModelConfig:
             raise ValueError(f"--model.lm-history must be >= 0, got {self.lm_history}")
         if self.history < 0:
             raise ValueError(f"--model.history must be >= 0, got {self.history}")
+        if self.span_words < 1:
+            raise ValueError(f"--model.span-words must be >= 1, got {self.span_words}")
 
 
 def _flag(name: str) -> str:

@@ -1,8 +1,9 @@
 """The factorized action distribution of the default policy, with exact log-probs and entropy.
 
 An action is drawn hierarchically: first the type (tap, swipe, type, back, home, enter, complete),
-then only the argument that type needs: an element for tap, an instruction word for type, a
-direction for swipe. So
+then only the argument that type needs: an element for tap, an instruction word for type (or, with
+ModelConfig.span_words > 1, a span of words: one categorical over (first word, length), common/model.py),
+a direction for swipe. So
     log pi(a) = log p(type) + [tap] log p(element) + [type] log p(word) + [swipe] log p(direction)
     H(pi)     = H(type) + p(tap) H(element) + p(type) H(word) + p(swipe) H(direction)
 which is the exact entropy of the joint distribution over complete actions (chain rule of entropy).

@@ -96,7 +96,7 @@ def episode_spec(cfg: ModelConfig, text_vocab_size: int) -> EpisodeSpec:
     choices = {
         "action_type": ("<i4", NUM_ACTION_TYPES),
         "element": ("<i4", elements),
-        "word": ("<i4", words),
+        "word": ("<i4", words * cfg.span_words),
         "direction": ("<i4", NUM_SWIPE_DIRECTIONS),
     }
     return EpisodeSpec(dict(features), choices, ids)
@@ -118,6 +118,25 @@ def input_spec(cfg: ModelConfig) -> dict[str, tuple[tuple[int, ...], str]]:
 def instruction_words(instruction: str, cfg: ModelConfig) -> list[str]:
     """The words (as written) the typed-text pointer indexes into."""
     return tokenizer.surface_words(instruction)[: cfg.max_instruction_tokens]
+
+
+def span_of(choice: int, cfg: ModelConfig) -> tuple[int, int]:
+    """The typed-text choice as (first word, number of words): choice = first * span_words + words - 1
+    (with span_words 1, the word itself)."""
+    first, extra = divmod(int(choice), cfg.span_words)
+    return first, extra + 1
+
+
+def span_choice(first: int, count: int, cfg: ModelConfig) -> int:
+    """Inverse of span_of."""
+    if not 1 <= count <= cfg.span_words:
+        raise ValueError(f"a span of {count} words; this policy types 1 to {cfg.span_words}")
+    return first * cfg.span_words + count - 1
+
+
+def valid_spans(n_words: int, cfg: ModelConfig) -> int:
+    """How many typed-text choices an instruction of n_words words allows (spans inside it)."""
+    return sum(min(cfg.span_words, n_words - i) for i in range(n_words))
 
 
 def featurize(obs: Observation, cfg: ModelConfig, history: Sequence[Action] = ()) -> dict[str, np.ndarray]:

@@ -63,6 +63,8 @@ class PhonePolicy(nnx.Module):
         self.word_pointer = nnx.Linear(d, 1, rngs=rngs)
         if cfg.uses_text_encoder:
             self.text = TextInputs(cfg, rngs)
+        if cfg.span_words > 1:
+            self.word_end_pointer = nnx.Linear(d, 1, rngs=rngs)
         if cfg.history:
             self.hist_feat = nnx.Linear(NUM_HISTORY_FEATURES, d, rngs=rngs)
             self.step_feat = nnx.Linear(1, d, rngs=rngs)
@@ -94,15 +96,31 @@ class PhonePolicy(nnx.Module):
             x = block(x, attn_mask)
         x = self.norm(x)
         head = x[:, 0]
-        word_logits = self.word_pointer(x[:, 1 : 1 + li])[..., 0]
+        word_logits, word_mask = self._typed_text(x[:, 1 : 1 + li], f["instr_mask"])
         elem_logits = self.element_pointer(x[:, 1 + li : 1 + li + self.cfg.max_elements])[..., 0]
         logits = {
             "type": self.type_head(head),
             "element": _mask_logits(elem_logits, f["elem_mask"]),
-            "word": _mask_logits(word_logits, f["instr_mask"]),
+            "word": _mask_logits(word_logits, word_mask),
             "direction": self.direction_head(head),
         }
         return logits, self.value_head(head)[..., 0]
+
+    def _typed_text(self, words: jax.Array, mask: jax.Array) -> tuple[jax.Array, jax.Array]:
+        """Logits and mask of the typed-text choice from the word tokens [B, Li, d]: one per word, or with
+        span_words S > 1 one per (first word i, length l + 1) at i * S + l: a start score of word i plus
+        an end score of word i + l, valid while both are real words."""
+        start = self.word_pointer(words)[..., 0]
+        s = self.cfg.span_words
+        if s == 1:
+            return start, mask
+        li = start.shape[-1]
+        end = jnp.pad(self.word_end_pointer(words)[..., 0], ((0, 0), (0, s - 1)))
+        ok = jnp.pad(mask, ((0, 0), (0, s - 1)))
+        ahead = jnp.arange(li)[:, None] + jnp.arange(s)[None, :]  # [Li, S]: the span's last word
+        logits = start[:, :, None] + end[:, ahead]
+        valid = mask[:, :, None] & ok[:, ahead]
+        return logits.reshape(-1, li * s), valid.reshape(-1, li * s)
 
 
 class TextInputs(nnx.Module):

@@ -101,8 +101,8 @@ class PointerPolicy:
             return dataclasses.replace(tap, note=elements[element].label)
         if kind == ActionType.TYPE:
             words = featurize.instruction_words(obs.instruction, self.cfg)
-            word = int(choice["word"])
-            text = words[word] if word < len(words) else ""
+            first, count = featurize.span_of(choice["word"], self.cfg)
+            text = " ".join(words[first : first + count]) if first + count <= len(words) else ""
             return Action(kind, text=text, note=text)
         if kind == ActionType.SWIPE:
             direction = SwipeDirection(int(choice["direction"]))
