@@ -25,6 +25,8 @@ BENCHMARKS = {
     "ray_launch": "benchmarks.ray_launch",
     "lm_agent": "benchmarks.lm_agent",
     "inference": "benchmarks.inference",
+    "generalization": "benchmarks.generalization",
+    "generalization_final": "benchmarks.generalization_final",
 }
 
 

@@ -1,0 +1,112 @@
+"""Issue 34's protocol for the pointer policy's generalization features, decided on validation only.
+
+`python -m benchmarks generalization`: for each variant and seed, the README's default run
+(`python -m learner`, 2 local actors, MiniLM) for RUN_S seconds trained on `--split dev` (the training
+templates without the six validation ones, docs/SIMPHONE.md "Splits"), then its final checkpoint
+evaluated greedily (`python -m learner eval`) on `validation` (new phrasings of trained capabilities
+and a composed task: 50 episodes per template) and on `dev`. The test split and the held-out templates
+are not touched here: `python -m benchmarks generalization_final --learner-args='FLAGS'` trains the
+chosen flags on `train` and measures `test` (400 episodes) with its nine held-out templates, per
+template, for the final numbers only.
+
+Each cell's results are kept under OUT/VARIANT/seedS/ (the run dir and eval JSON): a rerun skips finished
+cells, so the hours this takes can be spread over sessions. `--learner-args` replaces the variants by
+one of its own ("custom"). `--quick`: one seed, two variants, 90 s runs, 10 episodes per template.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+
+from benchmarks.collection import ROOT, run_learner
+
+VARIANTS: dict[str, tuple[str, ...]] = {
+    "baseline": (),
+    "memory": ("--model.history", "4"),
+    "compose": ("--local-actor-args=--compose-rate 0.3",),
+    "span": ("--model.span-words", "4"),
+    "raw_text": ("--model.raw-instruction",),
+    "rename": ("--word-rename-rate", "0.3"),
+    "all": ("--model.history", "4", "--model.span-words", "4", "--model.raw-instruction",
+            "--word-rename-rate", "0.3", "--local-actor-args=--compose-rate 0.3"),
+}  # fmt: skip
+"""What is compared, each against `baseline` (the default run); "all" combines them."""
+SEEDS = (0, 1, 2)
+RUN_S = 900
+EPISODES_PER_TEMPLATE = 50
+VALIDATION_TEMPLATES = 6
+DEV_TEMPLATES = 32
+HELD_OUT = (
+    "settings.wifi_and_bluetooth", "clock.enable_alarm", "messages.text", "browser.open_site_www",
+    "browser.incognito_search", "notes.remember", "app.launch", "settings.dark_mode_night",
+    "clock.delete_label_check",
+)  # fmt: skip
+"""general's nine held-out templates (split "test"), reported per template in the final stage only."""
+OUT = ROOT / "runs" / "generalization"
+
+
+def _learner(run_dir: Path, split: str, seed: int, seconds: int, flags: tuple[str, ...]) -> None:
+    cmd = [sys.executable, "-m", "learner", "--run-dir", str(run_dir), "--ingest-port", "0", "--params-port", "0",
+           "--split", split, "--seed", str(seed), "--time-limit", str(seconds), "--local-actors", "2",
+           "--console", "lines", "--no-tensorboard", *flags]  # fmt: skip
+    run_learner(cmd, run_dir, seconds + 900)
+
+
+def _evaluate(run_dir: Path, split: str, episodes: int, out: Path) -> dict:
+    if not out.is_file():
+        cmd = [sys.executable, "-m", "learner", "eval", "--checkpoint", str(run_dir), "--split", split,
+               "--episodes", str(episodes), "--json", str(out)]  # fmt: skip
+        done = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=7200)
+        if done.returncode != 0:
+            raise RuntimeError(
+                f"eval failed ({done.returncode}):\n{done.stdout[-2000:]}\n{done.stderr[-2000:]}"
+            )
+    return json.loads(out.read_text())
+
+
+def cell(out: Path, variant: str, flags: tuple[str, ...], seed: int, seconds: int, per_template: int,
+         train_split: str, eval_splits: dict[str, int]) -> dict:  # fmt: skip
+    """Train one (variant, seed) once and evaluate it on each split of `eval_splits` (split -> templates);
+    what is already on disk is reused."""
+    folder = out / variant / f"seed{seed}"
+    run_dir = folder / "run"
+    if not (run_dir / "checkpoints").is_dir() or not any((run_dir / "checkpoints").iterdir()):
+        _learner(run_dir, train_split, seed, seconds, flags)
+    row: dict = {"variant": variant, "seed": seed}
+    for split, templates in eval_splits.items():
+        report = _evaluate(run_dir, split, per_template * templates, folder / f"{split}.json")
+        row[split] = report["success"]
+        row[f"{split}_min_template"] = min(report["per_template"].values())
+        row[f"{split}_per_template"] = report["per_template"]
+    return row
+
+
+def summarize(rows: list[dict], splits: tuple[str, ...]) -> dict:
+    """Per variant and split: the mean over seeds and the range."""
+    out: dict = {}
+    for variant in dict.fromkeys(r["variant"] for r in rows):
+        for split in splits:
+            values = [r[split] for r in rows if r["variant"] == variant]
+            out[f"{variant}/{split}"] = f"{np.mean(values):.3f} [{min(values):.3f}, {max(values):.3f}]"
+    return out
+
+
+def run(quick: bool, extra: tuple[str, ...] = ()) -> tuple[list[dict], dict]:
+    variants = {"custom": extra} if extra else VARIANTS
+    if quick:
+        variants = dict(list(variants.items())[:2])
+    seeds, seconds, per = ((0,), 90, 10) if quick else (SEEDS, RUN_S, EPISODES_PER_TEMPLATE)
+    out = OUT / ("quick" if quick else "full")
+    splits = {"validation": VALIDATION_TEMPLATES, "dev": DEV_TEMPLATES}
+    rows = [
+        cell(out, name, flags, seed, seconds, per, "dev", splits)
+        for name, flags in variants.items()
+        for seed in seeds
+    ]
+    table = [{k: v for k, v in r.items() if not k.endswith("_per_template")} for r in rows]
+    return table, {"out_dir": str(out), **summarize(rows, tuple(splits))}

@@ -1,0 +1,36 @@
+"""Issue 34's final numbers: `python -m benchmarks generalization_final --learner-args='FLAGS'` trains the
+flags chosen on validation (benchmarks/generalization.py) on `train`, three seeds of the 15-minute run,
+and measures `general`/test greedily (about 50 episodes per template: 2,350 per seed, drawn uniformly
+over the templates) and its nine held-out templates per template.
+Run it once the choice is made; the results say nothing that may feed back into the choice.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from benchmarks.generalization import EPISODES_PER_TEMPLATE, HELD_OUT, OUT, RUN_S, SEEDS, cell
+
+TEST_TEMPLATES = 47
+
+
+def run(quick: bool, extra: tuple[str, ...] = ()) -> tuple[list[dict], dict]:
+    seeds, seconds = ((0,), 90) if quick else (SEEDS, RUN_S)
+    out = OUT / ("final-quick" if quick else "final")
+    per = 2 if quick else EPISODES_PER_TEMPLATE
+    rows = []
+    for seed in seeds:
+        row = cell(out, "chosen", extra, seed, seconds, per, "train", {"test": TEST_TEMPLATES})
+        per_template = row.pop("test_per_template")
+        held = [per_template.get(t, float("nan")) for t in HELD_OUT]
+        row["held_out_mean"] = float(np.nanmean(held))
+        row["held_out_at_zero"] = sum(v == 0 for v in held)
+        row.update({f"held/{t}": per_template.get(t) for t in HELD_OUT})
+        rows.append(row)
+    summary = {
+        "learner_args": " ".join(extra),
+        "test": f"{np.mean([r['test'] for r in rows]):.3f} [{min(r['test'] for r in rows):.3f}, "
+        f"{max(r['test'] for r in rows):.3f}]",
+        "held_out_mean": f"{np.mean([r['held_out_mean'] for r in rows]):.3f}",
+    }
+    return rows, summary
