@@ -136,7 +136,7 @@ def test_learner_and_actors_train_on_their_nodes_and_a_killed_actor_restarts(clu
     t0 = time.monotonic()
     launcher = Launcher(
         *("--address", c.address, "--actors", "2", "--learner-resources", "learner=1"),
-        *("--run-dir", str(tmp_path / "run"), "--max-restarts", "2", "--stop-grace", "20"),
+        *("--run-dir", str(tmp_path / "run"), "--max-restarts", "2", "--stop-grace", "60"),
         f"--learner-args={LEARNER_ARGS}",
         f"--actor-args={ACTOR_ARGS}",
     )

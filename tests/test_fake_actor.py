@@ -72,6 +72,8 @@ LM_FIELDS = {
     "lm_constrained": bool,
 }
 """The `lm` family's fields (common/config.py), sent whatever the family."""
+POINTER_OPTION_FIELDS = {"history": int, "span_words": int, "raw_instruction": bool}
+"""The pointer family's generalization options (docs/PROTOCOL.md §4)."""
 CONTRACT_FIELDS = {
     "wall": (int, float),
     "update": int,
@@ -387,13 +389,16 @@ def test_handshake_welcome_carries_run_and_model_and_is_bound_to_the_connection(
     assert welcome["max_steps"] == 5
     assert welcome["policy_version"] == 0  # version 0 is published before any actor is served
     model = welcome["model"]
-    assert set(model) == MODEL_FIELDS | set(TEXT_ENCODER_FIELDS) | set(LM_FIELDS) | {"kind"}
+    assert set(model) == MODEL_FIELDS | set(TEXT_ENCODER_FIELDS) | set(LM_FIELDS) | set(
+        POINTER_OPTION_FIELDS
+    ) | {"kind"}
     assert model["kind"] == "pointer"  # the policy family the episodes are featurized for
     assert model["max_elements"] == 7 and model["vocab_size"] == 321
     assert model["max_instruction_tokens"] == 16 and model["max_element_tokens"] == 6
     assert all(isinstance(model[k], int) and model[k] > 0 for k in MODEL_FIELDS)
     assert all(isinstance(model[k], t) for k, t in TEXT_ENCODER_FIELDS.items())
     assert all(isinstance(model[k], t) for k, t in LM_FIELDS.items())
+    assert all(type(model[k]) is t for k, t in POINTER_OPTION_FIELDS.items())
     assert (model["text_encoder"], model["text_dim"], model["text_encoder_sha256"]) == ("none", 0, "")
 
     other = b.hello()
