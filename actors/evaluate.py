@@ -9,6 +9,8 @@ its parameters are swapped, which on a small CPU saves the JAX start-up and comp
 from __future__ import annotations
 
 import json
+import sys
+import time
 from collections import defaultdict
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -77,7 +79,34 @@ def start(cfg: EvalRunConfig, runner: PolicyRunner, split: str) -> Setup:
     return Setup(runner, envs, [env.reset(seed=next(seeds))[0] for env in envs], seeds)
 
 
-def run_episodes(cfg: EvalRunConfig, setup: Setup) -> list[dict]:
+PROGRESS_S = 30.0
+"""Seconds between progress lines on stderr (a 200-episode run of a decoder takes an hour on a CPU)."""
+
+
+class Progress:
+    """Progress lines on stderr, `eval: DONE/TOTAL episodes, success S, T s per episode`: every PROGRESS_S
+    seconds and once at the end (the learner's `eval` passes them through)."""
+
+    def __init__(self, total: int, label: str):
+        self.total, self.label = total, label
+        self.start = self.last = time.monotonic()
+
+    def update(self, done: list[dict], final: bool = False) -> None:
+        now = time.monotonic()
+        if not final and now - self.last < PROGRESS_S:
+            return
+        self.last = now
+        n = len(done)
+        success = sum(ep["success"] for ep in done) / n if n else 0.0
+        pace = f", {(now - self.start) / n:.1f} s per episode" if n else ""
+        print(
+            f"eval: {self.label}{n}/{self.total} episodes, success {success:.2f}{pace}",
+            file=sys.stderr,
+            flush=True,
+        )
+
+
+def run_episodes(cfg: EvalRunConfig, setup: Setup, label: str = "") -> list[dict]:
     """Greedy episodes in the order they end: an environment whose episode ended resets with the next
     seed of one stream, and every step is one batched policy call over the environments still running
     (so results depend only on the parameters, the seed and the task set)."""
@@ -87,7 +116,9 @@ def run_episodes(cfg: EvalRunConfig, setup: Setup) -> list[dict]:
     done: list[dict] = []
     started = len(envs)
     active = [*range(len(envs))]
+    progress = Progress(cfg.episodes, label)
     while active:
+        progress.update(done)
         features = [runner.featurize(obs[i], history[i]) for i in active]
         choices = runner.act(stack(features)).choices
         still = []
@@ -106,6 +137,7 @@ def run_episodes(cfg: EvalRunConfig, setup: Setup) -> list[dict]:
                 obs[i], history[i], prompt_tokens[i] = envs[i].reset(seed=next(setup.seeds))[0], [], 0
                 still.append(i)
         active = still
+    progress.update(done, final=True)
     return done
 
 
@@ -176,7 +208,9 @@ def evaluate_all(cfg: EvalRunConfig, runner: PolicyRunner) -> list[dict]:
         except ValueError as e:
             raise SystemExit(f"{path}: {e}") from None
         for split in cfg.split:
-            results.append(summarize(path, split, version, run_episodes(cfg, start(cfg, runner, split))))
+            label = f"{path.name} {split}: " if len(cfg.params) * len(cfg.split) > 1 else ""
+            episodes = run_episodes(cfg, start(cfg, runner, split), label)
+            results.append(summarize(path, split, version, episodes))
     return results
 
 

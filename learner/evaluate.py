@@ -129,10 +129,27 @@ def run_episodes(
         ]  # fmt: skip
         env = {**os.environ}
         env.setdefault("JAX_PLATFORMS", "cpu")  # actors infer on the CPU (the learner may hold the GPU)
-        done = subprocess.run(cmd, capture_output=True, text=True, env=env)
+        done = _run_showing_progress(cmd, env, Path(tmp) / "stdout.txt")
         if done.returncode != 0:
             raise SystemExit(f"eval: {_failure(done)}")
         return json.loads(out.read_text())["episodes"]
+
+
+def _run_showing_progress(cmd: list[str], env: dict, stdout: Path) -> subprocess.CompletedProcess:
+    """Run the evaluator, passing its progress lines (`eval: ...`) through to stderr as they come; its
+    whole output is kept for an error message."""
+    lines = []
+    with (
+        stdout.open("w+") as out,
+        subprocess.Popen(cmd, stdout=out, stderr=subprocess.PIPE, text=True, env=env) as proc,
+    ):
+        for line in proc.stderr:
+            lines.append(line)
+            if line.startswith("eval: ") and " episodes, success " in line:
+                print(line.rstrip(), file=sys.stderr, flush=True)
+        proc.wait()
+        out.seek(0)
+        return subprocess.CompletedProcess(cmd, proc.returncode, out.read(), "".join(lines))
 
 
 def _failure(done: subprocess.CompletedProcess) -> str:

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -47,11 +48,15 @@ def _in_process(cfg: EvalConfig, params) -> list[dict]:
     return actor_eval.run_episodes(run, actor_eval.start(run, runner, cfg.split))
 
 
-def test_eval_reports_every_episode_per_template(tmp_path):
+def test_eval_reports_every_episode_per_template(tmp_path, capsys):
     _checkpoint(tmp_path / "run" / "checkpoints")
     out = tmp_path / "eval.json"
     report = evaluate(
         EvalConfig(checkpoint=tmp_path / "run", tasks="webshop", episodes=24, num_envs=5, json=out)
+    )
+    # The evaluator's progress reaches the user as it runs (here only the final line: it takes seconds).
+    assert re.search(
+        r"^eval: 24/24 episodes, success [\d.]+, [\d.]+ s per episode$", capsys.readouterr().err, re.M
     )
     assert report["episodes"] == 24 == sum(report["episodes_per_template"].values())
     assert report["update"] == 7 and report["policy_version"] == 3 and report["split"] == "test"
@@ -201,3 +206,18 @@ def test_the_command_line_takes_several_files_and_splits():
     assert cfg.policy_version == (3, 4)
     one = tyro.cli(actor_eval.EvalRunConfig, args=["--params", "a", "--out", "o", "--split", "train"])
     assert one.params == (Path("a"),) and one.split == ("train",)
+
+
+def test_progress_lines_come_every_interval_and_at_the_end(monkeypatch, capsys):
+    monkeypatch.setattr(actor_eval, "PROGRESS_S", 3600.0)
+    progress = actor_eval.Progress(4, "p.safetensors test: ")
+    progress.update([{"success": True}])  # within the interval: quiet
+    assert capsys.readouterr().err == ""
+    monkeypatch.setattr(actor_eval, "PROGRESS_S", 0.0)
+    progress.update([{"success": True}, {"success": False}])
+    progress.update([{"success": True}] * 4, final=True)
+    lines = capsys.readouterr().err.splitlines()
+    assert [line.split(", ")[:2] for line in lines] == [
+        ["eval: p.safetensors test: 2/4 episodes", "success 0.50"],
+        ["eval: p.safetensors test: 4/4 episodes", "success 1.00"],
+    ]
