@@ -37,9 +37,9 @@ import numpy as np
 from learner.batch import Batch
 
 TOKEN_KEYS = ("instr_tokens", "elem_tokens", "hist_tokens")
-"""The hashed word ids renamed (hist_tokens only with a memory, ModelConfig.history: the labels an
-episode's actions aimed at are renamed as the same words on screen are)."""
-"""Featurized arrays that hold hashed word ids (0 is padding)."""
+"""Featurized arrays that hold hashed word ids (0 is padding), renamed alike (hist_tokens only with a
+memory, ModelConfig.history: the labels an episode's actions aimed at are renamed as the same words on
+screen are)."""
 
 KEEP, WORD, NUMBER, WORD_CONT, NUMBER_CONT = range(5)
 """Kinds of WordPiece: kept as is (punctuation, special, mixed), a word start of letters, of digits, and
