@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import secrets
 import signal
 import time
 import uuid
@@ -75,6 +76,9 @@ class Actor:
     runs on the caller's thread; only device steps (actors/slots.py) and the first compile use others."""
 
     def __init__(self, cfg: ActorConfig, log=print):
+        if cfg.seed < 0:  # actors started by hand without --seed: a stream of their own, logged
+            cfg = dataclasses.replace(cfg, seed=secrets.randbelow(2**31))
+            log(f"actor: seed {cfg.seed} (drawn; --seed {cfg.seed} repeats it)")
         self.cfg = cfg
         self.log = log
         self.stats = Counter()

@@ -63,8 +63,10 @@ class ActorConfig:
     devices (adb, or the emulator model), inline for in-process phones."""
     adb: AdbConfig = field(default_factory=AdbConfig)
     """The ADB backend: adb server, devices or AVDs, timeouts, evaluator."""
-    seed: int = 0
-    """Seed of the environments and of action sampling."""
+    seed: int = -1
+    """Seed of the environments and of action sampling; -1 (the default) draws one from the operating
+    system and logs it, so actors started by hand do not all repeat the same tasks and layouts (pass the
+    logged value to repeat a run). Local actors get `--seed` from the learner."""
     name: str = ""
     """Name shown in the learner's logs (default: hostname-pid)."""
     max_episodes: int = 0
@@ -120,10 +122,12 @@ class ActorConfig:
             raise ValueError(
                 f"--max-batch-episodes must be in [1, {MAX_EPISODES_PER_BATCH}], got {self.max_batch_episodes}"
             )
-        for name in ("flush_timeout", "max_episodes", "max_episode_rate", "seed", "parent_pid"):
+        for name in ("flush_timeout", "max_episodes", "max_episode_rate", "parent_pid"):
             value = getattr(self, name)
             if not (value >= 0 and math.isfinite(value)):
                 raise ValueError(f"{_flag(name)} must be >= 0, got {value}")
+        if self.seed < -1:
+            raise ValueError(f"--seed must be >= 0 (or -1: drawn), got {self.seed}")
         if not 0.0 <= self.compose_rate <= 1.0:
             raise ValueError(f"--compose-rate must be in [0, 1], got {self.compose_rate}")
         if self.compose_rate and (self.env != "simphone" or self.split not in ("train", "dev")):

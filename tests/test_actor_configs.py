@@ -34,7 +34,7 @@ NAN = float("nan")
         (ActorConfig, {"max_batch_episodes": 257}, "--max-batch-episodes must be in [1, 256], got 257"),
         (ActorConfig, {"flush_timeout": -0.5}, "--flush-timeout must be >= 0, got -0.5"),
         (ActorConfig, {"max_episodes": -1}, "--max-episodes must be >= 0, got -1"),
-        (ActorConfig, {"seed": -3}, "--seed must be >= 0, got -3"),
+        (ActorConfig, {"seed": -3}, "--seed must be >= 0 (or -1: drawn), got -3"),
         (ActorConfig, {"parent_pid": -1}, "--parent-pid must be >= 0, got -1"),
         (ActorConfig, {"ingest_port": 0}, "--ingest-port must be in [1, 65535], got 0"),
         (ActorConfig, {"params_port": 70000}, "--params-port must be in [1, 65535], got 70000"),
@@ -106,3 +106,13 @@ def test_the_cli_says_which_flag_and_exits_non_zero(args, says):
     assert says in done.stderr, done.stderr
     assert "Traceback" not in done.stderr, done.stderr
     assert "no answer from the learner" not in done.stdout  # refused before trying to connect
+
+
+def test_actors_started_without_a_seed_draw_their_own_and_say_which():
+    from actors.actor import Actor
+
+    logged: list[str] = []
+    seeds = {Actor(ActorConfig(), log=logged.append).cfg.seed for _ in range(4)}
+    assert len(seeds) == 4 and all(0 <= s < 2**31 for s in seeds)  # not all the same stream
+    assert all(f"--seed {s} repeats it" in "\n".join(logged) for s in seeds)
+    assert Actor(ActorConfig(seed=7), log=logged.append).cfg.seed == 7  # a given seed is kept
