@@ -5,6 +5,7 @@ bound ports, for launchers and actors started after the learner)."""
 from __future__ import annotations
 
 import json
+import socket
 from pathlib import Path
 
 from rich.console import Console
@@ -45,10 +46,23 @@ class RunOutputs:
             self.progress.close(last)  # the panel's last frame stays; later messages print below it
 
 
+ALL_INTERFACES = frozenset({"0.0.0.0", "*", "::", ""})
+
+
+def reachable_host(bind: str) -> str:
+    """An address actors can give as --host: the bound address, or this machine's host name when the
+    learner listens on every interface (0.0.0.0 itself is not an address anyone can reach)."""
+    return socket.gethostname() if bind in ALL_INTERFACES else bind
+
+
 def write_endpoints(run_dir: Path, server: IngestServer, bind: str) -> None:
-    """run_dir/endpoints.json: the ports the ingest (and the inference service) bound (0 picks free ones), written
-    atomically so a reader never sees half a file."""
-    endpoints = {"ingest_port": server.ingest_port, "params_port": server.params_port, "bind": bind}
+    """run_dir/endpoints.json: the ports the ingest (and the inference service) bound (0 picks free ones)
+    and `host`, where actors reach them (`reachable_host`), written atomically so a reader never sees half
+    a file."""
+    endpoints = {
+        "ingest_port": server.ingest_port, "params_port": server.params_port, "bind": bind,
+        "host": reachable_host(bind),
+    }  # fmt: skip
     if server.inference is not None:
         endpoints["inference_port"] = server.inference.port
     tmp = run_dir / "endpoints.json.tmp"

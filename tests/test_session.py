@@ -7,6 +7,7 @@ from __future__ import annotations
 import io
 import json
 import math
+import socket
 
 import numpy as np
 import pytest
@@ -16,6 +17,7 @@ from common.protocol import Episode
 from learner.config import parse_args
 from learner.inserter import ReplayInserter
 from learner.losses.base import PriorityTerms
+from learner.run_outputs import reachable_host
 from learner.session import Session
 from learner.setup import open_session
 from learner.trainer import StepResult
@@ -43,6 +45,7 @@ def session(tmp_path):
 def test_opening_writes_the_run_files_and_publishes(session, tmp_path):
     endpoints = json.loads((tmp_path / "endpoints.json").read_text())
     assert endpoints["ingest_port"] == session.server.ingest_port > 0
+    assert endpoints["host"] == endpoints["bind"] == "127.0.0.1"  # where actors reach it
     assert json.loads((tmp_path / "config.json").read_text())["batch_size"] == 4
     assert session.schedule.sync is False and not session.demos and not session.prefill_pending
     assert "episodes_at_rl_start" in session.stats.totals  # no warm-up: reinforcement learning from the start
@@ -100,3 +103,8 @@ def test_close_writes_the_last_record_with_why_it_stopped(tmp_path):
     last = opened(tmp_path).close("update limit")
     lines = (tmp_path / "metrics.jsonl").read_text().splitlines()
     assert json.loads(lines[-1])["stopped"] == last["stopped"] == "update limit" and "params_digest" in last
+
+
+def test_a_learner_on_every_interface_records_its_host_name_for_actors():
+    assert reachable_host("0.0.0.0") == socket.gethostname() == reachable_host("::")
+    assert reachable_host("10.0.0.5") == "10.0.0.5"
