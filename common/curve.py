@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import ipaddress
 import os
+import re
 import shutil
 import socket
 from dataclasses import dataclass
@@ -62,16 +63,34 @@ class CurveServer:
             raise CurveError(f"{self.authorized_dir}: holds no .key files, so no actor could connect")
 
     def start(self, ctx: zmq.Context) -> ThreadAuthenticator:
-        """Start the ZAP authenticator on `ctx` (stop it before the context terminates)."""
+        """Start the ZAP authenticator on `ctx` (stop it before the context terminates). The authorized
+        folder is read at every handshake, so a key added (`learner keys DIR --add NAME`) or deleted
+        takes effect at the next connection, without a restart."""
         auth = ThreadAuthenticator(ctx)
         auth.start()
-        auth.configure_curve(domain="*", location=str(self.authorized_dir))
+        auth.configure_curve_callback(
+            domain="*", credentials_provider=AuthorizedFolder(Path(self.authorized_dir))
+        )
         return auth
 
     def apply(self, sock: zmq.Socket) -> None:
         sock.curve_secretkey = self.secret
         sock.curve_publickey = self.public
         sock.curve_server = True
+
+
+@dataclass
+class AuthorizedFolder:
+    """The ZAP credentials provider: a client key is allowed while a .key file in `folder` holds it."""
+
+    folder: Path
+
+    def callback(self, domain: str, client_key: bytes) -> bool:
+        """`client_key`: the connecting actor's public key, Z85-encoded (what .key files hold)."""
+        try:
+            return client_key in zmq.auth.load_certificates(str(self.folder))
+        except OSError:  # the folder itself went away: nobody is authorized
+            return False
 
 
 @dataclass
@@ -93,13 +112,33 @@ class CurveClient:
 
 def generate(directory: Path, actors: int) -> list[Path]:
     """Key pairs for a learner and `actors` actors, plus `authorized/` with the actors' public keys."""
+    return _create(Path(directory), ["learner", *(f"actor-{i}" for i in range(actors))])
+
+
+def add_actors(directory: Path, names: list[str]) -> list[Path]:
+    """Key pairs for more actors in an existing folder, authorized at once (the learner reads
+    `authorized/` at every handshake)."""
     directory = Path(directory)
+    if not (directory / "learner.key").is_file():
+        raise CurveError(
+            f"{directory}: no learner.key here; make the folder with `learner keys {directory}` first"
+        )
+    bad = [n for n in names if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9_.-]*", n) or n == "learner"]
+    if bad:
+        raise CurveError(
+            f"--add takes key names of letters, digits, '.', '_' and '-' (not 'learner'), got {bad}"
+        )
+    return _create(directory, names)
+
+
+def _create(directory: Path, names: list[str]) -> list[Path]:
     authorized = directory / "authorized"
     authorized.mkdir(parents=True, exist_ok=True)
-    written = []
-    for name in ["learner", *(f"actor-{i}" for i in range(actors))]:
+    for name in names:  # all checked before any is written
         if (directory / f"{name}.key_secret").exists():
             raise CurveError(f"{directory / name}.key_secret exists already; not overwriting keys")
+    written = []
+    for name in names:
         public, secret = zmq.auth.create_certificates(str(directory), name)
         os.chmod(secret, 0o600)  # pyzmq writes it with the umask's mode, often readable by everyone
         written += [Path(public), Path(secret)]
@@ -128,17 +167,28 @@ class KeysConfig:
     directory: Annotated[Path, tyro.conf.Positional]
     """Where to write learner.key / learner.key_secret, actor-I.key / actor-I.key_secret, and authorized/."""
     actors: int = 1
-    """Actor key pairs to make (one per actor host is enough; add more later with another folder)."""
+    """Actor key pairs to make (one per actor host is enough; add more later with --add)."""
+    add: tuple[str, ...] = ()
+    """Add actor key pairs NAME.key / NAME.key_secret to an existing folder instead, authorized at once: a
+    running learner reads authorized/ at every handshake. Deleting authorized/NAME.key revokes one."""
 
 
 def write_keys(cfg: KeysConfig) -> None:
-    if cfg.actors < 1:
-        raise SystemExit(f"--actors must be at least 1, got {cfg.actors}")
+    d = cfg.directory
     try:
-        generate(cfg.directory, cfg.actors)
+        if cfg.add:
+            add_actors(d, list(cfg.add))
+            print(f"added {len(cfg.add)} actor key pair(s) to {d}, authorized from the next handshake")
+            for name in cfg.add:
+                print(
+                    f"  {name}: --curve-secret-key {d}/{name}.key_secret --curve-server-key {d}/learner.key"
+                )
+            return
+        if cfg.actors < 1:
+            raise SystemExit(f"--actors must be at least 1, got {cfg.actors}")
+        generate(d, cfg.actors)
     except CurveError as e:
         raise SystemExit(str(e)) from e
-    d = cfg.directory
     print(
         f"wrote {cfg.actors + 1} key pairs to {d}\n"
         f"  learner: --curve-secret-key {d}/learner.key_secret --curve-authorized {d}/authorized\n"

@@ -231,3 +231,84 @@ def test_secret_keys_are_written_for_their_owner_only(tmp_path):
         mode = path.stat().st_mode & 0o777
         if path.name.endswith(".key_secret"):
             assert mode == 0o600, (path, oct(mode))
+
+
+def _answered(endpoint: str, keys: curve.CurveClient, timeout: float) -> bool:
+    """Whether a fresh CURVE DEALER with `keys` gets an echo back within `timeout` seconds."""
+    ctx = zmq.Context()
+    sock = ctx.socket(zmq.DEALER)
+    sock.setsockopt(zmq.LINGER, 0)
+    keys.apply(sock)
+    sock.connect(endpoint)
+    deadline = time.monotonic() + timeout
+    try:
+        while time.monotonic() < deadline:
+            try:
+                sock.send(b"ping", flags=zmq.NOBLOCK)  # accepted only once the handshake succeeded
+            except zmq.Again:
+                time.sleep(0.05)
+                continue
+            return bool(sock.poll(max(1, int((deadline - time.monotonic()) * 1000))))
+        return False
+    finally:
+        sock.close(0)
+        ctx.term()
+
+
+def test_keys_added_or_deleted_take_effect_at_the_next_handshake_without_a_restart(tmp_path):
+    folder = tmp_path / "keys"
+    curve.generate(folder, actors=1)
+    server = curve.CurveServer(folder / "learner.key_secret", folder / "authorized")
+    ctx = zmq.Context()
+    auth = server.start(ctx)
+    router = ctx.socket(zmq.ROUTER)
+    router.setsockopt(zmq.LINGER, 0)
+    server.apply(router)
+    port = router.bind_to_random_port("tcp://127.0.0.1")
+    stop = threading.Event()
+
+    def echo() -> None:
+        while not stop.is_set():
+            if router.poll(50):
+                router.send_multipart(router.recv_multipart())
+
+    thread = threading.Thread(target=echo)
+    thread.start()
+    endpoint = f"tcp://127.0.0.1:{port}"
+
+    def client(name: str) -> curve.CurveClient:
+        return curve.CurveClient(folder / f"{name}.key_secret", folder / "learner.key")
+
+    try:
+        assert _answered(endpoint, client("actor-0"), REPLY_S)
+        out = subprocess.run([sys.executable, "-m", "learner", "keys", str(folder), "--add", "late-host"],
+                             cwd=ROOT, env=ACTOR_ENV, capture_output=True, text=True, timeout=120)  # fmt: skip
+        assert out.returncode == 0 and "late-host: --curve-secret-key" in out.stdout, out.stdout + out.stderr
+        assert (folder / "late-host.key_secret").stat().st_mode & 0o777 == 0o600
+        assert _answered(endpoint, client("late-host"), REPLY_S)  # added: served, the learner still running
+        (folder / "authorized" / "actor-0.key").unlink()  # revoked
+        assert not _answered(endpoint, client("actor-0"), 3.0)
+        assert _answered(endpoint, client("late-host"), REPLY_S)  # the others are unaffected
+    finally:
+        stop.set()
+        thread.join()
+        router.close(0)
+        auth.stop()
+        ctx.term()
+
+
+@pytest.mark.parametrize(
+    ("setup", "names", "says"),
+    [
+        (False, ["a"], "no learner.key here"),
+        (True, ["learner"], "--add takes key names"),
+        (True, ["../x"], "--add takes key names"),
+        (True, ["actor-0"], "exists already"),
+    ],
+)
+def test_adding_keys_refuses_what_it_cannot_do_in_one_line(tmp_path, setup, names, says):
+    if setup:
+        curve.generate(tmp_path / "keys", actors=1)
+    out = subprocess.run([sys.executable, "-m", "learner", "keys", str(tmp_path / "keys"), "--add", *names],
+                         cwd=ROOT, env=ACTOR_ENV, capture_output=True, text=True, timeout=120)  # fmt: skip
+    assert out.returncode != 0 and says in one_line(out.stderr), out.stderr
