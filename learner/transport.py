@@ -9,6 +9,7 @@ from __future__ import annotations
 from collections import Counter
 
 import zmq
+from zmq.utils.monitor import parse_monitor_message
 
 from common import protocol, wire
 from common.curve import CurveServer
@@ -46,7 +47,8 @@ def send_or_count(router: zmq.Socket, frames: list, drops: Counter) -> None:
 
 class Transport:
     """The bound ROUTER and PUB, with CURVE when `curve` is given (its failed handshakes are counted in
-    `rejected["auth_failed"]`: no reply can reach such a client)."""
+    `rejected["auth_failed"]` and, for connections that were no ZeroMQ peer, `["handshake_failed"]`: no
+    reply can reach such a client)."""
 
     def __init__(self, bind: str, ingest_port: int, params_port: int, curve: CurveServer | None = None):
         self.ctx = zmq.Context()
@@ -91,10 +93,16 @@ class Transport:
         return identity, frames[1].buffer
 
     def count_auth_failures(self) -> None:
-        """Count the clients that failed the CURVE handshake since the last call (no key, or no CURVE)."""
+        """Count the failed handshakes since the last call: `auth_failed`, a ZeroMQ peer refused by CURVE
+        (a key not authorized, or no CURVE at all); `handshake_failed`, anything else that connected and
+        left without a handshake (port scanners, health probes that only open a TCP connection)."""
         while self._auth_events is not None and self._auth_events.poll(0):
-            self._auth_events.recv_multipart()
-            self.rejected["auth_failed"] += 1
+            event = parse_monitor_message(self._auth_events.recv_multipart())
+            refused = event["event"] == zmq.EVENT_HANDSHAKE_FAILED_AUTH or (
+                event["event"] == zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL
+                and event["value"] == zmq.PROTOCOL_ERROR_ZMTP_MECHANISM_MISMATCH
+            )
+            self.rejected["auth_failed" if refused else "handshake_failed"] += 1
 
     def refuse(self, identity: bytes, code: str, reason: str, seq: int | None = None) -> None:
         """An ERROR with `code` (and the refused TRAJ's `seq`), counted in `rejected`."""

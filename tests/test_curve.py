@@ -312,3 +312,28 @@ def test_adding_keys_refuses_what_it_cannot_do_in_one_line(tmp_path, setup, name
     out = subprocess.run([sys.executable, "-m", "learner", "keys", str(tmp_path / "keys"), "--add", *names],
                          cwd=ROOT, env=ACTOR_ENV, capture_output=True, text=True, timeout=120)  # fmt: skip
     assert out.returncode != 0 and says in one_line(out.stderr), out.stderr
+
+
+def test_bare_tcp_probes_are_counted_apart_from_refused_keys(keys):
+    """A health check or port scan that only opens a TCP connection is `handshake_failed`; a ZeroMQ peer
+    with a key the learner never authorized, or with no CURVE at all, is `auth_failed`."""
+    import socket
+
+    from learner.transport import Transport
+
+    k = keys / "keys"
+    transport = Transport("127.0.0.1", 0, 0, curve.CurveServer(k / "learner.key_secret", k / "authorized"))
+    try:
+        for _ in range(3):
+            socket.create_connection(("127.0.0.1", transport.ingest_port), timeout=5).close()
+        deadline = time.monotonic() + REPLY_S
+        while transport.rejected["handshake_failed"] < 3 and time.monotonic() < deadline:
+            transport.count_auth_failures()
+            time.sleep(0.05)
+        assert transport.rejected == {"handshake_failed": 3}  # no auth_failed from probes
+        stranger = curve.CurveClient(keys / "stranger" / "actor-0.key_secret", k / "learner.key")
+        assert not _answered(f"tcp://127.0.0.1:{transport.ingest_port}", stranger, 2.0)
+        transport.count_auth_failures()
+        assert transport.rejected["auth_failed"] >= 1 and transport.rejected["handshake_failed"] == 3
+    finally:
+        transport.close()
