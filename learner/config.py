@@ -478,6 +478,9 @@ class LearnerConfig:
     checkpoint_every: int = 200
     """Save a checkpoint (orbax) to RUN_DIR/checkpoints every this many updates and at exit; a run dir
     that holds one resumes from it. 0 disables checkpoints."""
+    checkpoint_every_s: float = 300.0
+    """Also save one when this many seconds have passed since the last (0: by updates only), so a crash
+    costs minutes of training rather than everything since the last --checkpoint-every updates."""
     snapshot_every: int = 0
     """Write the parameters to RUN_DIR/snapshots/tNNNNN.safetensors each time the wall clock since the
     start passes a multiple NNNNN of this many seconds, with a line in RUN_DIR/snapshots/index.jsonl
@@ -545,6 +548,10 @@ class LearnerConfig:
         _check(self.max_steps >= 1, f"--max-steps must be at least 1, got {self.max_steps}")
         _check(self.publish_every >= 1, f"--publish-every must be at least 1, got {self.publish_every}")
         _check(self.checkpoint_every >= 0, f"--checkpoint-every must be >= 0, got {self.checkpoint_every}")
+        _check(
+            self.checkpoint_every_s >= 0 and math.isfinite(self.checkpoint_every_s),
+            f"--checkpoint-every-s must be >= 0, got {self.checkpoint_every_s}",
+        )
         _check(
             self.checkpoint_every > 0 or self.transport.durability in ("auto", "none"),
             f"--durability {self.transport.durability} needs checkpoints (--checkpoint-every > 0): the log is "

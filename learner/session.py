@@ -7,7 +7,7 @@ from __future__ import annotations
 import dataclasses
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, NamedTuple
 
@@ -71,6 +71,8 @@ class Session:
     """The write-ahead log position of the newest checkpoint on disk: every record below it is in it."""
     _last_log: float = 0.0
     _snapshots: WallSnapshots | None = None
+    _last_save: float = field(default_factory=time.monotonic)
+    """When the newest checkpoint was saved (or the session opened): --checkpoint-every-s counts from it."""
 
     def compile(self, serve: Callable[[], None]) -> float:
         """Compile the update(s) while `serve` answers actors (Trainer.compile); the seconds it took."""
@@ -113,8 +115,16 @@ class Session:
             self.publish(serve)
 
     def save_if_due(self) -> None:
-        """After an update: a checkpoint every --checkpoint-every updates."""
-        if self.checkpointer is not None and self.trainer.update % self.cfg.checkpoint_every == 0:
+        """After an update: a checkpoint every --checkpoint-every updates, or once --checkpoint-every-s
+        seconds have passed since the last (every process agrees: the save is a collective)."""
+        if self.checkpointer is None:
+            return
+        by_updates = self.trainer.update % self.cfg.checkpoint_every == 0
+        limit = self.cfg.checkpoint_every_s
+        if limit:
+            _, by_time = multihost.agree(True, time.monotonic() - self._last_save >= limit)
+            by_updates = by_updates or by_time
+        if by_updates:
             self.save()
 
     def save(self) -> None:
@@ -135,6 +145,7 @@ class Session:
             # waits), so it is complete on disk: the log below its position is no longer needed.
             wal.prune(self.saved_lsn)
         self.saved_update, self.saved_lsn = update, position
+        self._last_save = time.monotonic()
         self.stats.timing["checkpoint_s"] += time.monotonic() - t0
 
     def snapshot_if_due(self) -> None:

@@ -108,3 +108,21 @@ def test_close_writes_the_last_record_with_why_it_stopped(tmp_path):
 def test_a_learner_on_every_interface_records_its_host_name_for_actors():
     assert reachable_host("0.0.0.0") == socket.gethostname() == reachable_host("::")
     assert reachable_host("10.0.0.5") == "10.0.0.5"
+
+
+def test_a_checkpoint_is_also_saved_once_its_wall_time_interval_has_passed(tmp_path):
+    s = opened(tmp_path, "--checkpoint-every", "1000", "--checkpoint-every-s", "60")
+    try:
+        s.trainer.update = 3  # not a multiple of 1000
+        s.save_if_due()
+        assert s.checkpointer.latest_update() is None  # the interval has not passed
+        s._last_save -= 61  # a minute later
+        s.save_if_due()
+        assert s.checkpointer.latest_update() == 3 == s.saved_update
+        s.trainer.update = 4
+        s.save_if_due()
+        assert s.checkpointer.latest_update() == 3  # the clock starts again at each save
+    finally:
+        s.close("test")
+    with pytest.raises(SystemExit):
+        parse_args(["--checkpoint-every-s", "-1"])
