@@ -11,7 +11,9 @@ Trainer.serving_copy: the update donates the trainer's arrays, so they cannot be
 base is copied once, per version only what trains): no host round trip, no serialisation, and the version
 each answer names is the one that produced it. While no actor asks (none in the last IDLE_S seconds) a
 publish hands over no copy, only its version (`wants_params`); a request that finds the service behind
-is refused `unavailable` and the next publish copies again.
+is refused `unavailable` and raises `behind`, on which the learner's loop hands over the newest
+parameters between two updates (it cannot wait for the next publish: training may be waiting for that
+very actor's data).
 
 Every refused request is answered with an ERROR and counted by code (`rejected`): malformed (the codes of
 common/protocol), from an actor the learner has not welcomed (`not_welcomed`), or before the first
@@ -91,6 +93,8 @@ class InferenceService:
         self._last_request: float | None = None
         self.idle_publishes = 0
         """Publishes that handed over no copy (nobody asked); written by the main thread only."""
+        self._behind_asked = False
+        """A request was refused because the newest version came without parameters (`behind`)."""
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="inference", daemon=True)
@@ -105,12 +109,19 @@ class InferenceService:
         last = self._last_request
         return self._newest is None or (last is not None and time.monotonic() - last < IDLE_S)
 
+    def behind(self) -> bool:
+        """Whether an actor asked while the service had no parameters for the newest version: the main
+        thread should publish them (Session.refresh_inference) without waiting for the next version."""
+        return self._behind_asked
+
     def publish(self, version: int, params: Any | None) -> None:
         """From now on act with `params` (a device copy the service may keep) as `version`; None (see
         `wants_params`): `version` exists, and requests are refused until a publish brings parameters."""
         self.idle_publishes += params is None
         with self._lock:
             self._newest = (version, params)
+            if params is not None:
+                self._behind_asked = False
 
     def metrics(self) -> dict[str, Any]:
         """For the learner's metrics record: inference/requests, rows, batches, ..., and what was refused or
@@ -181,6 +192,7 @@ class InferenceService:
             self._refuse(identity, "not_welcomed", f"actor {act.actor_id} has not joined this run", act.id)
             return None
         if self._current() is None:
+            self._behind_asked = self._newest is not None  # published, but without parameters
             self._refuse(
                 identity, "unavailable", "no parameters for the newest version yet; ask again", act.id
             )

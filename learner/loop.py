@@ -93,6 +93,7 @@ def _train(s: Session, stop: _Stop) -> str:
             round_done = False
         ready = imitation or (can_train and (round_done or not schedule.sync))
         s.serve(0 if ready else 50)
+        s.refresh_inference()  # between updates: the parameters are the trainer's own, not in flight
         ready, stopping = multihost.agree(ready, bool(wanted))  # every process steps together
         if stopping:
             return wanted or "another learner process stopped"

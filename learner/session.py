@@ -255,6 +255,14 @@ class Session:
             self._last_log = time.monotonic()
             self.outputs.write(self.record())
 
+    def refresh_inference(self) -> None:
+        """Between updates: a remote actor found the inference service behind the newest version (its
+        publishes came while nobody asked), so it gets that version's parameters now; the next publish may
+        never come while training waits for that actor's data."""
+        service = self.server.inference
+        if service is not None and service.behind():
+            service.publish(self.trainer.version, self.trainer.serving_copy())
+
     def serve(self, timeout_ms: int, timed: bool = True) -> None:
         """Take in waiting messages (up to timeout_ms for the first), timed as ingest; `timed=False` while
         a helper thread compiles or trains (those seconds are the compile's or the update's)."""

@@ -104,8 +104,9 @@ def test_an_idle_service_takes_no_copies_and_never_serves_an_older_version(servi
     client = RemotePolicy(CFG, service.endpoint, actor_id=1, timeout=30)
     with pytest.raises(InferenceRefused, match="unavailable"):
         client.act(_features(2))  # version 2 exists, its parameters are not here: not served with 1's
-    assert service.wants_params()  # an actor asked
+    assert service.wants_params() and service.behind()  # an actor asked, and found the service behind
     service.publish(3, params)
+    assert not service.behind()
     client.act(_features(2))
     assert client.version == 3 and service.metrics()["inference/idle_publishes"] == 1
     monkeypatch.setattr(learner.inference, "IDLE_S", 0.0)

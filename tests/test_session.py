@@ -13,6 +13,10 @@ import numpy as np
 import pytest
 from rich.console import Console
 
+from actors.envs.standin import StandInPhoneEnv
+from actors.policy_runner import stack
+from actors.remote_policy import InferenceRefused, RemotePolicy
+from common.policies import PointerPolicy
 from common.protocol import Episode
 from learner.config import parse_args
 from learner.inserter import ReplayInserter
@@ -59,6 +63,18 @@ def test_publishing_copies_parameters_for_the_inference_service_only_while_actor
     session.publish()  # no remote actor has asked: the version alone
     assert service._newest[0] == session.trainer.version and service._newest[1] is None
     assert service.metrics()["inference/idle_publishes"] == 1
+    # A remote actor asks now: refused (the service has no parameters for the newest version), and the
+    # loop's next turn hands them over at once; the next publish might never come while training waits
+    # for this actor's data (a restarted learner deadlocked so in test_faults' remote case).
+    client = RemotePolicy(session.cfg.model, service.endpoint, actor_id=0, timeout=30)
+    features = stack([PointerPolicy(session.cfg.model).featurize(StandInPhoneEnv().reset(seed=0)[0])])
+    service.known = lambda _: True
+    with pytest.raises(InferenceRefused, match="unavailable"):
+        client.act(features)
+    session.refresh_inference()
+    client.act(features)
+    assert client.version == session.trainer.version and not service.behind()
+    client.close()
 
 
 def test_a_replay_update_is_drawn_counted_and_settled_through_the_session(session):
