@@ -23,6 +23,7 @@ from pathlib import Path
 
 import numpy as np
 
+from actors.envs.simphone.tasks import available, load_templates
 from benchmarks.collection import ROOT, run_learner
 
 VARIANTS: dict[str, tuple[str, ...]] = {
@@ -39,14 +40,11 @@ VARIANTS: dict[str, tuple[str, ...]] = {
 SEEDS = (0, 1, 2)
 RUN_S = 900
 EPISODES_PER_TEMPLATE = 50
-VALIDATION_TEMPLATES = 6
-DEV_TEMPLATES = 32
-HELD_OUT = (
-    "settings.wifi_and_bluetooth", "clock.enable_alarm", "messages.text", "browser.open_site_www",
-    "browser.incognito_search", "notes.remember", "app.launch", "settings.dark_mode_night",
-    "clock.delete_label_check",
-)  # fmt: skip
-"""general's nine held-out templates (split "test"), reported per template in the final stage only."""
+TEMPLATES = load_templates("general")
+VALIDATION_TEMPLATES = sum(available(t, "validation") for t in TEMPLATES)
+DEV_TEMPLATES = sum(available(t, "dev") for t in TEMPLATES)
+HELD_OUT = tuple(t.id for t in TEMPLATES if t.split == "test")
+"""general's held-out templates (split "test"), reported per template in the final stage only."""
 OUT = ROOT / "runs" / "generalization"
 
 
