@@ -10,13 +10,15 @@ chosen flags on `train` and measures `test` (400 episodes) with its nine held-ou
 template, for the final numbers only.
 
 Each cell's results are kept under OUT/VARIANT/seedS/ (the run dir and eval JSON): a rerun skips finished
-cells, so the hours this takes can be spread over sessions. `--learner-args` replaces the variants by
-one of its own ("custom"). `--quick`: one seed, two variants, 90 s runs, 10 episodes per template.
+cells (a cell whose training was cut short is trained again), so the hours this takes can be spread over
+sessions. Cells run seed by seed, so one seed of every variant comes first. `--learner-args` replaces the
+variants by one of its own ("custom"). `--quick`: one seed, two variants, 90 s runs, 10 episodes per template.
 """
 
 from __future__ import annotations
 
 import json
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -72,9 +74,11 @@ def cell(out: Path, variant: str, flags: tuple[str, ...], seed: int, seconds: in
     """Train one (variant, seed) once and evaluate it on each split of `eval_splits` (split -> templates);
     what is already on disk is reused."""
     folder = out / variant / f"seed{seed}"
-    run_dir = folder / "run"
-    if not (run_dir / "checkpoints").is_dir() or not any((run_dir / "checkpoints").iterdir()):
+    run_dir, trained = folder / "run", folder / "trained"
+    if not trained.is_file():  # a run cut short (a session's end) is discarded, not evaluated
+        shutil.rmtree(folder, ignore_errors=True)
         _learner(run_dir, train_split, seed, seconds, flags)
+        trained.touch()
     row: dict = {"variant": variant, "seed": seed}
     for split, templates in eval_splits.items():
         report = _evaluate(run_dir, split, per_template * templates, folder / f"{split}.json")
@@ -103,8 +107,8 @@ def run(quick: bool, extra: tuple[str, ...] = ()) -> tuple[list[dict], dict]:
     splits = {"validation": VALIDATION_TEMPLATES, "dev": DEV_TEMPLATES}
     rows = [
         cell(out, name, flags, seed, seconds, per, "dev", splits)
-        for name, flags in variants.items()
-        for seed in seeds
+        for seed in seeds  # seed-major: one seed of every variant first, and a shared machine's load
+        for name, flags in variants.items()  # falls on all variants alike
     ]
     table = [{k: v for k, v in r.items() if not k.endswith("_per_template")} for r in rows]
     return table, {"out_dir": str(out), **summarize(rows, tuple(splits))}
