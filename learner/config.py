@@ -413,9 +413,21 @@ class DashboardConfig:
     to turn off."""
     wandb_project: str = ""
     """Also log the same scalars to this Weights & Biases project (needs `pip install wandb`); "" = off."""
+    metrics_port: int = -1
+    """An HTTP endpoint on --bind for operators (learner/status_http.py): Prometheus metrics at /metrics
+    (the newest metrics record), health at /livez and /readyz. -1 = off, 0 picks a free port (written to
+    endpoints.json as `metrics_port`); learner process I of a multi-process run on one host uses
+    this port + I. No authentication: on 0.0.0.0 anyone who reaches the port reads the metrics."""
+    live_stall_s: float = 300.0
+    """/livez answers 503 once the main thread has not turned for this many seconds (it turns every few
+    hundred ms, also while compiling or training): a hung collective or a deadlock, worth a restart."""
 
     def __post_init__(self) -> None:
         _check(self.log_every > 0, f"--log-every must be positive, got {self.log_every}")
+        _check(
+            self.metrics_port >= -1, f"--metrics-port must be -1 (off), 0 or a port, got {self.metrics_port}"
+        )
+        _check(self.live_stall_s > 0, f"--live-stall-s must be positive, got {self.live_stall_s}")
 
 
 @dataclass(frozen=True)

@@ -14,6 +14,7 @@ from learner.config import LearnerConfig, flat_dict
 from learner.console import Progress
 from learner.ingest import IngestServer
 from learner.metrics import MetricsWriter
+from learner.status_http import StatusServer
 from learner.tensorboard import Dashboards
 
 
@@ -30,9 +31,22 @@ class RunOutputs:
             run_dir, config, dash.tensorboard, dash.wandb_project if rank == 0 else ""
         )
         (run_dir / "config.json").write_text(json.dumps(config, indent=1))  # what report and readers see
+        self.status = _status_server(cfg, rank)
+
+    def turned(self) -> None:
+        """The main thread answered actors (for /livez)."""
+        if self.status is not None:
+            self.status.turned()
+
+    def compiled(self) -> None:
+        """The update is compiled (for /readyz)."""
+        if self.status is not None:
+            self.status.compiled = True
 
     def write(self, line: dict) -> None:
         self.writer.write(line)
+        if self.status is not None:
+            self.status.show(line)
         self.dashboards.write(line)
         self.progress.show(line)
 
@@ -44,6 +58,16 @@ class RunOutputs:
             self.dashboards.close(last)
         finally:
             self.progress.close(last)  # the panel's last frame stays; later messages print below it
+            if self.status is not None:
+                self.status.close()
+
+
+def _status_server(cfg: LearnerConfig, rank: int) -> StatusServer | None:
+    """--metrics-port: this process's HTTP endpoint (port + rank, so processes on one host differ)."""
+    port = cfg.dashboards.metrics_port
+    if port < 0:
+        return None
+    return StatusServer(cfg.transport.bind, port + rank if port else 0, cfg.dashboards.live_stall_s)
 
 
 ALL_INTERFACES = frozenset({"0.0.0.0", "*", "::", ""})
@@ -55,16 +79,18 @@ def reachable_host(bind: str) -> str:
     return socket.gethostname() if bind in ALL_INTERFACES else bind
 
 
-def write_endpoints(run_dir: Path, server: IngestServer, bind: str) -> None:
-    """run_dir/endpoints.json: the ports the ingest (and the inference service) bound (0 picks free ones)
-    and `host`, where actors reach them (`reachable_host`), written atomically so a reader never sees half
-    a file."""
+def write_endpoints(run_dir: Path, server: IngestServer, bind: str, status: StatusServer | None) -> None:
+    """run_dir/endpoints.json: the ports the ingest (and the inference service, and the HTTP status
+    endpoint) bound (0 picks free ones) and `host`, where actors reach them (`reachable_host`), written
+    atomically so a reader never sees half a file."""
     endpoints = {
         "ingest_port": server.ingest_port, "params_port": server.params_port, "bind": bind,
         "host": reachable_host(bind),
     }  # fmt: skip
     if server.inference is not None:
         endpoints["inference_port"] = server.inference.port
+    if status is not None:
+        endpoints["metrics_port"] = status.port
     tmp = run_dir / "endpoints.json.tmp"
     tmp.write_text(json.dumps(endpoints))
     tmp.replace(run_dir / "endpoints.json")

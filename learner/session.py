@@ -78,6 +78,7 @@ class Session:
         """Compile the update(s) while `serve` answers actors (Trainer.compile); the seconds it took."""
         seconds = self.trainer.compile(bool(self.demos), serve=serve)
         self.stats.timing["compile_s"] = seconds
+        self.outputs.compiled()
         return seconds
 
     def start_rl(self) -> None:
@@ -267,6 +268,7 @@ class Session:
         """Take in waiting messages (up to timeout_ms for the first), timed as ingest; `timed=False` while
         a helper thread compiles or trains (those seconds are the compile's or the update's)."""
         t0 = time.monotonic()
+        self.outputs.turned()
         self.server.poll(timeout_ms)
         if timed:
             self.stats.timing["ingest_s"] += time.monotonic() - t0

@@ -105,9 +105,13 @@ def _go_live(session: Session, training: Training) -> None:
     """endpoints.json, the current version published (version 0, or the resumed one), the endpoints on
     the console, then the local actors."""
     cfg, server, run_dir, rank = session.cfg, session.server, session.run_dir, session.rank
-    write_endpoints(run_dir, server, cfg.transport.bind)
+    write_endpoints(run_dir, server, cfg.transport.bind, session.outputs.status)
     publish_version(server, training.trainer, training.trainer.version, None)
     _announce(cfg, server, training, rank, run_dir, session.console)
+    if (status := session.outputs.status) is not None:
+        session.console.print(
+            f"learner: metrics http://{cfg.transport.bind}:{status.port}/metrics, health /livez /readyz"
+        )
     session.actors = _start_local_actors(cfg, server, rank, run_dir, session.console)
 
 

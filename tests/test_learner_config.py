@@ -130,8 +130,9 @@ def test_grouped_settings_keep_their_flags_and_their_stored_layout():
     assert nested <= set(flat) and not set(GROUPS) & set(flat)
     # The 65 settings from before the grouping, --off-policy-correction, --rl-lr-scale, --text-encoder-lr-scale,
     # --rename-word-pieces, --durability, --weight-decay, --snapshot-every, --actor-weighting, --vmpo-eta,
-    # --vmpo-kl-coef, --local-actor-args, --inference-port, --inference-max-rows, --inference-deadline-ms.
-    assert len(flat) == 80
+    # --vmpo-kl-coef, --local-actor-args, --inference-port, --inference-max-rows, --inference-deadline-ms,
+    # --checkpoint-every-s, --metrics-port, --live-stall-s.
+    assert len(flat) == 82
     flags = [
         "--lambda" if name == "lambda_" else "--" + name.replace("_", "-") for name in set(flat) - nested
     ]

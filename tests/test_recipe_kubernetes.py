@@ -197,7 +197,7 @@ def test_service_selects_the_learner_and_forwards_the_ports_it_binds(objects):
     labels = objects[("StatefulSet", "distrl-learner")]["spec"]["template"]["metadata"]["labels"]
     bound = {"ingest": int(_value(argv, "--ingest-port")), "params": int(_value(argv, "--params-port"))}
     container_ports = {p["name"]: p["containerPort"] for p in c["ports"]}
-    assert container_ports == bound
+    assert container_ports == {**bound, "metrics": int(_value(argv, "--metrics-port"))}
     assert all(p.get("protocol", "TCP") == "TCP" for p in c["ports"])
     for name in ("distrl-learner", "distrl-learner-pods"):
         spec = objects[("Service", name)]["spec"]
@@ -215,8 +215,8 @@ def test_service_selects_the_learner_and_forwards_the_ports_it_binds(objects):
 
 def test_learner_ports_stay_clear_of_adb_and_the_emulators(objects):
     _, argv = _learner(objects)
-    ports = [int(_value(argv, "--ingest-port")), int(_value(argv, "--params-port"))]
-    assert len(set(ports)) == 2
+    ports = [int(_value(argv, f)) for f in ("--ingest-port", "--params-port", "--metrics-port")]
+    assert len(set(ports)) == 3
     for port in ports:
         assert port != 5037 and not 5554 <= port <= 5682, f"{port} is an adb or emulator port"
 
@@ -240,22 +240,22 @@ def test_run_dir_is_on_the_persistent_claim(objects):
     assert "--checkpoint-every" not in argv or int(_value(argv, "--checkpoint-every")) > 0
 
 
-def test_learner_is_ready_once_it_has_written_a_fresh_endpoints_file(objects):
+def test_learner_probes_are_its_health_endpoints(objects):
+    """Readiness and liveness are the learner's /readyz and /livez (learner/status_http.py) on the port
+    --metrics-port binds; Prometheus finds the same port through the pod's annotations."""
     sts = objects[("StatefulSet", "distrl-learner")]
     c, argv = _learner(objects)
-    env = _env(c)
-    assert Path(env["RUN_DIR"]) == Path(_value(argv, "--run-dir"))
-    script = _probe_script(c["readinessProbe"])
-    assert shlex.split(script) == ["test", "-s", "$RUN_DIR/endpoints.json"], script
-    # The file from the previous run (on the volume) is removed before the learner starts, and `exec`
-    # hands SIGTERM to the learner itself.
-    assert c["command"][:2] == ["sh", "-c"]
-    first, second = (shlex.split(part) for part in c["command"][2].split("&&"))
-    assert first == ["rm", "-f", "$RUN_DIR/endpoints.json"]
-    assert second == ["exec", "$@"]
-    assert len(c["command"]) == 4  # $0, then args are "$@"
+    port = int(_value(argv, "--metrics-port"))
+    named = {p["name"]: p["containerPort"] for p in c["ports"]}
+    for probe, path in (("readinessProbe", "/readyz"), ("livenessProbe", "/livez")):
+        get = c[probe]["httpGet"]
+        assert get["path"] == path and named[get["port"]] == port, (probe, get)
+    assert c["livenessProbe"]["periodSeconds"] * c["livenessProbe"]["failureThreshold"] >= 30
+    annotations = sts["spec"]["template"]["metadata"]["annotations"]
+    assert annotations["prometheus.io/port"] == str(port) and annotations["prometheus.io/path"] == "/metrics"
+    assert Path(_env(c)["RUN_DIR"]) == Path(_value(argv, "--run-dir"))
+    assert "command" not in c and c["args"][:3] == ["python", "-m", "learner"]  # SIGTERM reaches python
     assert sts["spec"]["template"]["spec"]["terminationGracePeriodSeconds"] >= 60  # a checkpoint on SIGTERM
-    assert "livenessProbe" not in c
 
 
 def test_learner_binds_every_interface_with_its_curve_keys(objects):
@@ -351,12 +351,15 @@ def test_network_policy_admits_the_actors_to_the_learner_ports_only(objects):
     policy = objects[("NetworkPolicy", "distrl-learner-ingress")]["spec"]
     assert policy["podSelector"]["matchLabels"].items() <= learner_labels.items()
     assert not policy["podSelector"]["matchLabels"].items() <= actor_labels.items()
-    (rule,) = policy["ingress"]
+    rule, scrape = policy["ingress"]
     (source,) = rule["from"]
     assert source["podSelector"]["matchLabels"].items() <= actor_labels.items()
     assert sorted(p["port"] for p in rule["ports"]) == sorted(
         int(_value(argv, f)) for f in ("--ingest-port", "--params-port")
     )
+    (monitoring,) = scrape["from"]
+    assert set(monitoring) == {"namespaceSelector"}  # not the actors: /metrics has no authentication
+    assert [p["port"] for p in scrape["ports"]] == [int(_value(argv, "--metrics-port"))]
     closed = objects[("NetworkPolicy", "distrl-actors-no-ingress")]["spec"]
     assert closed["podSelector"]["matchLabels"].items() <= actor_labels.items()
     assert closed["policyTypes"] == ["Ingress"] and closed["ingress"] == []
