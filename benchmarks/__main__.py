@@ -11,6 +11,7 @@ from benchmarks.report import emit
 
 BENCHMARKS = {
     "wire": "benchmarks.wire",
+    "checkpoint": "benchmarks.checkpoint",
     "learner_step": "benchmarks.learner_step",
     "simphone": "benchmarks.simphone",
     "train_scaling": "benchmarks.train_scaling",

@@ -417,7 +417,7 @@ def _flood(mode: str, connections: int, warmup_s: float, duration_s: float) -> d
     replay: PrioritizedReplay = PrioritizedReplay(REPLAY_CAPACITY)
     stored = Counter()
 
-    def on_episodes(episodes: list[protocol.Episode]) -> None:
+    def on_episodes(episodes: list[protocol.Episode], _record: int) -> None:
         for ep in episodes:
             replay.add(ep, oldest_version(ep))
             stored["episodes"] += 1

@@ -35,8 +35,10 @@ from benchmarks.report import emit
 from common.policies import make_policy
 from common.policies.lm.network import score_actions
 from learner.checkpoint import Checkpointer
+from learner.durable_inserter import LoggedEpisodes
 from learner.evaluate import restore
 from learner.replay import PrioritizedReplay
+from learner.wal import WriteAheadLog
 
 ROWS = 8
 """Steps scored per jitted call (one shape, one compile)."""
@@ -46,7 +48,10 @@ LAGS = ((0, 0), (1, 1), (2, 3), (4, 7), (8, 1 << 30))
 def _actor_steps(checkpoints: Path, update: int, model_cfg, capacity: int, max_steps: int) -> list[dict]:
     """Every actor step of the replay saved with checkpoint `update`: its prompt, action and behaviour."""
     replay = PrioritizedReplay(capacity)
-    Checkpointer(checkpoints).restore_replay(update, replay, model_cfg, max_steps=max_steps)
+    spec = make_policy(model_cfg).episode_spec()
+    wal = WriteAheadLog(checkpoints.parent / "wal", "os")  # read only: the episodes the file references
+    logged = LoggedEpisodes(wal, lambda traj, newest: traj.validate(spec, max_steps, newest))
+    Checkpointer(checkpoints).restore_replay(update, replay, model_cfg, max_steps=max_steps, logged=logged)
     steps = []
     for ep in replay.items():
         if not np.any(ep.steps["behavior_logp"]):

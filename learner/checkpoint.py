@@ -3,7 +3,9 @@ count, policy version, RNG and the run's config, written atomically (orbax write
 directory and renames it), the newest few kept.
 
 The replay buffer is saved beside them as `<dir>/replay/<update>.p<process>.replay` (learner/replay_file.py),
-one file per learner process, and pruned with the checkpoints it belongs to.
+one file per learner process, and pruned with the checkpoints it belongs to. With a write-ahead log the
+file references the episodes the log holds instead of copying them (an incremental save: the log keeps
+those records until a newer checkpoint no longer needs them, learner/session.py).
 
 A run dir that holds checkpoints resumes from the newest complete one: the newest whose delivery ledger
 (written last) is on disk, so a learner killed in the middle of a save resumes from the one before. A
@@ -27,7 +29,7 @@ from common.config import ModelConfig
 from common.policies import make_policy
 from common.protocol import Episode
 from learner.replay import PrioritizedReplay
-from learner.replay_file import load_replay, save_replay
+from learner.replay_file import Logged, ReplaySnapshot, load_replay, snapshot, write_snapshot
 
 
 @dataclasses.dataclass
@@ -140,15 +142,35 @@ class Checkpointer:
         model_cfg: ModelConfig,
         max_steps: int,
         process_index: int = 0,
+        by_reference: bool = False,
     ) -> Path:
-        """Save the buffer for the checkpoint of `update` (call after `save`), then delete this process's
-        replay files of updates that no longer have a checkpoint. `update` itself is kept explicitly: an
-        asynchronous orbax save may not be listed yet."""
+        """Save the buffer for the checkpoint of `update` (call after `save`) on this thread: `snapshot`
+        and `write_replay`. `by_reference`: the items a write-ahead log holds are referenced."""
+        snap = snapshot(replay, max_steps, by_reference)
+        self.write_replay(update, snap, model_cfg, max_steps, process_index, self.kept_updates(update))
+        return self.replay_path(update, process_index)
+
+    def kept_updates(self, update: int) -> set[int]:
+        """The updates whose replay files a save of `update` keeps: every checkpoint's, and `update` itself
+        (an asynchronous orbax save may not be listed yet). Asked on the thread that saves with orbax."""
+        return {*self.manager.all_steps(), update}
+
+    def write_replay(
+        self,
+        update: int,
+        snap: ReplaySnapshot,
+        model_cfg: ModelConfig,
+        max_steps: int,
+        process_index: int,
+        keep: set[int],
+    ) -> int:
+        """Write a buffer's snapshot for checkpoint `update`, then delete this process's replay files of
+        updates not in `keep`; the file's bytes. Touches only those files: safe on a helper thread."""
         path = self.replay_path(update, process_index)
         path.parent.mkdir(parents=True, exist_ok=True)
-        save_replay(path, replay, model_cfg, max_steps)
-        self._prune_replays(process_index, keep={*self.manager.all_steps(), update})
-        return path
+        size = write_snapshot(path, snap, model_cfg, max_steps)
+        self._prune_replays(process_index, keep)
+        return size
 
     def restore_replay(
         self,
@@ -158,14 +180,16 @@ class Checkpointer:
         process_index: int = 0,
         *,
         max_steps: int | None = None,
+        logged: Logged | None = None,
     ) -> int | None:
         """Fill `replay` from the file saved with checkpoint `update`; returns its number of episodes, or
-        None when there is none (the run then starts with an empty replay). A damaged file raises a
-        ValueError naming it and leaves `replay` untouched."""
+        None when there is none (the run then starts with an empty replay). `logged` reads back the
+        episodes the file references in the write-ahead log. A damaged file (or a referenced record the
+        log lacks) raises a ValueError naming it and leaves `replay` untouched."""
         path = self.replay_path(update, process_index)
         if not path.is_file():
             return None
-        return load_replay(path, replay, model_cfg, max_steps=max_steps)
+        return load_replay(path, replay, model_cfg, max_steps=max_steps, logged=logged)
 
     def delivery_path(self, update: int, process_index: int = 0) -> Path:
         return self.directory / "replay" / f"{update}.p{process_index}.delivery.json"

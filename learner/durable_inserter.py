@@ -14,6 +14,8 @@ from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+import numpy as np
+
 from common import protocol
 from common.protocol import Episode, ProtocolError
 from common.trajectory_file import parse_record
@@ -24,12 +26,16 @@ from learner.wal import WalError, WriteAheadLog, pack_batch, unpack_batch
 
 STORAGE_RETRY_S = 1.0
 """After a failed log write, TRAJ batches are refused (`unavailable`) this long before writing is tried again."""
+NEVER_REFUSED = 2**31 - 1
+"""The newest version a logged batch is checked against when read back: it passed the check on arrival."""
 TOMBSTONE = b""
 """The message a log record holds for a batch refused for good (empty: no TRAJ is): recovery settles its
 seq and stores nothing."""
 
 Validate = Callable[[protocol.Traj, int], list[Episode]]
 """A TRAJ's episodes, checked against the newest published version (learner/ingest.py `EpisodeCheck`)."""
+Store = Callable[[list[Episode], int], None]
+"""Where settled episodes go (learner/inserter.py), with the log record they are in (-1: no log)."""
 
 
 @dataclass
@@ -43,6 +49,8 @@ class _Pending:
     """Connections to answer: the sender, and any that sent it again before the sync."""
     refusal: tuple[str, str] | None = None
     """(code, reason) of a batch refused for good: settled without storing anything, answered by ERROR."""
+    record: int = -1
+    """Its write-ahead log record (-1 without the log)."""
 
 
 class DurableInserter:
@@ -56,7 +64,7 @@ class DurableInserter:
         self,
         ledger: DeliveryLedger,
         wal: WriteAheadLog | None,
-        on_episodes: Callable[[list[Episode]], None],
+        on_episodes: Store,
         transport: Transport,
         grant: Callable[[str], int],
         on_writable: Callable[[], None],
@@ -92,21 +100,23 @@ class DurableInserter:
 
     def _log(self, raw: bytes | memoryview, pending: _Pending) -> None:
         if self.wal is not None:
-            self._append(pending.actor.instance, pending.seq, raw)
+            pending.record = self._append(pending.actor.instance, pending.seq, raw)
             if self.wal.durability == "fsync":
                 self._pending[(pending.actor.instance, pending.seq)] = pending
                 return
         self._settle(pending)
 
-    def _append(self, instance: str, seq: int, raw: bytes | memoryview) -> None:
+    def _append(self, instance: str, seq: int, raw: bytes | memoryview) -> int:
+        """The record's LSN."""
         if self.storage_error and time.monotonic() < self._retry_at:
             raise ProtocolError("unavailable", f"the learner cannot store batches now: {self.storage_error}")
         try:
-            self.wal.append(pack_batch(instance, seq, raw))
+            lsn = self.wal.append(pack_batch(instance, seq, raw))
         except WalError as e:
             self._storage_failed(e)
             raise ProtocolError("unavailable", f"the learner cannot store batches now: {e}") from e
         self._storage_works()
+        return lsn
 
     def commit(self) -> None:
         """`fsync` mode: one sync for the batches appended this turn, then each is settled and answered;
@@ -132,7 +142,7 @@ class DurableInserter:
         """Into the replay (unless refused) and the ledger, then the answer: the ACK (the first connection's
         counts the episodes) or the refusal's ERROR."""
         if p.refusal is None:
-            self.on_episodes(p.episodes)
+            self.on_episodes(p.episodes, p.record)
         self.ledger.record(p.actor.instance, p.seq)
         if p.refusal is not None:
             for identity in p.identities:
@@ -166,14 +176,13 @@ class DurableInserter:
         actor caps what it re-sends to a restarted learner (docs/PROTOCOL.md §2.7). Returns counts:
         batches, episodes, refused (tombstones), skipped (settled before), unreadable."""
         counts: Counter[str] = Counter()
-        never_refused = 2**31 - 1  # every logged batch passed the version check when it arrived
         for record in self.wal.recover(start_lsn):
             try:
                 instance, seq, raw = unpack_batch(record.payload)
                 if self.ledger.stored(instance, seq):
                     counts["skipped"] += 1
                     continue
-                episodes = None if len(raw) == 0 else validate(_parsed(raw), never_refused)
+                episodes = None if len(raw) == 0 else validate(_parsed(raw), NEVER_REFUSED)
             except (ValueError, ProtocolError) as e:
                 counts["unreadable"] += 1
                 self.log(f"learner: log record {record.lsn} cannot be read back ({e}); skipped")
@@ -181,11 +190,44 @@ class DurableInserter:
             if episodes is None:
                 counts["refused"] += 1
             else:
-                self.on_episodes([_capped(ep, newest_version) for ep in episodes])
+                self.on_episodes([_capped(ep, newest_version) for ep in episodes], record.lsn)
                 counts["batches"] += 1
                 counts["episodes"] += len(episodes)
             self.ledger.record(instance, seq)
         return counts
+
+
+class LoggedEpisodes:
+    """Episodes read back from the log by (record, index): the items a checkpoint's replay references
+    (learner/replay_file.py). Each record is validated as on arrival (`validate`) and each episode capped
+    at the newest version it was stored with. Read-only: usable before the log is recovered."""
+
+    def __init__(self, wal: WriteAheadLog, validate: Validate):
+        self.wal, self.validate = wal, validate
+
+    def __call__(self, origins: np.ndarray, caps: np.ndarray) -> list[Episode]:
+        payloads = self.wal.read(set(origins[:, 0].tolist()))
+        batches: dict[int, list[Episode]] = {}
+        out = []
+        for (lsn, index), cap in zip(origins.tolist(), caps.tolist(), strict=True):
+            if lsn not in batches:
+                batches[lsn] = self._batch(lsn, payloads.get(lsn))
+            if not 0 <= index < len(batches[lsn]):
+                raise ValueError(f"{self.wal.directory}: record {lsn} has no episode {index}")
+            out.append(_capped(batches[lsn][index], cap))
+        return out
+
+    def _batch(self, lsn: int, payload: bytes | None) -> list[Episode]:
+        where = f"{self.wal.directory}: record {lsn}"
+        if payload is None:
+            raise ValueError(f"{where} is not in the log (deleted or damaged); the checkpoint needs it")
+        try:
+            _instance, _seq, raw = unpack_batch(payload)
+            if len(raw) == 0:
+                raise ValueError("it is a tombstone, it holds no episodes")
+            return self.validate(_parsed(raw), NEVER_REFUSED)
+        except (ValueError, ProtocolError) as e:
+            raise ValueError(f"{where} cannot be read back: {e}") from e
 
 
 def _parsed(raw: memoryview) -> protocol.Traj:

@@ -29,10 +29,13 @@ class ReplayInserter:
         self.replay, self.schedule, self.stats, self.gamma = replay, schedule, stats, gamma
         self.newest_version = newest_version
 
-    def __call__(self, episodes: list[Episode]) -> None:
+    def __call__(self, episodes: list[Episode], record: int = -1) -> None:
+        """`record`: the write-ahead log record the episodes were read from (-1: none), kept per item so a
+        checkpoint can save them by reference."""
         self.schedule.on_episodes(len(episodes))
         slots = [
-            self.replay.add(ep, oldest_version(ep), initial_priority_terms(ep, self.gamma)) for ep in episodes
+            self.replay.add(ep, oldest_version(ep), initial_priority_terms(ep, self.gamma), (record, i))
+            for i, ep in enumerate(episodes)
         ]
         self.schedule.count_inserts(sum(slot is not None for slot in slots))  # the stale ones are not stored
         self.stats.on_episodes(episodes, self.newest_version())

@@ -19,9 +19,11 @@ from collating its batch to fetching its metrics, and the host copy of each publ
 helper thread while the main thread keeps serving (learner/trainer.py `run_while_serving`,
 `_serve_while_busy`), so actors are answered within about 10 ms plus one poll however long a step takes.
 Still on the main thread, between polls: drawing a sample, the PUB send of a snapshot, a wall-clock
-snapshot's file (--snapshot-every), and a checkpoint save (Session.save: the training state, the replay file, the delivery ledger; 0.3 s for the default
-2048-episode replay on a 2-core CPU, more for a larger one). Actors wait that long for replies, which is
-why --actor-timeout counts silence only once the learner has read what waited (learner/ingest.py).
+snapshot's file (--snapshot-every), and a checkpoint's start (Session.save: orbax's save of the training
+state and a snapshot of the replay, 3 ms for the default 2048-episode replay; its file and the delivery
+ledger are written on a helper thread, learner/checkpoint_files.py). Actors wait that long for replies,
+which is why --actor-timeout counts silence only once the learner has read what waited
+(learner/ingest.py).
 """
 
 from __future__ import annotations

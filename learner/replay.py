@@ -215,6 +215,10 @@ class PrioritizedReplay(Generic[T]):
         self._live = np.zeros(capacity, bool)
         self._generation = np.zeros(capacity, np.int64)
         self._version = np.zeros(capacity, np.int64)
+        self._origin = np.full((capacity, 2), -1, np.int64)
+        """Per slot, where its item can be read back: (write-ahead log record, episode index in it), or -1s
+        when only memory holds it (a demonstration, a run without the log). Checkpoints save the log's
+        items by this reference instead of their contents (learner/replay_file.py)."""
         self._free = list(range(capacity - 1, -1, -1))  # a stack: slot 0 is used first
         self._order: deque[tuple[int, int]] = deque()  # (slot, generation) by insertion, lazily pruned
         self._cutoff = -math.inf  # items with a version below this are stale
@@ -254,10 +258,15 @@ class PrioritizedReplay(Generic[T]):
         return np.ones_like(p, np.float64) if self.uniform else np.power(p, self.alpha, dtype=np.float64)
 
     def add(
-        self, item: T, behavior_version: int, priority_terms: tuple[float, float, float] | None = None
+        self,
+        item: T,
+        behavior_version: int,
+        priority_terms: tuple[float, float, float] | None = None,
+        origin: tuple[int, int] = (-1, -1),
     ) -> int | None:
         """Store one trajectory at the priority of `priority_terms` (mean |delta|, mean rho, mean H), or at
-        the running max priority without them; returns its slot, None if dropped as stale."""
+        the running max priority without them; returns its slot, None if dropped as stale. `origin`: the
+        write-ahead log record and index it was read from, if any."""
         if behavior_version < self._cutoff:
             self.counts["dropped_stale"] += 1
             self.counts["dropped_stale_at_add"] += 1
@@ -275,6 +284,7 @@ class PrioritizedReplay(Generic[T]):
         slot = self._free.pop()
         self._generation[slot] += 1
         self._items[slot], self._live[slot], self._version[slot] = item, True, behavior_version
+        self._origin[slot] = origin
         self.priorities[slot] = priority
         self._draws[slot] = 0
         self.tree.set(slot, self._leaf(priority))
@@ -381,6 +391,7 @@ class PrioritizedReplay(Generic[T]):
             "sample_calls": self._progress,
             "counts": dict(self.counts),
             "draws": self._draws[slots],  # of each item
+            "origins": self._origin[slots],  # of each item: (log record, index), -1s if none
             "recent_resampled": np.array(self._recent_resampled, np.int64),
             "recent_pairs": np.array(self._recent_pairs, np.float64).reshape(-1, 2),
             "recent_terms": np.array(self._recent_terms, np.float64).reshape(-1, 3),
@@ -420,9 +431,18 @@ class PrioritizedReplay(Generic[T]):
         self.counts, self._progress = s["counts"], s["sample_calls"]
         self._draws[:] = 0
         self._draws[slots] = s["draws"]
+        self._origin[:] = -1
+        self._origin[slots] = s["origins"]
         self._recent_resampled = deque(s["recent_resampled"].astype(bool).tolist(), maxlen=RECENT)
         self._recent_pairs = deque(map(tuple, s["recent_pairs"].tolist()), maxlen=RECENT)
         self._recent_terms = deque(map(tuple, s["recent_terms"].tolist()), maxlen=RECENT)
+
+    def oldest_origin(self) -> int | None:
+        """The oldest write-ahead log record a stored item comes from (None if none does): the log must
+        keep it, and every record after it, for a checkpoint that references them."""
+        records = self._origin[self._live, 0]
+        records = records[records >= 0]
+        return int(records.min()) if len(records) else None
 
     def stats(self) -> dict[str, float | int]:
         live = self.priorities[self._live]
@@ -491,6 +511,8 @@ def _checked_state(replay: PrioritizedReplay, items: list, state: dict[str, Any]
     s["rng"] = _rng(state.get("rng"))
     # Newer fields; a state saved before them counts every item as drawn before, with no recent history.
     s["draws"] = _array(state, "draws", np.int64, (n,)) if "draws" in state else np.ones(n, np.int64)
+    no_origin = np.full((n, 2), -1, np.int64)
+    s["origins"] = _array(state, "origins", np.int64, (n, 2)) if "origins" in state else no_origin
     widths = {"recent_resampled": (), "recent_pairs": (2,), "recent_terms": (3,)}
     recent = {k: np.zeros((0, *w), np.int64 if not w else np.float64) for k, w in widths.items()}
     recent |= {k: state[k] for k in recent if k in state}

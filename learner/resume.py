@@ -4,7 +4,7 @@ once:
 1. the training state (parameters, optimizer state, update count, policy version, the demonstrations' RNG);
 2. this process's replay, only when the delivery ledger saved after it exists (a learner killed between
    the two left it alone: without the ledger, the write-ahead log replayed from its start would store its
-   batches twice);
+   batches twice); the episodes it references in the write-ahead log are read back from there;
 3. the delivery ledger (which batches that replay holds, and the log position it was saved at), only with
    the replay it describes;
 4. the write-ahead log's batches from that position on, into the replay and the ledger (batches the
@@ -25,6 +25,7 @@ from learner.checkpoint import Checkpointer
 from learner.config import LearnerConfig
 from learner.ingest import IngestServer
 from learner.replay import PrioritizedReplay
+from learner.replay_file import Logged
 from learner.trainer import Trainer
 
 
@@ -46,7 +47,8 @@ def resume(
             trainer.restore(checkpointer)  # 1
         except ValueError as e:
             raise SystemExit(str(e)) from e
-        kept = _restore_replay(cfg, rank, checkpointer, trainer.update, replay)  # 2
+        logged = server.logged_episodes()
+        kept = _restore_replay(cfg, rank, checkpointer, trainer.update, replay, logged)  # 2
         console.print(
             f"learner: resuming from the checkpoint at update {trainer.update} (policy v{trainer.version}), "
             + (f"{kept} episodes in the replay" if kept is not None else "no saved replay: it starts empty")
@@ -59,13 +61,20 @@ def resume(
 
 
 def _restore_replay(
-    cfg: LearnerConfig, rank: int, checkpointer: Checkpointer, update: int, replay: PrioritizedReplay[Episode]
+    cfg: LearnerConfig,
+    rank: int,
+    checkpointer: Checkpointer,
+    update: int,
+    replay: PrioritizedReplay[Episode],
+    logged: Logged | None,
 ) -> int | None:
     """The episodes the replay got back, or None when the checkpoint has no replay with its ledger."""
     try:
         if not checkpointer.delivery_path(update, rank).is_file():
             return None
-        return checkpointer.restore_replay(update, replay, cfg.model, rank, max_steps=cfg.max_steps)
+        return checkpointer.restore_replay(
+            update, replay, cfg.model, rank, max_steps=cfg.max_steps, logged=logged
+        )
     except (OSError, ValueError) as e:
         raise SystemExit(f"cannot resume the replay: {e}") from e
 

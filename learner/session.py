@@ -17,11 +17,13 @@ from rich.console import Console
 from common.protocol import Episode
 from learner import multihost
 from learner.checkpoint import Checkpointer
+from learner.checkpoint_files import CheckpointFiles
 from learner.config import LearnerConfig, flat_dict
 from learner.export_cli import SNAPSHOT_NAME
 from learner.ingest import IngestServer
 from learner.local_actors import LocalActors
 from learner.replay import PrioritizedReplay, ReplaySample
+from learner.replay_file import snapshot
 from learner.run_outputs import RunOutputs
 from learner.run_stats import RunStats
 from learner.schedule import Schedule
@@ -68,7 +70,9 @@ class Session:
     saved_update: int = 0
     """The update of the newest checkpoint on disk."""
     saved_lsn: int = 0
-    """The write-ahead log position of the newest checkpoint on disk: every record below it is in it."""
+    """The write-ahead log position of the checkpoint this run resumed from: every record below it is in
+    it (its replay may still need older ones: `CheckpointFiles.log_needed_from`)."""
+    _files: CheckpointFiles | None = None
     _last_log: float = 0.0
     _snapshots: WallSnapshots | None = None
     _last_save: float = field(default_factory=time.monotonic)
@@ -129,25 +133,41 @@ class Session:
             self.save()
 
     def save(self) -> None:
-        """A checkpoint of the training state, then this process's replay, then its delivery ledger (in
-        that order: a ledger file always describes a replay file, which the resume relies on)."""
+        """A checkpoint: the training state (orbax, collectively, on this thread), then this process's
+        replay file and delivery ledger written on a helper thread from a snapshot taken here
+        (learner/checkpoint_files.py). With a write-ahead log the replay file references the episodes the
+        log holds instead of copying them, and the log keeps their records until a newer checkpoint is
+        complete without them."""
         t0 = time.monotonic()
-        update = self.trainer.update
-        self.trainer.save(self.checkpointer, flat_dict(self.cfg))
+        files = self._checkpoint_files()
+        files.wait()  # one save's files at a time, in order
+        update, wal, cfg = self.trainer.update, self.server.wal, self.cfg
+        self.trainer.save(self.checkpointer, flat_dict(cfg))
         self.trainer.write_decoder(self.run_dir / SNAPSHOT_NAME)
-        self.checkpointer.save_replay(update, self.replay, self.cfg.model, self.cfg.max_steps, self.rank)
-        wal = self.server.wal
+        snap = snapshot(self.replay, cfg.max_steps, by_reference=wal is not None)
         position = wal.next_lsn if wal is not None else 0  # no batch waits for a sync between polls
-        self.checkpointer.save_delivery(
-            update, {**self.server.ledger.state(), "wal_next_lsn": position}, self.rank
-        )
-        if wal is not None:
-            # orbax finished the previous checkpoint before starting this one (CheckpointManager.save
-            # waits), so it is complete on disk: the log below its position is no longer needed.
-            wal.prune(self.saved_lsn)
-        self.saved_update, self.saved_lsn = update, position
+        ledger = {**self.server.ledger.state(), "wal_next_lsn": position}
+        keep = self.checkpointer.kept_updates(update)
+        checkpointer, rank = self.checkpointer, self.rank
+
+        def write() -> int:  # on the helper thread: only this save's files and the old ones it replaces
+            size = checkpointer.write_replay(update, snap, cfg.model, cfg.max_steps, rank, keep)
+            checkpointer.save_delivery(update, ledger, rank)
+            return size
+
+        oldest = self.replay.oldest_origin()
+        files.start(update, write, position if oldest is None else min(position, oldest))
+        self.saved_update = update
         self._last_save = time.monotonic()
         self.stats.timing["checkpoint_s"] += time.monotonic() - t0
+
+    def _checkpoint_files(self) -> CheckpointFiles:
+        if self._files is None:
+            wal = self.server.wal
+            oldest = self.replay.oldest_origin()  # the restored replay's, and the recovered batches'
+            needed = self.saved_lsn if oldest is None else min(self.saved_lsn, oldest)
+            self._files = CheckpointFiles(needed, wal.prune if wal is not None else None, self.console.print)
+        return self._files
 
     def snapshot_if_due(self) -> None:
         """--snapshot-every: the parameters for the latest multiple of the period the wall clock has
@@ -248,6 +268,11 @@ class Session:
             **{f"replay/{k}": v for k, v in replay.stats().items()},
             **{f"train/{k}": v for k, v in s.train_metrics.items()},
             **{f"time/{k}": round(v, 3) for k, v in s.timing.items()},
+            **(
+                {f"checkpoint/{k}": v for k, v in self._files.stats.items()}
+                if self._files is not None
+                else {}
+            ),
         }
 
     def log_if_due(self) -> None:
@@ -279,6 +304,8 @@ class Session:
         if self.checkpointer is not None:
             if self.trainer.update > self.saved_update:
                 self.save()
+            if self._files is not None:
+                self._files.wait()
             self.checkpointer.close()
         last = self.record()
         last["stopped"] = stopped or "error"

@@ -127,7 +127,8 @@ class WriteAheadLog:
     """One learner process's log directory: `recover` reads it back (cutting a torn tail) and opens it for
     appending; `append` writes one record (`os`: a write(2) to the operating system), `sync` flushes
     what was appended since the last sync to the device (`fsync` mode; one fdatasync covers a whole
-    group of records), `prune` deletes segments a committed checkpoint no longer needs.
+    group of records), `prune` deletes segments a committed checkpoint no longer needs, `read` gives
+    chosen records back (a checkpoint's replay refers to the episodes the log holds).
 
     A failed write or sync raises WalError; the caller stops acknowledging until a later write works."""
 
@@ -187,6 +188,21 @@ class WriteAheadLog:
             self._open(path)
         else:
             self._start_segment()
+
+    def read(self, lsns: set[int]) -> dict[int, bytes]:
+        """The payloads of the intact records with these LSNs, by LSN (absent: not in the log). Read-only:
+        the log is neither opened nor repaired, so a checkpoint's replay can be read back before
+        `recover`. Only segments whose LSN range holds a wanted record are read."""
+        segments = self.segments()
+        out: dict[int, bytes] = {}
+        wanted = sorted(lsns)
+        for i, (first, path) in enumerate(segments):
+            end = segments[i + 1][0] if i + 1 < len(segments) else None
+            if not any(first <= lsn and (end is None or lsn < end) for lsn in wanted):
+                continue
+            records, _intact = scan_segment(path.read_bytes(), Counter())
+            out.update((r.lsn, r.payload) for r in records if r.lsn in lsns)
+        return out
 
     # ---- writing -----------------------------------------------------------------------------------
     def append(self, buffers: list[bytes | memoryview]) -> int:

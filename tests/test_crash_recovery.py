@@ -33,6 +33,7 @@ from benchmarks.ingest import random_arrays
 from common import featurize, protocol, wire
 from common.config import ModelConfig
 from learner.checkpoint import Checkpointer
+from learner.durable_inserter import LoggedEpisodes
 from learner.replay import PrioritizedReplay
 from learner.replay_file import load_replay
 from learner.wal import WriteAheadLog, unpack_batch
@@ -248,6 +249,9 @@ def _what_a_restart_reads(run_dir) -> list[protocol.Episode]:
     """The newest complete checkpoint's replay, then the log's batches after its position that its ledger
     does not hold: the replay a learner started on `run_dir` now would have."""
     model = ModelConfig.from_dict(json.loads((run_dir / "config.json").read_text())["model"])
+    spec = featurize.episode_spec(model, text_vocab_size=0)
+    wal = WriteAheadLog(run_dir / "wal", "os")
+    logged = LoggedEpisodes(wal, lambda traj, newest: traj.validate(spec, MAX_STEPS, newest))
     ckpt = Checkpointer(run_dir / "checkpoints")
     try:
         update = ckpt.latest_update()
@@ -256,7 +260,7 @@ def _what_a_restart_reads(run_dir) -> list[protocol.Episode]:
         start = 0
         if update is not None and ckpt.delivery_path(update).is_file():  # a replay only with its ledger
             replay: PrioritizedReplay = PrioritizedReplay(CAPACITY)
-            load_replay(ckpt.replay_path(update), replay, model, max_steps=MAX_STEPS)
+            load_replay(ckpt.replay_path(update), replay, model, max_steps=MAX_STEPS, logged=logged)
             assert replay.counts.get("evicted_fifo", 0) == 0 == replay.counts.get("dropped_stale", 0)
             episodes = replay.items()
             ledger = ckpt.restore_delivery(update)
@@ -264,7 +268,6 @@ def _what_a_restart_reads(run_dir) -> list[protocol.Episode]:
             start = ledger["wal_next_lsn"]
     finally:
         ckpt.close()
-    wal = WriteAheadLog(run_dir / "wal", "os")
     for record in wal.recover(start):
         instance, seq, raw = unpack_batch(record.payload)
         watermark, above = stored.setdefault(instance, (0, set()))
@@ -272,6 +275,6 @@ def _what_a_restart_reads(run_dir) -> list[protocol.Episode]:
             continue
         above.add(seq)
         traj = protocol.Traj.from_msg(protocol.parse(raw))
-        episodes += traj.validate(featurize.episode_spec(model, text_vocab_size=0), MAX_STEPS, 2**31 - 1)
+        episodes += traj.validate(spec, MAX_STEPS, 2**31 - 1)
     wal.close()
     return episodes

@@ -35,7 +35,7 @@ class RunningIngest:
             "127.0.0.1", 0, 0,
             welcome_fields={"model": MODEL.to_dict(), "max_steps": MAX_STEPS},
             episode_spec=featurize.episode_spec(MODEL, 0), max_steps=MAX_STEPS,
-            on_episodes=self.stored.extend, credit=1_000_000, actor_timeout=3600,
+            on_episodes=lambda eps, _record: self.stored.extend(eps), credit=1_000_000, actor_timeout=3600,
         )  # fmt: skip
         self.server.publish(0, {"w": np.zeros(3, np.float32)})
         self.crashed: BaseException | None = None

@@ -32,7 +32,7 @@ def _server(durability: str, wal_dir) -> tuple[IngestServer, list]:
         "127.0.0.1", 0, 0,
         welcome_fields={"model": MODEL.to_dict(), "max_steps": MAX_STEPS},
         episode_spec=featurize.episode_spec(MODEL, 0), max_steps=MAX_STEPS,
-        on_episodes=stored.extend, credit=CREDIT, heartbeat_every=60.0, wal=wal, log=lambda _: None,
+        on_episodes=lambda eps, _record: stored.extend(eps), credit=CREDIT, heartbeat_every=60.0, wal=wal, log=lambda _: None,
     )  # fmt: skip
     if wal is not None:
         server.recover(0, newest_version=0)

@@ -27,7 +27,7 @@ def _server() -> IngestServer:
         "127.0.0.1", 0, 0,
         welcome_fields={"model": MODEL.to_dict(), "max_steps": 4},
         episode_spec=featurize.episode_spec(MODEL, 0), max_steps=4,
-        on_episodes=lambda episodes: None, actor_timeout=TIMEOUT_S, heartbeat_every=60.0,
+        on_episodes=lambda *_: None, actor_timeout=TIMEOUT_S, heartbeat_every=60.0,
     )  # fmt: skip
     server.publish(0, {"w": np.zeros(3, np.float32)})
     return server

@@ -20,7 +20,7 @@ def test_welcome_carries_the_word_piece_bound(text_vocab_size):
     server = IngestServer(
         "127.0.0.1", 0, 0, welcome_fields={"model": MODEL.to_dict(), "max_steps": 4},
         episode_spec=featurize.episode_spec(MODEL, 0), max_steps=4,
-        on_episodes=lambda _: None, text_vocab_size=text_vocab_size,
+        on_episodes=lambda *_: None, text_vocab_size=text_vocab_size,
     )  # fmt: skip
     ctx = zmq.Context()
     sock = ctx.socket(zmq.DEALER)

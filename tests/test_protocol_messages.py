@@ -336,7 +336,7 @@ def test_the_learner_refuses_welcome_fields_it_cannot_send():
     with pytest.raises(TypeError):
         IngestServer(
             "127.0.0.1", 0, 0, welcome_fields={"model": MODEL.to_dict(), "max_steps": 4, "colour": "red"},
-            episode_spec=featurize.episode_spec(MODEL, 0), max_steps=4, on_episodes=lambda _: None,
+            episode_spec=featurize.episode_spec(MODEL, 0), max_steps=4, on_episodes=lambda *_: None,
         )  # fmt: skip
 
 

@@ -370,7 +370,7 @@ def test_files_of_protocol_version_3_still_load(saved, tmp_path):
     out = []
     for i, (a, b) in enumerate(itertools.pairwise(starts)):
         msg = wire.decode(data[a + 4 : b])
-        assert msg.get("format", replay_file.FORMAT) == 3 and msg["v"] == 4
+        assert msg.get("format", replay_file.FORMAT) == replay_file.FORMAT and msg["v"] == 4
         encoded = wire.encode({**msg, "v": 3, **({"format": 2} if i in (0, len(starts) - 2) else {})})
         out.append(struct.pack("<I", len(encoded)) + encoded)
     path = tmp_path / "v3.replay"

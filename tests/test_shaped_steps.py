@@ -348,7 +348,15 @@ def test_a_replay_file_keeps_shaped_steps_bit_exact(tmp_path, monkeypatch):
 
 
 def _inserter(wal: WriteAheadLog, stored: list) -> DurableInserter:
-    return DurableInserter(DeliveryLedger(8), wal, stored.extend, None, lambda _: 8, lambda: None, print)
+    return DurableInserter(
+        DeliveryLedger(8),
+        wal,
+        lambda eps, _record: stored.extend(eps),
+        None,
+        lambda _: 8,
+        lambda: None,
+        print,
+    )
 
 
 def test_the_write_ahead_log_recovers_shaped_steps_bit_exact_also_from_version_3(tmp_path):

@@ -49,9 +49,9 @@ class _Learner:
         self.recovered = self.server.recover(start_lsn or 0, newest_version=0)
         self.server.publish(0, {"w": np.zeros(3, np.float32)})
 
-    def _store(self, episodes) -> None:
-        for ep in episodes:
-            self.replay.add(ep, oldest_version(ep), initial_priority_terms(ep, 0.99))
+    def _store(self, episodes, record: int) -> None:
+        for i, ep in enumerate(episodes):
+            self.replay.add(ep, oldest_version(ep), initial_priority_terms(ep, 0.99), (record, i))
 
     def checkpoint(self) -> tuple:
         """What Session.save keeps: the replay, the ledger and the log position (no batch waits for a sync)."""
