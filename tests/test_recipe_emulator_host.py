@@ -16,12 +16,10 @@ import contextlib
 import json
 import os
 import re
-import shlex
 import signal
 import subprocess
 import sys
 import time
-import tomllib
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -30,6 +28,7 @@ import tyro
 import yaml
 
 from actors.config import ActorConfig
+from tests import dockerfile
 from tests.argv_words import value as _value
 from tests.argv_words import values as _values
 from tests.conftest import ROOT
@@ -40,14 +39,10 @@ DOCKERFILE = HOST / "Dockerfile"
 IGNORE_FILE = HOST / "Dockerfile.dockerignore"
 COMPOSE = HOST / "compose.yaml"
 
-INSTRUCTIONS = {
-    "ADD", "ARG", "CMD", "COPY", "ENTRYPOINT", "ENV", "EXPOSE", "FROM", "HEALTHCHECK", "LABEL",
-    "ONBUILD", "RUN", "SHELL", "STOPSIGNAL", "USER", "VOLUME", "WORKDIR",
-}  # fmt: skip
-COPY_FLAGS = {"--from", "--chmod", "--chown", "--link"}
 INHERITED_ENV = {"PATH"}
 """Variables the base image defines, which an instruction may use without declaring them."""
-VAR_REF = re.compile(r"\$\{?([A-Za-z_][A-Za-z0-9_]*)")
+IMAGES = ROOT / "deploy" / "docker" / "Dockerfile"
+"""The learner and actor images' Dockerfile: this one builds on its `actor` target."""
 
 LOG_LINE = r"""line=$(printf '%s\x1f' "$(basename "$0")" "$$" "$@"); printf '%s\n' "$line" >> "$STUB_LOG"
 """
@@ -379,113 +374,31 @@ def test_bad_settings_are_one_clear_message(tmp_path, env, message):
 # ---- the Dockerfile --------------------------------------------------------------------------------------
 
 
-def _instructions() -> list[tuple[int, str, str]]:
-    """(first line, INSTRUCTION, arguments): continuation lines joined, comments and directives dropped."""
-    found: list[tuple[int, str, str]] = []
-    buf, start = "", 0
-    for n, line in enumerate(DOCKERFILE.read_text().splitlines(), 1):
-        stripped = line.strip()
-        if not stripped or stripped.startswith("#"):  # also a comment line inside a continued instruction
-            continue
-        start = start or n
-        if stripped.endswith("\\"):
-            buf += stripped[:-1] + " "
-            continue
-        word, _, rest = (buf + stripped).partition(" ")
-        assert word in INSTRUCTIONS, f"line {start}: {word!r} is not an instruction (or not upper case)"
-        found.append((start, word, rest.strip()))
-        buf, start = "", 0
-    assert not buf, "the Dockerfile ends inside a continued instruction"
-    return found
-
-
-def _stages() -> list[tuple[str | None, list[tuple[int, str, str]]]]:
-    """(stage name, its instructions from FROM on)."""
-    stages: list[tuple[str | None, list]] = []
-    for ins in _instructions():
-        if ins[1] == "FROM":
-            words = ins[2].split()
-            name = words[2] if len(words) == 3 and words[1].upper() == "AS" else None
-            assert len(words) in (1, 3), f"line {ins[0]}: FROM IMAGE [AS NAME], not {ins[2]!r}"
-            stages.append((name, []))
-        stages[-1][1].append(ins)
-    return stages
-
-
-def _declared(kind: str, args: str) -> dict[str, str | None]:
-    """Names (and defaults) an ARG or ENV instruction declares."""
-    out: dict[str, str | None] = {}
-    for word in shlex.split(args):
-        name, eq, value = word.partition("=")
-        assert re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", name), f"{kind} {word!r}"
-        assert eq or kind == "ARG", f"ENV needs NAME=VALUE, not {word!r}"
-        out[name] = value if eq else None
-    return out
-
-
-def _args_of(stage: list[tuple[int, str, str]]) -> dict[str, str | None]:
-    found: dict[str, str | None] = {}
-    for _, word, args in stage:
-        if word == "ARG":
-            found.update(_declared("ARG", args))
-    return found
-
-
-def test_dockerfile_starts_with_from_and_every_variable_is_declared_in_its_stage():
-    instructions = _instructions()
-    assert instructions[0][1] == "FROM", "FROM must come first"
-    stages = _stages()
-    assert [name for name, _ in stages] == ["sdk", None]
-    for name, stage in stages:
-        known = set(INHERITED_ENV)
-        for line, word, args in stage[1:]:
-            used = set(VAR_REF.findall(args))
-            assert used <= known, f"line {line} ({name or 'final'} stage): {sorted(used - known)} undeclared"
-            if word in ("ARG", "ENV"):
-                known |= set(_declared(word, args))
+def test_dockerfile_declares_its_variables_and_builds_on_the_actor_image():
+    assert [name for name, _ in dockerfile.stages(DOCKERFILE)] == ["sdk", None]
+    dockerfile.check_variables(DOCKERFILE, INHERITED_ENV)
+    (_, final) = dockerfile.stages(DOCKERFILE)[-1]
+    assert final[0][2] == "${ACTOR_IMAGE}"
+    actor_tag = dockerfile.of_kind(dockerfile.prelude(DOCKERFILE), "ARG")["ACTOR_IMAGE"]
+    assert f"--target actor -t {actor_tag} ." in IMAGES.read_text(), "the tag the actor image is built with"
+    assert f"--target actor -t {actor_tag} ." in DOCKERFILE.read_text()  # its build comment says so too
 
 
 def test_dockerfile_run_copy_and_entrypoint_are_well_formed():
-    ignore = IGNORE_FILE.read_text().splitlines()
-    stage_names: list[str] = []
-    copied: dict[str, str] = {}
-    for name, stage in _stages():
-        for line, word, args in stage[1:]:
-            if word == "RUN":
-                assert args and not re.search(r"(&&|\|\||\|)\s*$", args), f"line {line}: {args!r}"
-                result = subprocess.run(["sh", "-n", "-c", args], capture_output=True, text=True, timeout=30)
-                assert result.returncode == 0, f"line {line}: {result.stderr}"
-            elif word == "COPY":
-                words = args.split()
-                flags = [w for w in words if w.startswith("--")]
-                paths = [w for w in words if not w.startswith("--")]
-                assert {f.split("=")[0] for f in flags} <= COPY_FLAGS, f"line {line}: {flags}"
-                assert len(paths) >= 2 and paths[-1].startswith("/"), f"line {line}: COPY SRC... /DEST"
-                source_stage = next((f.split("=", 1)[1] for f in flags if f.startswith("--from=")), None)
-                for src in paths[:-1]:
-                    if source_stage is not None:
-                        assert source_stage in stage_names, f"line {line}: no earlier stage {source_stage}"
-                        continue
-                    assert (ROOT / src).exists(), f"line {line}: {src} is not in the build context"
-                    top = src.split("/")[0]
-                    assert f"!{src}" in ignore or f"!{top}" in ignore, (
-                        f"{src}: excluded by {IGNORE_FILE.name}"
-                    )
-                    copied[src] = paths[-1]
-        if name:
-            stage_names.append(name)
-    # the final stage: PID 1 is tini, which runs the entrypoint where COPY put it, executable
-    final = _stages()[-1][1]
+    copied = dockerfile.check_run_and_copy(DOCKERFILE, IGNORE_FILE, ROOT)
+    # the final stage: PID 1 is tini (the actor image's), which runs the entrypoint where COPY put it
+    final = dockerfile.stages(DOCKERFILE)[-1][1]
     (entrypoint,) = [json.loads(args) for _, word, args in final if word == "ENTRYPOINT"]
     assert entrypoint == ["/usr/bin/tini", "--", copied["deploy/emulator/entrypoint.sh"]]
-    assert any(word == "RUN" and " tini" in args for _, word, args in final)
+    assert any(word == "RUN" and " tini" in args for _, word, args in dockerfile.stages(IMAGES)[0][1])
     (copy_line,) = [args for _, word, args in final if word == "COPY" and "entrypoint.sh" in args]
     assert "--chmod=0755" in copy_line
+    assert [args for _, word, args in final if word == "USER"] == ["root"]  # /dev/kvm and the AVD's state
 
 
-def test_dockerfile_installs_the_sdk_an_avd_and_this_project():
-    (_, sdk), (_, final) = _stages()
-    args = _args_of(sdk)
+def test_dockerfile_installs_the_sdk_and_an_avd_on_the_actor_image():
+    (_, sdk), (_, final) = dockerfile.stages(DOCKERFILE)
+    args = dockerfile.of_kind(sdk, "ARG")
     assert {"API_LEVEL", "IMAGE_TAG", "ABI", "AVD_NAME"} <= set(args)
     assert (args["IMAGE_TAG"], args["ABI"]) == ("google_apis", "x86_64")
     runs = " ".join(a for _, w, a in sdk if w == "RUN")
@@ -496,23 +409,14 @@ def test_dockerfile_installs_the_sdk_an_avd_and_this_project():
         rf'avdmanager create avd --name "\$\{{AVD_NAME\}}" .*--package {re.escape(package)}', runs
     )
     # the AVD the first stage makes is the one the final stage names, and the entrypoint's default
-    assert _args_of(final)["AVD_NAME"] == args["AVD_NAME"]
-    env = {}
-    for _, word, a in final:
-        if word == "ENV":
-            env.update(_declared("ENV", a))
+    assert dockerfile.of_kind(final, "ARG")["AVD_NAME"] == args["AVD_NAME"]
+    env = dockerfile.of_kind(final, "ENV")
     assert env["AVD_NAME"] == "${AVD_NAME}" and env["ANDROID_AVD_HOME"] == "/opt/android-avd"
     assert re.search(rf"^AVD_NAME=\$\{{AVD_NAME:-{args['AVD_NAME']}\}}$", ENTRYPOINT.read_text(), re.M)
     assert any(w == "COPY" and "--from=sdk /opt/android-avd /opt/android-avd" in a for _, w, a in final)
     assert env["JAX_PLATFORMS"] == "cpu"  # actors infer on the CPU (BUILD.md)
-    # `pip install` of the project: everything its pyproject packages and reads is copied to /src
-    pyproject = tomllib.loads((ROOT / "pyproject.toml").read_text())
-    needed = {p.rstrip("*") for p in pyproject["tool"]["setuptools"]["packages"]["find"]["include"]}
-    needed |= {"pyproject.toml", pyproject["project"]["readme"]}
-    copies = [a.split() for _, w, a in final if w == "COPY" and not a.startswith("--")]
-    to_src = {Path(src).name for words in copies for src in words[:-1] if words[-1].startswith("/src")}
-    assert needed <= to_src, f"not copied to /src: {sorted(needed - to_src)}"
-    assert any(w == "RUN" and "pip install --no-cache-dir /src" in a for _, w, a in final)
+    assert env["PATH"].endswith(":${PATH}"), "the actor image's /opt/venv/bin stays on PATH"
+    assert not any(w == "RUN" and "pip install" in a for _, w, a in final), "the project is the actor image's"
 
 
 # ---- the compose file ------------------------------------------------------------------------------------
@@ -542,7 +446,9 @@ def test_compose_service_builds_this_dockerfile_with_kvm_and_a_restart_policy():
     build = svc["build"]
     assert (COMPOSE.parent / build["context"]).resolve() == ROOT
     assert (ROOT / build["dockerfile"]).resolve() == DOCKERFILE
-    declared = set().union(*(_args_of(stage) for _, stage in _stages()))
+    declared = set(dockerfile.of_kind(dockerfile.prelude(DOCKERFILE), "ARG")).union(
+        *(dockerfile.of_kind(stage, "ARG") for _, stage in dockerfile.stages(DOCKERFILE))
+    )
     assert set(build["args"]) <= declared, sorted(set(build["args"]) - declared)
     assert all(isinstance(v, str) for v in build["args"].values())
     assert [d.split(":")[0] for d in svc["devices"]] == ["/dev/kvm"]

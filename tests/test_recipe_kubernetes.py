@@ -303,7 +303,11 @@ def test_actor_keys_come_from_its_secret(objects):
         "learner.key",
     )
     assert _env(c)["JAX_PLATFORMS"] == "cpu"
-    assert c["image"] == _learner(objects)[0]["image"], "learner and actors must run the same code"
+    learner_image = _learner(objects)[0]["image"]
+    assert c["image"].rsplit(":", 1) == [learner_image.replace("-learner:", "-actor:").rsplit(":", 1)[0],
+                                         learner_image.rsplit(":", 1)[1].removesuffix("-cuda")], (
+        "learner and actors must run the same code: the same version of deploy/docker/Dockerfile's targets"
+    )  # fmt: skip
 
 
 def test_emulators_boot_on_kvm_beside_the_actor_that_drives_them(objects):
