@@ -463,6 +463,8 @@ class Actor:
                 self.outbox.on_grant(reply.grant)
                 if self._run_id and reply.run_id != self._run_id:
                     self._rejoin = "the learner restarted"
+                else:  # its storage may work again: what it refused `unavailable` goes again now
+                    self._send(conn, self.outbox.to_retry())
             elif isinstance(reply, protocol.Error):
                 self._refused(reply)
         reload = world is not None and world.reload
@@ -485,10 +487,14 @@ class Actor:
         self.stats["errors"] += 1
         if code == "not_welcomed":
             self._rejoin = "the learner no longer knows this actor"
+        again = code == "unavailable" and self.outbox.storage_down  # said once until an ACK comes
+        if code == "unavailable" and seq is not None:
+            self.outbox.on_unavailable(seq)
         if seq is not None and seq in self.outbox.unacked and code not in KEEP_ON_ERROR:
             # The learner will never take this batch (it is malformed): drop it, counted, not re-sent forever.
             self.stats["episodes_refused"] += len(self.outbox.unacked.pop(seq).episodes)
-        self.log(f"actor: learner refused a message: {code}: {error.reason}")
+        if not again:
+            self.log(f"actor: learner refused a message: {code}: {error.reason}")
 
 
 def _history(episode: EpisodeBuilder | None) -> list:

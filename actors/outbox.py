@@ -50,6 +50,11 @@ class Outbox:
         self.next_seq = 1
         self.grant = 0
         """The highest seq the learner lets this actor send."""
+        self.unavailable: set[int] = set()
+        """Sent batches the learner refused `unavailable` (it could not store them then): sent again at the
+        learner's next HEARTBEAT (every second, and at once when its storage works again)."""
+        self.storage_down = False
+        """The learner refused a batch `unavailable` and has acknowledged none since."""
 
     # ---- state -------------------------------------------------------------------------------------
     @property
@@ -88,6 +93,8 @@ class Outbox:
         self.grant = grant if authoritative else max(self.grant, grant)
 
     def on_ack(self, seq: int, accepted: int, duplicate: bool) -> None:
+        self.unavailable.discard(seq)
+        self.storage_down = False
         batch = self.unacked.pop(seq, None)
         if batch is None:
             self.stats["acks_unexpected"] += 1  # an ACK for a batch already settled (a re-send's twin)
@@ -109,8 +116,27 @@ class Outbox:
         oldest = next(iter(self.unacked.values()), None)
         return oldest is not None and time.monotonic() - oldest.sent_at > ack_timeout
 
+    def on_unavailable(self, seq: int) -> None:
+        """The learner could not store batch `seq` now: keep it for `to_retry`."""
+        self.storage_down = True
+        if seq in self.unacked:
+            self.unavailable.add(seq)
+            self.stats["batches_refused_unavailable"] += 1
+
+    def to_retry(self) -> list[Batch]:
+        """The batches refused `unavailable`, oldest first, to send again now (on the learner's HEARTBEAT:
+        its storage may work again), each once until it is refused again."""
+        batches = [self.unacked[s] for s in sorted(self.unavailable) if s in self.unacked]
+        self.unavailable.clear()
+        now = time.monotonic()
+        for batch in batches:
+            batch.sent_at = now
+        self.stats["batches_retried"] += len(batches)
+        return batches
+
     def to_resend(self) -> list[Batch]:
         """Every unacknowledged batch, oldest first, to send again (after a new handshake)."""
+        self.unavailable.clear()
         now = time.monotonic()
         for batch in self.unacked.values():
             batch.sent_at = now

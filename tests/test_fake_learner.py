@@ -321,3 +321,30 @@ def test_actor_survives_emulator_faults(fake_learner, actor_procs):
     assert rc == 0, out
     counted = sum(int(n) for n in re.findall(r"'device_(?:crash|hang|disconnect)': (\d+)", out))
     assert counted >= 3, out  # every fault is counted by kind
+
+
+def test_a_batch_refused_unavailable_goes_again_at_the_next_heartbeat(fake_learner, actor_procs):
+    """The learner's storage is down (`unavailable`): the actor keeps the batch and sends it again, same
+    seq, when the learner's next HEARTBEAT says it may try (no new handshake, no waiting for its ACK to be
+    overdue: --ack-timeout is an hour here, so only the retry can bring it)."""
+    proc = start_actor(fake_learner.ingest_port, fake_learner.params_port, "--ack-timeout", "3600")
+    actor_procs.append(proc)
+    identity, _ = fake_learner.recv_kind(protocol.HELLO)
+    fake_learner.welcome(identity, grant=1)  # one batch may go, so any later TRAJ is that one again
+    fake_learner.recv_kind(protocol.PARAM_REQ)
+    fake_learner.router.send_multipart([identity, *fake_learner.params_frames(0)])
+    _, traj = fake_learner.recv_kind(protocol.TRAJ)
+    for _ in range(2):  # refused twice: kept both times
+        fake_learner.reply(identity, protocol.ERROR, code="unavailable", reason="disk full", seq=traj["seq"])
+        fake_learner.reply(identity, protocol.HEARTBEAT, run_id="fake", policy_version=0, grant=1)
+        _, again = fake_learner.recv_kind(protocol.TRAJ)  # a HELLO here would fail: not a heartbeat
+        assert again["seq"] == traj["seq"] == 1 and again["episodes"] == traj["episodes"]
+    fake_learner.reply(identity, protocol.ACK, seq=1, accepted=len(traj["episodes"]["task"]), duplicate=False,
+                       grant=1000)  # fmt: skip
+    _, traj2 = fake_learner.recv_kind(protocol.TRAJ)
+    assert traj2["seq"] == 2
+    rc, out = stop_and_read(proc)
+    assert rc == 0, out
+    assert "'batches_refused_unavailable': 2" in out and "'batches_retried': 2" in out, out
+    assert out.count("learner refused a message: unavailable") == 1  # said once, not at every retry
+    assert "'rejoins'" not in out
