@@ -23,6 +23,7 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+from actors.ack_log import AckLog
 from actors.config import ActorConfig
 from actors.connection import LearnerConnection
 from actors.envs.factory import build_envs, task_name
@@ -84,6 +85,9 @@ class Actor:
         self.stats = Counter()
         self.instance = uuid.uuid4().hex
         self.outbox = Outbox(cfg.max_pending_episodes, cfg.max_batch_episodes, cfg.when_blocked, self.stats)
+        self.ack_log = AckLog(cfg.ack_log, self.instance) if cfg.ack_log is not None else None
+        if self.ack_log is not None:
+            self.outbox.on_settled = self.ack_log.write
         self._stop_reason = ""
         self._hurry = False
         """A second stop request: skip the flush."""
@@ -138,6 +142,8 @@ class Actor:
                 self.stats.update({f"inference_{k}": round(v, 1) for k, v in world.runner.stats.items()})
                 world.runner.close()
             conn.close()
+            if self.ack_log is not None:
+                self.ack_log.close()
             if world is not None:
                 world.slots.close()
             elif self._devices is not None:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Annotated, Literal
 
 import tyro
@@ -101,6 +102,9 @@ class ActorConfig:
     acknowledge what is still held; a second SIGINT/SIGTERM stops at once."""
     status_every: float = 10.0
     """Seconds between status lines on the console."""
+    ack_log: Path | None = None
+    """Append one JSON line per acknowledged batch to this file: {"instance", "seq", "episodes",
+    "duplicate"}, flushed at once (for audits such as `python -m benchmarks chaos`)."""
     emulator: EmulatorModelConfig = field(default_factory=EmulatorModelConfig)
     """Make every environment behave like a real emulator (latency, stalls, faults); off by default."""
     parent_pid: int = 0

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import time
 from collections import Counter, OrderedDict, deque
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -55,6 +56,9 @@ class Outbox:
         learner's next HEARTBEAT (every second, and at once when its storage works again)."""
         self.storage_down = False
         """The learner refused a batch `unavailable` and has acknowledged none since."""
+        self.on_settled: Callable[[int, int, str], None] | None = None
+        """Called with (seq, episodes, "ack" | "duplicate" | "welcome") for each batch the learner has
+        (actors/ack_log.py)."""
 
     # ---- state -------------------------------------------------------------------------------------
     @property
@@ -100,6 +104,8 @@ class Outbox:
             self.stats["acks_unexpected"] += 1  # an ACK for a batch already settled (a re-send's twin)
             return
         self.stats["episodes_acked"] += len(batch.episodes)
+        if self.on_settled is not None:
+            self.on_settled(seq, len(batch.episodes), "duplicate" if duplicate else "ack")
         if duplicate:
             self.stats["batches_acked_as_duplicate"] += 1
         elif accepted != len(batch.episodes):
@@ -108,7 +114,10 @@ class Outbox:
     def on_welcome(self, acked_upto: int, grant: int) -> None:
         """The learner stores everything up to `acked_upto`: forget those batches."""
         for seq in [s for s in self.unacked if s <= acked_upto]:
-            self.stats["episodes_acked"] += len(self.unacked.pop(seq).episodes)
+            episodes = len(self.unacked.pop(seq).episodes)
+            self.stats["episodes_acked"] += episodes
+            if self.on_settled is not None:
+                self.on_settled(seq, episodes, "welcome")
         self.on_grant(grant, authoritative=True)
 
     def overdue(self, ack_timeout: float) -> bool:

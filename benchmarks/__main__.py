@@ -12,6 +12,7 @@ from benchmarks.report import emit
 BENCHMARKS = {
     "wire": "benchmarks.wire",
     "checkpoint": "benchmarks.checkpoint",
+    "chaos": "benchmarks.chaos",
     "learner_step": "benchmarks.learner_step",
     "simphone": "benchmarks.simphone",
     "train_scaling": "benchmarks.train_scaling",
@@ -42,15 +43,23 @@ def main() -> None:
         help="extra learner flags for the benchmarks that run the learner and take them, "
         "e.g. --learner-args='--max-policy-lag 50'",
     )
+    parser.add_argument("--minutes", type=float, help="how long, for the benchmarks that take it (chaos)")
+    parser.add_argument("--seed", type=int, help="the seed, for the benchmarks that take it (chaos)")
     args = parser.parse_args()
     names = list(BENCHMARKS) if args.name == "all" else [args.name]
     extra = tuple(shlex.split(args.learner_args))
     for name in names:
         run = importlib.import_module(BENCHMARKS[name]).run
-        takes_extra = "extra" in inspect.signature(run).parameters
-        if extra and not takes_extra:
+        takes = inspect.signature(run).parameters
+        if extra and "extra" not in takes:
             parser.error(f"{name} takes no --learner-args")
-        rows = run(args.quick, extra) if takes_extra else run(args.quick)
+        kwargs = {"extra": extra} if "extra" in takes else {}
+        for option in ("minutes", "seed"):
+            if getattr(args, option) is not None:
+                if option not in takes:
+                    parser.error(f"{name} takes no --{option}")
+                kwargs[option] = getattr(args, option)
+        rows = run(args.quick, **kwargs)
         rows, summary = rows if isinstance(rows, tuple) else (rows, None)  # (rows, summary over them)
         path = args.json if len(names) == 1 else (f"{args.json}{name}.json" if args.json else None)
         emit(name, rows, path, summary)

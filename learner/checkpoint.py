@@ -50,18 +50,24 @@ class Checkpointer:
     process's replay file and delivery ledger beside the checkpoint they belong to (pruned with it).
     Save order per update: `save`, `save_replay`, `save_delivery`; restore reads them back in that order."""
 
-    def __init__(self, directory: Path, max_to_keep: int = 3):
+    def __init__(self, directory: Path, max_to_keep: int = 3, processes: int = 1):
+        """`processes`: the learner processes that save here; a checkpoint is complete once all of them
+        have written their ledger (a multi-process learner killed between two processes' files resumes
+        from the one before on every process, never from two different ones)."""
         self.directory = Path(directory).absolute()
+        self.processes = processes
         self.manager = ocp.CheckpointManager(
             self.directory,
             options=ocp.CheckpointManagerOptions(max_to_keep=max_to_keep, create=True),
         )
 
     def latest_update(self) -> int | None:
-        """The checkpoint to resume from: the newest whose delivery ledger (the last file a save writes)
-        exists; the newest of all when none has one (a run dir from before ledgers were saved)."""
+        """The checkpoint to resume from: the newest whose delivery ledgers (the last file a save writes)
+        exist for every process; the newest of all when none has one (a run dir from before ledgers)."""
         steps = sorted(self.manager.all_steps())
-        complete = [s for s in steps if self.delivery_path(s).is_file()]
+        complete = [
+            s for s in steps if all(self.delivery_path(s, p).is_file() for p in range(self.processes))
+        ]
         return (complete or steps or [None])[-1]
 
     def updates(self) -> list[int]:

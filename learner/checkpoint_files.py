@@ -43,6 +43,14 @@ class CheckpointFiles:
         )  # fmt: skip
         self._thread.start()
 
+    def failed(self, update: int, error: Exception) -> None:
+        """Checkpoint `update` could not be written at all (orbax's part): counted, logged."""
+        self.stats["errors"] += 1
+        self.log(
+            f"learner: the checkpoint at update {update} could not be saved ({error}); a restart resumes from "
+            "an older one"
+        )
+
     def wait(self) -> None:
         if self._thread is not None:
             self._thread.join()
@@ -55,11 +63,7 @@ class CheckpointFiles:
             if self.prune is not None:
                 self.prune(prune_below)
         except (OSError, ValueError) as e:
-            self.stats["errors"] += 1
-            self.log(
-                f"learner: the checkpoint at update {update} is incomplete ({e}); a restart resumes from the "
-                "one before, and the write-ahead log keeps what that one needs"
-            )
+            self.failed(update, e)
             return
         finally:
             self.stats["write_s"] += time.monotonic() - t0

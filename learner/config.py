@@ -103,6 +103,9 @@ class TransportConfig:
     kernel crash. "none": only in memory, as before the log: what came after the last checkpoint is lost
     with the learner (counted as batches_lost_in_restart). "auto": fsync when checkpoints are on
     (--checkpoint-every > 0), none otherwise (the log is pruned at each checkpoint)."""
+    keep_log: bool = False
+    """Never delete write-ahead log segments, so the log holds every batch the learner ever stored (for
+    audits such as `python -m benchmarks chaos`; the log then grows with every batch)."""
 
     def __post_init__(self) -> None:
         for flag, port in (("--ingest-port", self.ingest_port), ("--params-port", self.params_port)):

@@ -2,27 +2,47 @@
 
 from __future__ import annotations
 
+import contextlib
+import errno
 import json
 import math
+import os
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 
 class MetricsWriter:
-    """Appends one JSON object per line to RUN_DIR/metrics.jsonl, flushed at once (a crash loses no line)."""
+    """Appends one JSON object per line to RUN_DIR/metrics.jsonl, each line one write(2) to the operating
+    system (a crash loses no line). A line the disk refuses (full, a file size limit) is cut back off,
+    dropped and counted in `dropped`, with one warning: training goes on, readers never see half a line,
+    and the next record carries every running total again."""
 
-    def __init__(self, run_dir: Path):
+    def __init__(self, run_dir: Path, warn: Callable[[str], None] = print):
         run_dir.mkdir(parents=True, exist_ok=True)
         self.path = run_dir / "metrics.jsonl"
-        self._file = self.path.open("a", encoding="utf-8")
+        self._fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+        self.dropped = 0
+        self._warn = warn
 
     def write(self, record: dict[str, Any]) -> None:
         clean = {k: _jsonable(v) for k, v in record.items()}
-        self._file.write(json.dumps(clean, sort_keys=True) + "\n")
-        self._file.flush()
+        data = (json.dumps(clean, sort_keys=True) + "\n").encode()
+        size = os.fstat(self._fd).st_size
+        try:
+            if os.write(self._fd, data) != len(data):
+                raise OSError(errno.ENOSPC, "short write")
+        except OSError as e:
+            with contextlib.suppress(OSError):
+                os.ftruncate(self._fd, size)  # no half line for readers
+            self.dropped += 1
+            if self.dropped == 1:
+                self._warn(
+                    f"learner: cannot write {self.path} ({e}); metrics lines are dropped until it works"
+                )
 
     def close(self) -> None:
-        self._file.close()
+        os.close(self._fd)
 
 
 def _jsonable(value: Any) -> Any:

@@ -25,7 +25,7 @@ class RunOutputs:
         """Also writes run_dir/config.json. W&B logs from process 0 only."""
         config = flat_dict(cfg)
         dash = cfg.dashboards
-        self.writer = MetricsWriter(run_dir)
+        self.writer = MetricsWriter(run_dir, console.print)
         self.progress = Progress(console, dash.console, cfg.checkpoint_every)  # the live panel or lines
         self.dashboards = Dashboards(
             run_dir, config, dash.tensorboard, dash.wandb_project if rank == 0 else ""

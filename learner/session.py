@@ -142,8 +142,13 @@ class Session:
         files = self._checkpoint_files()
         files.wait()  # one save's files at a time, in order
         update, wal, cfg = self.trainer.update, self.server.wal, self.cfg
-        self.trainer.save(self.checkpointer, flat_dict(cfg))
-        self.trainer.write_decoder(self.run_dir / SNAPSHOT_NAME)
+        self._last_save = time.monotonic()  # a failed save is tried again one interval later, not at once
+        try:
+            self.trainer.save(self.checkpointer, flat_dict(cfg))
+            self.trainer.write_decoder(self.run_dir / SNAPSHOT_NAME)
+        except (OSError, ValueError, RuntimeError) as e:  # a full disk: orbax's files, now or the last's
+            files.failed(update, e)
+            return
         snap = snapshot(self.replay, cfg.max_steps, by_reference=wal is not None)
         position = wal.next_lsn if wal is not None else 0  # no batch waits for a sync between polls
         ledger = {**self.server.ledger.state(), "wal_next_lsn": position}
@@ -158,7 +163,6 @@ class Session:
         oldest = self.replay.oldest_origin()
         files.start(update, write, position if oldest is None else min(position, oldest))
         self.saved_update = update
-        self._last_save = time.monotonic()
         self.stats.timing["checkpoint_s"] += time.monotonic() - t0
 
     def _checkpoint_files(self) -> CheckpointFiles:
@@ -166,7 +170,8 @@ class Session:
             wal = self.server.wal
             oldest = self.replay.oldest_origin()  # the restored replay's, and the recovered batches'
             needed = self.saved_lsn if oldest is None else min(self.saved_lsn, oldest)
-            self._files = CheckpointFiles(needed, wal.prune if wal is not None else None, self.console.print)
+            prune = wal.prune if wal is not None and not self.cfg.transport.keep_log else None
+            self._files = CheckpointFiles(needed, prune, self.console.print)
         return self._files
 
     def snapshot_if_due(self) -> None:
@@ -263,6 +268,7 @@ class Session:
             "storage_error": server.storage_error,
             **({f"wal/{k}": v for k, v in server.wal.stats.items()} if server.wal is not None else {}),
             "accepting": server.accepting,
+            "metrics_lines_dropped": self.outputs.writer.dropped,
             **(server.inference.metrics() if server.inference is not None else {}),
             "dropped_episodes": replay.counts["evicted_fifo"] + replay.counts["dropped_stale"],
             **{f"replay/{k}": v for k, v in replay.stats().items()},
@@ -306,7 +312,10 @@ class Session:
                 self.save()
             if self._files is not None:
                 self._files.wait()
-            self.checkpointer.close()
+            try:
+                self.checkpointer.close()  # waits for orbax's last save
+            except (OSError, ValueError, RuntimeError) as e:
+                self._checkpoint_files().failed(self.trainer.update, e)
         last = self.record()
         last["stopped"] = stopped or "error"
         if stopped:

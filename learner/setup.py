@@ -65,7 +65,8 @@ def open_session(cfg: LearnerConfig, console: Console) -> Session:
     run_dir = cfg.run_dir if rank == 0 else cfg.run_dir / f"process-{rank}"  # checkpoints: cfg.run_dir's
     training = build_training(cfg, rank)  # 3
     trainer, replay = training.trainer, training.replay
-    checkpointer = Checkpointer(cfg.run_dir / "checkpoints") if cfg.checkpoint_every else None
+    checkpoints = cfg.run_dir / "checkpoints"
+    checkpointer = Checkpointer(checkpoints, processes=jax.process_count()) if cfg.checkpoint_every else None
     resume_update = checkpointer.latest_update() if checkpointer is not None else None
     demos, prefill = demonstrations(cfg, run_dir, console, resume_update)  # 4
     stats = RunStats()  # 5

@@ -164,3 +164,11 @@ def test_a_checkpoint_a_killed_learner_left_without_its_ledger_is_skipped_then_r
     assert reopened.latest_update() == 6
     np.testing.assert_array_equal(reopened.restore(state, model_cfg.to_dict()).params["w"], again["w"])
     reopened.close()
+    # Two learner processes: a checkpoint is complete once both wrote their ledger. Process 1 was killed
+    # before its ledger of update 6: both resume from 3, never one from 6 and the other from 3.
+    pair = Checkpointer(tmp_path / "ckpt", processes=2)
+    pair.save_delivery(3, {"credit": 8, "streams": {}}, process_index=1)
+    assert pair.latest_update() == 3
+    pair.save_delivery(6, {"credit": 8, "streams": {}}, process_index=1)
+    assert pair.latest_update() == 6
+    pair.close()

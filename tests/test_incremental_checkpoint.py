@@ -169,7 +169,7 @@ def test_a_failed_write_keeps_the_log_for_the_previous_checkpoint():
 
     files.start(20, disk_full, needed_from=70)
     files.wait()
-    assert files.stats["errors"] == 1 and "update 20 is incomplete" in lines[-1]
+    assert files.stats["errors"] == 1 and "update 20 could not be saved" in lines[-1]
     assert (files.log_needed_from, pruned) == (40, [5])  # not pruned by the failed save
     files.start(30, lambda: 99, needed_from=90)
     files.wait()

@@ -1,20 +1,26 @@
-"""Two learner processes as one jax.distributed job on the CPU (gloo): they take identical steps.
+"""Two learner processes as one jax.distributed job on the CPU (gloo): they take identical steps, and
+killed together they resume together.
 
 Each process serves its own local actor and contributes its half of every batch; the gradient
 all-reduce inside the sharded step makes their parameters bit-identical (the final metrics record
-carries a digest of them). Then both restart from the shared checkpoint and continue.
+carries a digest of them). Both are killed mid-run, restart from the newest checkpoint complete on both,
+and continue; nothing either acknowledged is lost.
 """
 
 from __future__ import annotations
 
 import json
+import re
+import signal
 import socket
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
 
+from benchmarks.chaos_audit import logged_batches
 from tests.conftest import ACTOR_ENV, ROOT
 
 PAIR_S = 900
@@ -30,51 +36,86 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def _run_pair(run_dir: Path, max_updates: int) -> list[dict]:
-    """Both processes to `max_updates`; returns each one's final metrics record."""
+def _start_pair(run_dir: Path, max_updates: int, tag: str) -> list[tuple[subprocess.Popen, Path]]:
+    """Both processes of a pair (each with a local actor that records what was acknowledged in
+    run_dir/../acks-p{rank}-{tag}.jsonl, and a write-ahead log kept whole), started."""
     coordinator = f"127.0.0.1:{_free_port()}"
-    procs, logs = [], []
+    started = []
     for rank in (0, 1):
-        log = (run_dir.parent / f"{run_dir.name}-{rank}-{max_updates}.log").open("wb")
+        log = run_dir.parent / f"{run_dir.name}-{rank}-{tag}.log"
+        acks = run_dir.parent / f"acks-p{rank}-{tag}.jsonl"
         cmd = [
             sys.executable, "-m", "learner", "--run-dir", str(run_dir), "--ingest-port", "0", "--params-port", "0",
             "--env", "standin", "--warmup-updates", "0", "--max-steps", "8", "--samples-per-insert", "1",
             "--model.text-encoder", "none", "--local-actors", "1", "--envs-per-actor", "4", "--batch-size", "8", "--max-updates", str(max_updates),
-            "--checkpoint-every", "3", "--publish-every", "1", "--time-limit", str(PAIR_S - 60),
+            "--checkpoint-every", "3", "--publish-every", "1", "--time-limit", str(PAIR_S - 60), "--keep-log",
+            f"--local-actor-args=--ack-log {acks}",
             "--coordinator", coordinator, "--num-processes", "2", "--process-id", str(rank),
         ]  # fmt: skip
-        procs.append(subprocess.Popen(cmd, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT, env=ACTOR_ENV))
-        logs.append(log)
+        with log.open("wb") as out:
+            started.append(
+                (subprocess.Popen(cmd, cwd=ROOT, stdout=out, stderr=subprocess.STDOUT, env=ACTOR_ENV), log)
+            )
+    return started
+
+
+def _finish(started: list[tuple[subprocess.Popen, Path]], timeout: float) -> list[int]:
+    """Wait for both (killing what is left at the deadline); their exit codes."""
     try:
-        codes = [p.wait(timeout=PAIR_S) for p in procs]
+        return [p.wait(timeout=timeout) for p, _ in started]
     finally:
-        for p, log in zip(procs, logs, strict=True):
+        for p, _ in started:
             if p.poll() is None:
                 p.kill()
                 p.wait()
-            log.close()
-    texts = [Path(log.name).read_text(errors="replace") for log in logs]
-    assert codes == [0, 0], "\n\n".join(texts)
-    finals = []
-    for metrics in (run_dir / "metrics.jsonl", run_dir / "process-1" / "metrics.jsonl"):
-        finals.append(json.loads(metrics.read_text().splitlines()[-1]))
-    return finals
 
 
-def test_two_learner_processes_take_identical_steps_and_resume_together(tmp_path):
+def _final_records(run_dir: Path) -> list[dict]:
+    return [json.loads(m.read_text().splitlines()[-1])
+            for m in (run_dir / "metrics.jsonl", run_dir / "process-1" / "metrics.jsonl")]  # fmt: skip
+
+
+def test_two_learner_processes_killed_together_resume_consistently_and_lose_nothing(tmp_path):
+    """The first pair trains until both processes completed the checkpoint at update 6 and went on, then
+    both die by SIGKILL (a node failure; their actors exit with them). The second pair resumes on both
+    processes from one checkpoint, takes identical steps (bit-identical parameters at the end), and every
+    batch any actor saw acknowledged is in its process's write-ahead log, stored exactly once."""
     run_dir = tmp_path / "run"
-    first = _run_pair(run_dir, 6)
-    for rec in first:
-        assert rec["stopped"] == "update limit" and rec["update"] == 6 and rec["policy_version"] == 6
-        assert rec["episodes"] > 0  # each process trained on episodes from its own actor
-    assert first[0]["run_id"] != first[1]["run_id"]
-    assert first[0]["params_digest"] == first[1]["params_digest"]
-    assert first[0]["train/param_norm"] == first[1]["train/param_norm"]
-    assert sorted(p.name for p in (run_dir / "checkpoints").iterdir() if p.name.isdigit()) == ["3", "6"]
+    first = _start_pair(run_dir, 1000, "killed")
+    replay = run_dir / "checkpoints" / "replay"
+    deadline = time.monotonic() + PAIR_S
+    metrics = [run_dir / "metrics.jsonl", run_dir / "process-1" / "metrics.jsonl"]
+    while not (all((replay / f"6.p{r}.delivery.json").is_file() for r in (0, 1))
+               and all(m.is_file() and json.loads(m.read_text().splitlines()[-1])["update"] >= 7 for m in metrics)):  # fmt: skip
+        assert time.monotonic() < deadline and all(p.poll() is None for p, _ in first), [
+            log.read_text(errors="replace")[-3000:] for _, log in first
+        ]
+        time.sleep(0.2)
+    for p, _ in first:
+        p.send_signal(signal.SIGKILL)
+    assert _finish(first, 60) == [-signal.SIGKILL] * 2
 
-    second = _run_pair(run_dir, 8)
-    for rec in second:
-        assert rec["update"] == 8 and rec["policy_version"] == 8
-    assert second[0]["params_digest"] == second[1]["params_digest"] != first[0]["params_digest"]
-    log0 = (tmp_path / "run-0-8.log").read_text()
-    assert "resuming from the checkpoint at update 6" in log0 and "process 0 of 2" in log0
+    second = _start_pair(run_dir, 12, "resumed")
+    codes = _finish(second, PAIR_S)
+    texts = [log.read_text(errors="replace") for _, log in second]
+    assert codes == [0, 0], "\n\n".join(texts)
+    resumed = [int(re.search(r"resuming from the checkpoint at update (\d+)", t)[1]) for t in texts]
+    assert resumed[0] == resumed[1] >= 6, resumed  # one checkpoint, on both processes
+    finals = _final_records(run_dir)
+    for rec in finals:
+        assert rec["stopped"] == "update limit" and rec["update"] == 12 and rec["policy_version"] == 12
+        assert rec["batches_lost_in_restart"] == 0
+    assert finals[0]["params_digest"] == finals[1]["params_digest"]
+    assert finals[0]["train/param_norm"] == finals[1]["train/param_norm"]
+    for rank, rec in enumerate(finals):
+        wal = run_dir / ("wal" if rank == 0 else "process-1/wal")
+        pairs, episodes, _ = logged_batches(wal)
+        acked = {}
+        for acks in tmp_path.glob(f"acks-p{rank}-*.jsonl"):
+            acked |= {
+                (r["instance"], r["seq"]): r["episodes"]
+                for r in map(json.loads, acks.read_text().splitlines())
+            }
+        assert acked and all(key in pairs for key in acked), f"process {rank} lost acknowledged batches"
+        assert all(n == 1 for n in pairs.values()) and all(episodes[k] == n for k, n in acked.items())
+        assert rec["replay/added"] + rec["replay/dropped_stale_at_add"] == sum(episodes.values())  # once each

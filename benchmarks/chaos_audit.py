@@ -1,0 +1,152 @@
+"""What `python -m benchmarks chaos` checks after its soak, from the processes' own records only: the
+actors' --ack-log files, the learner's write-ahead log (kept whole by --keep-log) and its metrics.jsonl,
+the soak's events and memory samples, and /proc.
+
+- `lost`: batches an actor saw acknowledged that no intact log record holds (must be 0);
+- `logged_twice`: (instance, seq) pairs with more than one intact batch record (must be 0);
+- `episode_mismatches`: acknowledged batches whose episode count differs from their record's (must be 0);
+- `stored_twice`: the final learner's replay counted `added + dropped_stale_at_add` episodes against the
+  log's episodes: anything above 0 was stored more than once (must be 0), anything below is missing;
+- `lost_in_restart`: the largest `batches_lost_in_restart` any learner counted (must be 0);
+- `left_running`: processes whose command line names the soak's folder, after the stop (must be 0);
+- per role, the largest resident memory, and its growth over each long incarnation;
+- `updates_after_last_fault`: what the final learner trained in the calm period (must be > 0);
+- per learner restart, the updates trained again (killed at update U, resumed from the checkpoint at R).
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import os
+from collections import Counter
+from pathlib import Path
+
+import numpy as np
+
+from benchmarks.chaos_soak import Soak
+from common.trajectory_file import parse_record
+from learner.wal import WriteAheadLog, scan_segment, unpack_batch
+
+
+def logged_batches(wal_dir: Path) -> tuple[Counter, dict[tuple[str, int], int], int]:
+    """(records per (instance, seq), episodes per (instance, seq), tombstones) of the intact records."""
+    pairs: Counter = Counter()
+    episodes: dict[tuple[str, int], int] = {}
+    tombstones = 0
+    for _first, path in WriteAheadLog(wal_dir, "os").segments():
+        records, _ = scan_segment(path.read_bytes(), Counter())
+        for record in records:
+            instance, seq, raw = unpack_batch(record.payload)
+            if len(raw) == 0:
+                tombstones += 1
+                continue
+            pairs[(instance, seq)] += 1
+            episodes[(instance, seq)] = len(parse_record(raw)["episodes"]["task"])  # packed: one task each
+    return pairs, episodes, tombstones
+
+
+def acknowledged(out: Path) -> dict[tuple[str, int], int]:
+    """Every batch any actor saw acknowledged, with its episode count (from their --ack-log files)."""
+    acked: dict[tuple[str, int], int] = {}
+    for path in sorted(out.glob("acks-*.jsonl")):
+        for line in path.read_text().splitlines():
+            if line.strip():  # a killed actor's last line is whole: each is one flushed write
+                row = json.loads(line)
+                acked[(row["instance"], row["seq"])] = row["episodes"]
+    return acked
+
+
+def metrics_lines(run_dir: Path) -> list[dict]:
+    lines = []
+    for line in (run_dir / "metrics.jsonl").read_text().splitlines():
+        try:
+            lines.append(json.loads(line))
+        except ValueError:
+            continue  # cannot happen (lines are cut back whole), but a bad line must not hide the rest
+    return lines
+
+
+def left_running(marker: str) -> list[str]:
+    found = []
+    for proc in Path("/proc").iterdir():
+        if proc.name.isdigit() and int(proc.name) != os.getpid():
+            try:
+                cmdline = (proc / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+            except OSError:
+                continue
+            if marker in cmdline:
+                found.append(f"{proc.name}: {cmdline[:120]}")
+    return found
+
+
+def restarts(lines: list[dict]) -> list[dict]:
+    """Per learner restart (a new run_id): the update its predecessor reached and the one it resumed at."""
+    by_run: dict[str, list[dict]] = {}
+    for m in lines:
+        by_run.setdefault(m["run_id"], []).append(m)
+    runs = list(by_run.values())
+    return [
+        {"reached": before[-1]["update"], "resumed": after[0]["update"],
+         "redone": before[-1]["update"] - after[0]["update"]}
+        for before, after in itertools.pairwise(runs)
+    ]  # fmt: skip
+
+
+def _update_at(run: list[dict], started: float, soak: Soak) -> int:
+    """The final learner's update when the last fault happened (its first one if it started after it):
+    its lines' `wall` counts from its own start, which the soak's clock puts at `started`."""
+    last_fault = max((e["t"] for e in soak.events if e["event"] in ("kill", "stop", "disk")), default=0.0)
+    before = [m["update"] for m in run if started + m["wall"] <= last_fault]
+    return max(before, default=run[0]["update"])
+
+
+def memory(soak: Soak) -> dict:
+    out = {}
+    for role in soak.roles:
+        samples = np.array(role.rss_mb) if role.rss_mb else np.zeros((0, 3))
+        growth = []
+        for inc in np.unique(samples[:, 1]) if len(samples) else []:
+            series = samples[samples[:, 1] == inc, 2]
+            if len(series) >= 40:  # long enough to judge: compare the second and the last quarters
+                q = len(series) // 4
+                growth.append(float(series[-q:].mean() / series[q : 2 * q].mean()))
+        out[role.name] = {"max_mb": float(samples[:, 2].max()) if len(samples) else 0.0,
+                          "growth": max(growth, default=1.0)}  # fmt: skip
+    return out
+
+
+def audit(soak: Soak) -> dict:
+    pairs, episodes, tombstones = logged_batches(soak.run_dir / "wal")
+    acked = acknowledged(soak.out)
+    lines = metrics_lines(soak.run_dir)
+    last = lines[-1]
+    final_run = [m for m in lines if m["run_id"] == last["run_id"]]
+    log_episodes = sum(episodes.values())
+    stored = last["replay/added"] + last["replay/dropped_stale_at_add"]
+    redo = restarts(lines)
+    return {
+        "faults": dict(soak.faults),
+        "exits": dict(soak.exits),
+        "exit_reasons": sorted({e["why"] for e in soak.events if e["event"] == "exited"}),
+        "proxy_faults": {k: v for k, v in soak.proxy.counts.items() if k != "pass"},
+        "messages_proxied": sum(soak.proxy.counts.values()),
+        "batches_acked": len(acked),
+        "episodes_acked": sum(acked.values()),
+        "batches_logged": len(pairs),
+        "tombstones": tombstones,
+        "lost": sum(1 for key in acked if key not in pairs),
+        "logged_twice": sum(n - 1 for n in pairs.values() if n > 1),
+        "episode_mismatches": sum(1 for key, n in acked.items() if key in episodes and episodes[key] != n),
+        "stored_twice": stored - log_episodes,
+        "lost_in_restart": max(m.get("batches_lost_in_restart", 0) for m in lines),
+        "left_running": left_running(str(soak.out)),
+        "memory": memory(soak),
+        "updates_after_last_fault": last["update"] - _update_at(final_run, soak.learner.started_at[-1], soak),
+        "learner_restarts": len(redo),
+        "updates_redone": [r["redone"] for r in redo],
+        "final_update": last["update"],
+        "checkpoint_errors": last.get("checkpoint/errors", 0),
+        "metrics_lines_dropped": max(m.get("metrics_lines_dropped", 0) for m in lines),
+        "stopped": last.get("stopped"),
+    }

@@ -1,0 +1,20 @@
+"""The chaos soak's short version (`python -m benchmarks chaos` is the long one, BENCHMARKS.md "chaos"):
+a real learner, relay and three actors, every process killed and restarted, stopped and continued, the
+learner's disk made full, and a proxy dropping, duplicating, delaying and reordering ingest messages;
+then the same invariants as the long run, from the processes' own records."""
+
+from __future__ import annotations
+
+import pytest
+
+from benchmarks.chaos import soak
+
+
+@pytest.mark.long
+@pytest.mark.timeout(900)
+def test_a_short_soak_keeps_every_invariant(tmp_path):
+    report = soak(2.5, seed=3, out=tmp_path / "chaos", calm_s=75.0, fault_every_s=(1.0, 3.0))
+    assert report["violations"] == [], report
+    assert min(report["faults"].get(kind, 0) for kind in ("kill", "stop", "disk")) >= 5, report["faults"]
+    assert min(report["proxy_faults"].get(k, 0) for k in ("drop", "duplicate", "delay", "reorder")) > 0
+    assert report["batches_acked"] > 100 and report["exit_codes"]["learner"] == 0, report
