@@ -42,6 +42,9 @@ def violations(report: dict) -> list[str]:
     unexplained = [why for why in report["exit_reasons"] if not any(code in why for code in disk_full)]
     if unexplained:
         broken.append(f"exits not caused by a full disk: {unexplained}")
+    unexplained_redo = [r for r in report["redone_past_interval"] if not r["checkpoint_errors"]]
+    if unexplained_redo:
+        broken.append(f"restarts that trained again more than the checkpoint interval: {unexplained_redo}")
     if report["updates_after_last_fault"] <= 0:
         broken.append("no training after the last fault")
     if report["batches_acked"] == 0:

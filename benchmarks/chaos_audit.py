@@ -11,7 +11,9 @@ the soak's events and memory samples, and /proc.
 - `left_running`: processes whose command line names the soak's folder, after the stop (must be 0);
 - per role, the largest resident memory, and its growth over each long incarnation;
 - `updates_after_last_fault`: what the final learner trained in the calm period (must be > 0);
-- per learner restart, the updates trained again (killed at update U, resumed from the checkpoint at R).
+- per learner restart, the updates trained again (killed at update U, resumed from the checkpoint at R),
+  and `redone_past_interval`: restarts that trained again more than the checkpoint interval's updates
+  (must be none, unless that learner's saves failed on the full disk: `checkpoint_errors`).
 """
 
 from __future__ import annotations
@@ -27,6 +29,9 @@ import numpy as np
 from benchmarks.chaos_soak import Soak
 from common.trajectory_file import parse_record
 from learner.wal import WriteAheadLog, scan_segment, unpack_batch
+
+SAVE_MARGIN_S = 15.0
+"""Slack on the checkpoint interval: a save that was due may still be writing (orbax, then the files)."""
 
 
 def logged_batches(wal_dir: Path) -> tuple[Counter, dict[tuple[str, int], int], int]:
@@ -80,17 +85,24 @@ def left_running(marker: str) -> list[str]:
     return found
 
 
-def restarts(lines: list[dict]) -> list[dict]:
-    """Per learner restart (a new run_id): the update its predecessor reached and the one it resumed at."""
+def restarts(lines: list[dict], interval_s: float) -> list[dict]:
+    """Per learner restart (a new run_id): the update its predecessor reached, the one it resumed at, and
+    the most it may train again: what the predecessor trained in its last `interval_s` (the wall-time
+    checkpoint interval) plus SAVE_MARGIN_S, so a restart never redoes more than one interval."""
     by_run: dict[str, list[dict]] = {}
     for m in lines:
         by_run.setdefault(m["run_id"], []).append(m)
-    runs = list(by_run.values())
-    return [
-        {"reached": before[-1]["update"], "resumed": after[0]["update"],
-         "redone": before[-1]["update"] - after[0]["update"]}
-        for before, after in itertools.pairwise(runs)
-    ]  # fmt: skip
+    out = []
+    for before, after in itertools.pairwise(by_run.values()):
+        last = before[-1]
+        floor = [m["update"] for m in before if m["wall"] <= last["wall"] - interval_s - SAVE_MARGIN_S]
+        out.append({
+            "reached": last["update"], "resumed": after[0]["update"],
+            "redone": last["update"] - after[0]["update"],
+            "bound": last["update"] - max(floor, default=before[0]["update"]),
+            "checkpoint_errors": last.get("checkpoint/errors", 0),
+        })  # fmt: skip
+    return out
 
 
 def _update_at(run: list[dict], started: float, soak: Soak) -> int:
@@ -124,7 +136,7 @@ def audit(soak: Soak) -> dict:
     final_run = [m for m in lines if m["run_id"] == last["run_id"]]
     log_episodes = sum(episodes.values())
     stored = last["replay/added"] + last["replay/dropped_stale_at_add"]
-    redo = restarts(lines)
+    redo = restarts(lines, soak.cfg.checkpoint_every_s)
     return {
         "faults": dict(soak.faults),
         "exits": dict(soak.exits),
@@ -145,6 +157,7 @@ def audit(soak: Soak) -> dict:
         "updates_after_last_fault": last["update"] - _update_at(final_run, soak.learner.started_at[-1], soak),
         "learner_restarts": len(redo),
         "updates_redone": [r["redone"] for r in redo],
+        "redone_past_interval": [r for r in redo if r["redone"] > r["bound"]],
         "final_update": last["update"],
         "checkpoint_errors": last.get("checkpoint/errors", 0),
         "metrics_lines_dropped": max(m.get("metrics_lines_dropped", 0) for m in lines),
