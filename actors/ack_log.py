@@ -6,6 +6,7 @@ stored there exactly once."""
 from __future__ import annotations
 
 import json
+import time
 from pathlib import Path
 
 
@@ -17,8 +18,8 @@ class AckLog:
 
     def write(self, seq: int, episodes: int, how: str) -> None:
         """`how`: "ack" (stored now), "duplicate" (stored before: a re-send's ACK) or "welcome" (covered
-        by a WELCOME's acked_upto)."""
-        line = {"instance": self.instance, "seq": seq, "episodes": episodes, "how": how}
+        by a WELCOME's acked_upto); `time`: when it came (Unix seconds)."""
+        line = {"instance": self.instance, "seq": seq, "episodes": episodes, "how": how, "time": time.time()}
         self._file.write(json.dumps(line) + "\n")
         self._file.flush()
 

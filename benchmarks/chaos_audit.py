@@ -10,6 +10,7 @@ the soak's events and memory samples, and /proc.
 - `lost_in_restart`: the largest `batches_lost_in_restart` any learner counted (must be 0);
 - `left_running`: processes whose command line names the soak's folder, after the stop (must be 0);
 - per role, the largest resident memory, and its growth over each long incarnation;
+- `recovery_after_disk_s`: per lifted disk fault, seconds until the next batch was acknowledged;
 - `updates_after_last_fault`: what the final learner trained in the calm period (must be > 0);
 - per learner restart, the updates trained again (killed at update U, resumed from the checkpoint at R),
   and `redone_past_interval`: restarts that trained again more than the checkpoint interval's updates
@@ -49,6 +50,24 @@ def logged_batches(wal_dir: Path) -> tuple[Counter, dict[tuple[str, int], int], 
             pairs[(instance, seq)] += 1
             episodes[(instance, seq)] = len(parse_record(raw)["episodes"]["task"])  # packed: one task each
     return pairs, episodes, tombstones
+
+
+def recovery_after_disk(soak: Soak) -> list[float]:
+    """Per lifted disk fault, seconds until the first batch was newly acknowledged after it (actors resend
+    what was refused `unavailable` at the learner's next HEARTBEAT, sent at once when its log works)."""
+    acks = sorted(
+        row["time"] - soak.t0_unix
+        for path in soak.out.glob("acks-*.jsonl")
+        for row in map(json.loads, filter(str.strip, path.read_text().splitlines()))
+        if row["how"] == "ack"
+    )
+    delays = []
+    for event in soak.events:
+        if event["event"] == "disk_back":
+            after = [t for t in acks if t >= event["t"]]
+            if after:
+                delays.append(after[0] - event["t"])
+    return delays
 
 
 def acknowledged(out: Path) -> dict[tuple[str, int], int]:
@@ -113,6 +132,13 @@ def _update_at(run: list[dict], started: float, soak: Soak) -> int:
     return max(before, default=run[0]["update"])
 
 
+def _percentiles(values: list[float]) -> dict[str, float]:
+    if not values:
+        return {}
+    return {"n": len(values), "p50": float(np.percentile(values, 50)), "p90": float(np.percentile(values, 90)),
+            "max": float(max(values))}  # fmt: skip
+
+
 def memory(soak: Soak) -> dict:
     out = {}
     for role in soak.roles:
@@ -151,6 +177,7 @@ def audit(soak: Soak) -> dict:
         "logged_twice": sum(n - 1 for n in pairs.values() if n > 1),
         "episode_mismatches": sum(1 for key, n in acked.items() if key in episodes and episodes[key] != n),
         "stored_twice": stored - log_episodes,
+        "recovery_after_disk_s": _percentiles(recovery_after_disk(soak)),
         "lost_in_restart": max(m.get("batches_lost_in_restart", 0) for m in lines),
         "left_running": left_running(str(soak.out)),
         "memory": memory(soak),

@@ -138,6 +138,8 @@ class Soak:
         self._pending: list[tuple[float, int, str, Role, int]] = []  # (due, order, action, role, incarnation)
         self._order = itertools.count()
         self._t0 = time.monotonic()
+        self.t0_unix = time.time()
+        """The soak clock's zero in Unix seconds (the actors' ack logs carry Unix times)."""
 
     def clock(self) -> float:
         return time.monotonic() - self._t0
