@@ -78,6 +78,17 @@ class Session:
     _last_save: float = field(default_factory=time.monotonic)
     """When the newest checkpoint was saved (or the session opened): --checkpoint-every-s counts from it."""
 
+    def __post_init__(self) -> None:
+        """What the checkpoint just resumed from needs of the log: its position, or the oldest record its
+        replay references (asked now, before training evicts any of them)."""
+        if self.checkpointer is None:
+            return
+        wal = self.server.wal
+        oldest = self.replay.oldest_origin()  # the restored replay's, and the recovered batches' (newer)
+        needed = self.saved_lsn if oldest is None else min(self.saved_lsn, oldest)
+        prune = wal.prune if wal is not None and not self.cfg.transport.keep_log else None
+        self._files = CheckpointFiles(needed, prune, self.console.print)
+
     def compile(self, serve: Callable[[], None]) -> float:
         """Compile the update(s) while `serve` answers actors (Trainer.compile); the seconds it took."""
         seconds = self.trainer.compile(bool(self.demos), serve=serve)
@@ -139,7 +150,8 @@ class Session:
         log holds instead of copying them, and the log keeps their records until a newer checkpoint is
         complete without them."""
         t0 = time.monotonic()
-        files = self._checkpoint_files()
+        files = self._files
+        assert files is not None, "save() needs checkpoints (--checkpoint-every > 0)"
         files.wait()  # one save's files at a time, in order
         update, wal, cfg = self.trainer.update, self.server.wal, self.cfg
         self._last_save = time.monotonic()  # a failed save is tried again one interval later, not at once
@@ -164,15 +176,6 @@ class Session:
         files.start(update, write, position if oldest is None else min(position, oldest))
         self.saved_update = update
         self.stats.timing["checkpoint_s"] += time.monotonic() - t0
-
-    def _checkpoint_files(self) -> CheckpointFiles:
-        if self._files is None:
-            wal = self.server.wal
-            oldest = self.replay.oldest_origin()  # the restored replay's, and the recovered batches'
-            needed = self.saved_lsn if oldest is None else min(self.saved_lsn, oldest)
-            prune = wal.prune if wal is not None and not self.cfg.transport.keep_log else None
-            self._files = CheckpointFiles(needed, prune, self.console.print)
-        return self._files
 
     def snapshot_if_due(self) -> None:
         """--snapshot-every: the parameters for the latest multiple of the period the wall clock has
@@ -315,7 +318,7 @@ class Session:
             try:
                 self.checkpointer.close()  # waits for orbax's last save
             except (OSError, ValueError, RuntimeError) as e:
-                self._checkpoint_files().failed(self.trainer.update, e)
+                self._files.failed(self.trainer.update, e)
         last = self.record()
         last["stopped"] = stopped or "error"
         if stopped:

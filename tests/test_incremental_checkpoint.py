@@ -151,6 +151,8 @@ def test_saves_prune_the_log_below_what_the_newest_complete_checkpoint_needs(tmp
         for a, b in zip(expected, again.replay.items(), strict=True):
             assert_same_episode(a, b)
         assert len(again.replay) == len(expected) == 8
+        # what the resumed checkpoint needs is fixed now, before training evicts its oldest items
+        assert again._files.log_needed_from == again.replay.oldest_origin() <= again.saved_lsn
     finally:
         again.close("test")
 
