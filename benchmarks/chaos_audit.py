@@ -139,18 +139,27 @@ def _percentiles(values: list[float]) -> dict[str, float]:
             "max": float(max(values))}  # fmt: skip
 
 
+WARMUP_SAMPLES = 60
+"""Memory samples (2 s apart) left out at the start of an incarnation: start-up, the compile, the first
+snapshot and the replay filling up all grow it legitimately."""
+JUDGED_SAMPLES = 120
+"""Samples after the warm-up an incarnation needs before its growth is judged (4 minutes)."""
+
+
 def memory(soak: Soak) -> dict:
+    """Per role: the largest resident memory, and the largest growth of a long incarnation after its
+    warm-up (its last quarter's mean over its first quarter's); None when no incarnation lived that long."""
     out = {}
     for role in soak.roles:
         samples = np.array(role.rss_mb) if role.rss_mb else np.zeros((0, 3))
         growth = []
         for inc in np.unique(samples[:, 1]) if len(samples) else []:
-            series = samples[samples[:, 1] == inc, 2]
-            if len(series) >= 40:  # long enough to judge: compare the second and the last quarters
+            series = samples[samples[:, 1] == inc, 2][WARMUP_SAMPLES:]
+            if len(series) >= JUDGED_SAMPLES:
                 q = len(series) // 4
-                growth.append(float(series[-q:].mean() / series[q : 2 * q].mean()))
+                growth.append(float(series[-q:].mean() / series[:q].mean()))
         out[role.name] = {"max_mb": float(samples[:, 2].max()) if len(samples) else 0.0,
-                          "growth": max(growth, default=1.0)}  # fmt: skip
+                          "growth": max(growth, default=None)}  # fmt: skip
     return out
 
 

@@ -294,6 +294,8 @@ class Soak:
                     codes[role.name] = role.proc.wait()
         self.proxy.stop()
         (self.out / "events.jsonl").write_text("".join(json.dumps(e) + "\n" for e in self.events))
+        samples = {role.name: role.rss_mb for role in self.roles}  # (soak seconds, incarnation, MB)
+        (self.out / "memory.json").write_text(json.dumps(samples))
         return codes
 
     def kill_all(self) -> None:

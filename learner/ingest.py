@@ -24,7 +24,7 @@ from common.curve import CurveServer
 from common.protocol import Episode, ProtocolError
 from learner.actor_registry import ActorInfo, ActorRegistry
 from learner.delivery import DeliveryLedger
-from learner.durable_inserter import DurableInserter, LoggedEpisodes
+from learner.durable_inserter import DurableInserter
 from learner.inference import InferenceService
 from learner.param_publisher import ParamPublisher
 from learner.transport import Transport
@@ -241,11 +241,6 @@ class IngestServer:
         """Actors not forgotten: heard from within actor_timeout as of the last poll that read every
         waiting message."""
         return self.registry.connected_actors()
-
-    def logged_episodes(self) -> LoggedEpisodes | None:
-        """Reads episodes back from the write-ahead log (None without one): a checkpoint's replay
-        references them there (learner/replay_file.py)."""
-        return LoggedEpisodes(self.wal, self.check.episodes) if self.wal is not None else None
 
     def recover(self, start_lsn: int, newest_version: int) -> Counter:
         """After a restart: settle the log's batches from `start_lsn` on (learner/durable_inserter.py

@@ -437,13 +437,6 @@ class PrioritizedReplay(Generic[T]):
         self._recent_pairs = deque(map(tuple, s["recent_pairs"].tolist()), maxlen=RECENT)
         self._recent_terms = deque(map(tuple, s["recent_terms"].tolist()), maxlen=RECENT)
 
-    def oldest_origin(self) -> int | None:
-        """The oldest write-ahead log record a stored item comes from (None if none does): the log must
-        keep it, and every record after it, for a checkpoint that references them."""
-        records = self._origin[self._live, 0]
-        records = records[records >= 0]
-        return int(records.min()) if len(records) else None
-
     def stats(self) -> dict[str, float | int]:
         live = self.priorities[self._live]
         return {
@@ -478,6 +471,14 @@ def _correlation(pairs) -> float:
     if x.std() == 0 or y.std() == 0:
         return 0.0
     return float(np.corrcoef(x, y)[0, 1])
+
+
+def oldest_origin(replay: PrioritizedReplay) -> int | None:
+    """The oldest write-ahead log record a stored item comes from (None if none does): the log must keep
+    it, and every record after it, for a checkpoint that references them."""
+    records = replay._origin[replay._live, 0]
+    records = records[records >= 0]
+    return int(records.min()) if len(records) else None
 
 
 def _checked_state(replay: PrioritizedReplay, items: list, state: dict[str, Any]) -> dict[str, Any]:

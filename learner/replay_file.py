@@ -67,7 +67,7 @@ def snapshot(
     replay: PrioritizedReplay[protocol.Episode], max_steps: int, by_reference: bool
 ) -> ReplaySnapshot:
     """The buffer now; `by_reference`: the items the log holds are referenced, not copied (the log must
-    keep their records: PrioritizedReplay.oldest_origin)."""
+    keep their records: learner/replay.py `oldest_origin`)."""
     items, state = replay.state_dict()
     _check_items(items, max_steps)
     caps = np.array([int(ep.steps["policy_version"].max(initial=0)) for ep in items], np.int64)

@@ -23,6 +23,7 @@ from rich.console import Console
 from common.protocol import Episode
 from learner.checkpoint import Checkpointer
 from learner.config import LearnerConfig
+from learner.durable_inserter import LoggedEpisodes
 from learner.ingest import IngestServer
 from learner.replay import PrioritizedReplay
 from learner.replay_file import Logged
@@ -47,7 +48,8 @@ def resume(
             trainer.restore(checkpointer)  # 1
         except ValueError as e:
             raise SystemExit(str(e)) from e
-        logged = server.logged_episodes()
+        # the episodes the replay file references in the log, validated as on arrival
+        logged = LoggedEpisodes(server.wal, server.check.episodes) if server.wal is not None else None
         kept = _restore_replay(cfg, rank, checkpointer, trainer.update, replay, logged)  # 2
         console.print(
             f"learner: resuming from the checkpoint at update {trainer.update} (policy v{trainer.version}), "

@@ -22,7 +22,7 @@ from learner.config import LearnerConfig, flat_dict
 from learner.export_cli import SNAPSHOT_NAME
 from learner.ingest import IngestServer
 from learner.local_actors import LocalActors
-from learner.replay import PrioritizedReplay, ReplaySample
+from learner.replay import PrioritizedReplay, ReplaySample, oldest_origin
 from learner.replay_file import snapshot
 from learner.run_outputs import RunOutputs
 from learner.run_stats import RunStats
@@ -72,22 +72,12 @@ class Session:
     saved_lsn: int = 0
     """The write-ahead log position of the checkpoint this run resumed from: every record below it is in
     it (its replay may still need older ones: `CheckpointFiles.log_needed_from`)."""
-    _files: CheckpointFiles | None = None
+    checkpoint_files: CheckpointFiles | None = None
+    """Writes each checkpoint's replay file and ledger on a helper thread (None with --checkpoint-every 0)."""
     _last_log: float = 0.0
     _snapshots: WallSnapshots | None = None
     _last_save: float = field(default_factory=time.monotonic)
     """When the newest checkpoint was saved (or the session opened): --checkpoint-every-s counts from it."""
-
-    def __post_init__(self) -> None:
-        """What the checkpoint just resumed from needs of the log: its position, or the oldest record its
-        replay references (asked now, before training evicts any of them)."""
-        if self.checkpointer is None:
-            return
-        wal = self.server.wal
-        oldest = self.replay.oldest_origin()  # the restored replay's, and the recovered batches' (newer)
-        needed = self.saved_lsn if oldest is None else min(self.saved_lsn, oldest)
-        prune = wal.prune if wal is not None and not self.cfg.transport.keep_log else None
-        self._files = CheckpointFiles(needed, prune, self.console.print)
 
     def compile(self, serve: Callable[[], None]) -> float:
         """Compile the update(s) while `serve` answers actors (Trainer.compile); the seconds it took."""
@@ -150,7 +140,7 @@ class Session:
         log holds instead of copying them, and the log keeps their records until a newer checkpoint is
         complete without them."""
         t0 = time.monotonic()
-        files = self._files
+        files = self.checkpoint_files
         assert files is not None, "save() needs checkpoints (--checkpoint-every > 0)"
         files.wait()  # one save's files at a time, in order
         update, wal, cfg = self.trainer.update, self.server.wal, self.cfg
@@ -172,7 +162,7 @@ class Session:
             checkpointer.save_delivery(update, ledger, rank)
             return size
 
-        oldest = self.replay.oldest_origin()
+        oldest = oldest_origin(self.replay)
         files.start(update, write, position if oldest is None else min(position, oldest))
         self.saved_update = update
         self.stats.timing["checkpoint_s"] += time.monotonic() - t0
@@ -278,8 +268,8 @@ class Session:
             **{f"train/{k}": v for k, v in s.train_metrics.items()},
             **{f"time/{k}": round(v, 3) for k, v in s.timing.items()},
             **(
-                {f"checkpoint/{k}": v for k, v in self._files.stats.items()}
-                if self._files is not None
+                {f"checkpoint/{k}": v for k, v in self.checkpoint_files.stats.items()}
+                if self.checkpoint_files is not None
                 else {}
             ),
         }
@@ -313,12 +303,12 @@ class Session:
         if self.checkpointer is not None:
             if self.trainer.update > self.saved_update:
                 self.save()
-            if self._files is not None:
-                self._files.wait()
+            if self.checkpoint_files is not None:
+                self.checkpoint_files.wait()
             try:
                 self.checkpointer.close()  # waits for orbax's last save
             except (OSError, ValueError, RuntimeError) as e:
-                self._files.failed(self.trainer.update, e)
+                self.checkpoint_files.failed(self.trainer.update, e)
         last = self.record()
         last["stopped"] = stopped or "error"
         if stopped:

@@ -35,12 +35,14 @@ from common.ports import INGEST_PORT, PARAMS_PORT, adb_clash
 from learner import multihost
 from learner.actor_check import check_local_flags
 from learner.checkpoint import Checkpointer
+from learner.checkpoint_files import CheckpointFiles
 from learner.config import LearnerConfig
 from learner.ingest import IngestServer
 from learner.ingest_setup import curve_server, open_inference, open_ingest
 from learner.inserter import ReplayInserter
 from learner.local_actors import LocalActors
 from learner.mesh import large_model_config
+from learner.replay import PrioritizedReplay, oldest_origin
 from learner.resume import resume
 from learner.run_outputs import RunOutputs, write_endpoints
 from learner.run_stats import RunStats
@@ -94,12 +96,27 @@ def open_session(cfg: LearnerConfig, console: Console) -> Session:
             prefill_pending=prefill,
             saved_update=trainer.update,
             saved_lsn=saved_lsn,
+            checkpoint_files=_checkpoint_files(cfg, server, replay, saved_lsn, console)
+            if checkpointer
+            else None,
         )
         _go_live(session, training)  # 8
     except BaseException:
         server.close()
         raise
     return session
+
+
+def _checkpoint_files(
+    cfg: LearnerConfig, server: IngestServer, replay: PrioritizedReplay, saved_lsn: int, console: Console
+) -> CheckpointFiles:
+    """The helper that writes checkpoint files, told what the checkpoint just resumed from needs of the
+    log: its position, or the oldest record its replay references (asked now, before training evicts
+    any of those items; the batches recovered from the log are newer)."""
+    wal, oldest = server.wal, oldest_origin(replay)
+    needed = saved_lsn if oldest is None else min(saved_lsn, oldest)
+    prune = wal.prune if wal is not None and not cfg.transport.keep_log else None
+    return CheckpointFiles(needed, prune, lambda line: console.print(line, markup=False))
 
 
 def _go_live(session: Session, training: Training) -> None:

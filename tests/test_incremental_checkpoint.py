@@ -16,7 +16,7 @@ from common import featurize, protocol, wire
 from learner.checkpoint_files import CheckpointFiles
 from learner.config import parse_args
 from learner.durable_inserter import LoggedEpisodes
-from learner.replay import PrioritizedReplay, oldest_version
+from learner.replay import PrioritizedReplay, oldest_origin, oldest_version
 from learner.replay_file import load_replay, save_replay
 from learner.setup import open_session
 from learner.wal import WriteAheadLog, pack_batch
@@ -111,7 +111,7 @@ def test_a_record_the_log_lost_is_refused_by_name(log_and_buffer, tmp_path):
     target = PrioritizedReplay[protocol.Episode](replay.capacity, **KW)
     with pytest.raises(ValueError, match=r"references .* episodes in the write-ahead log, and no log"):
         load_replay(path, target, CFG)
-    oldest = replay.oldest_origin()
+    oldest = oldest_origin(replay)
     wal.prune(oldest + 1)  # the segment holding the oldest referenced record is gone
     with pytest.raises(ValueError, match=rf"{path}: .*record {oldest} is not in the log"):
         load_replay(path, target, CFG, logged=LoggedEpisodes(wal, validate))
@@ -136,11 +136,11 @@ def test_saves_prune_the_log_below_what_the_newest_complete_checkpoint_needs(tmp
             s.server.ledger.record("actor-a", seq)
             s.trainer.update += 1
             s.save()
-        s._files.wait()
-        assert s._files.stats["errors"] == 0 and s._files.stats["saves"] == 20
+        s.checkpoint_files.wait()
+        assert s.checkpoint_files.stats["errors"] == 0 and s.checkpoint_files.stats["saves"] == 20
         first_kept = wal.segments()[0][0]
         assert wal.stats["pruned_segments"] > 0 and first_kept > 0
-        assert first_kept <= s.replay.oldest_origin() < wal.next_lsn - 1  # older than the last position
+        assert first_kept <= oldest_origin(s.replay) < wal.next_lsn - 1  # older than the last position
         expected = s.replay.items()
         size = s.checkpointer.replay_path(20).stat().st_size
     finally:
@@ -152,7 +152,7 @@ def test_saves_prune_the_log_below_what_the_newest_complete_checkpoint_needs(tmp
             assert_same_episode(a, b)
         assert len(again.replay) == len(expected) == 8
         # what the resumed checkpoint needs is fixed now, before training evicts its oldest items
-        assert again._files.log_needed_from == again.replay.oldest_origin() <= again.saved_lsn
+        assert again.checkpoint_files.log_needed_from == oldest_origin(again.replay) <= again.saved_lsn
     finally:
         again.close("test")
 
