@@ -5,10 +5,11 @@ A learner, a parameter relay and three actors on loopback (benchmarks/chaos_soak
 in turn: SIGKILL and restart of any process, SIGSTOP/SIGCONT of any process, the learner's disk "full"
 (a file size limit on it); all the while a proxy between the actors and the learner's ingest drops,
 duplicates, delays and reorders 5% of the messages (benchmarks/chaos_proxy.py). The last `calm_s` are
-fault-free. Then the actors deliver what they hold, everything stops, and benchmarks/chaos_audit.py checks:
-nothing acknowledged lost, nothing logged or stored twice, no process left, memory bounded and flat,
-training after the last fault; it reports the updates each learner restart trained again. `--quick`: 4
-minutes. The run's files stay in runs/chaos/seedS (logs, the learner's run dir, the actors' ack logs).
+fault-free (a short soak may end its calm early: `calm_updates`). Then the actors deliver what they
+hold, everything stops, and benchmarks/chaos_audit.py checks: nothing acknowledged lost, nothing logged
+or stored twice, no process left, memory bounded and flat, training after the last fault; it reports the
+updates each learner restart trained again. `--quick`: 4 minutes. The run's files stay in
+runs/chaos/seedS (logs, the learner's run dir, the actors' ack logs).
 """
 
 from __future__ import annotations

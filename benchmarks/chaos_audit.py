@@ -27,7 +27,7 @@ from pathlib import Path
 
 import numpy as np
 
-from benchmarks.chaos_soak import Soak
+from benchmarks.chaos_soak import Soak, metrics_lines
 from common.trajectory_file import parse_record
 from learner.wal import WriteAheadLog, scan_segment, unpack_batch
 
@@ -81,16 +81,6 @@ def acknowledged(out: Path) -> dict[tuple[str, int], int]:
     return acked
 
 
-def metrics_lines(run_dir: Path) -> list[dict]:
-    lines = []
-    for line in (run_dir / "metrics.jsonl").read_text().splitlines():
-        try:
-            lines.append(json.loads(line))
-        except ValueError:
-            continue  # cannot happen (lines are cut back whole), but a bad line must not hide the rest
-    return lines
-
-
 def left_running(marker: str) -> list[str]:
     found = []
     for proc in Path("/proc").iterdir():
@@ -122,14 +112,6 @@ def restarts(lines: list[dict], interval_s: float) -> list[dict]:
             "checkpoint_errors": last.get("checkpoint/errors", 0),
         })  # fmt: skip
     return out
-
-
-def _update_at(run: list[dict], started: float, soak: Soak) -> int:
-    """The final learner's update when the last fault happened (its first one if it started after it):
-    its lines' `wall` counts from its own start, which the soak's clock puts at `started`."""
-    last_fault = max((e["t"] for e in soak.events if e["event"] in ("kill", "stop", "disk")), default=0.0)
-    before = [m["update"] for m in run if started + m["wall"] <= last_fault]
-    return max(before, default=run[0]["update"])
 
 
 def _percentiles(values: list[float]) -> dict[str, float]:
@@ -190,7 +172,7 @@ def audit(soak: Soak) -> dict:
         "lost_in_restart": max(m.get("batches_lost_in_restart", 0) for m in lines),
         "left_running": left_running(str(soak.out)),
         "memory": memory(soak),
-        "updates_after_last_fault": last["update"] - _update_at(final_run, soak.learner.started_at[-1], soak),
+        "updates_after_last_fault": soak.updates_since_last_fault(final_run),
         "learner_restarts": len(redo),
         "updates_redone": [r["redone"] for r in redo],
         "redone_past_interval": [r for r in redo if r["redone"] > r["bound"]],

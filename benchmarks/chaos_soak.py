@@ -89,6 +89,17 @@ def _copy(proc: subprocess.Popen, path: Path) -> None:
             out.flush()
 
 
+def metrics_lines(run_dir: Path) -> list[dict]:
+    """The learner's metrics.jsonl as records."""
+    lines = []
+    for line in (run_dir / "metrics.jsonl").read_text().splitlines():
+        try:
+            lines.append(json.loads(line))
+        except ValueError:
+            continue  # cannot happen (lines are cut back whole), but a bad line must not hide the rest
+    return lines
+
+
 def rss_mb(pid: int) -> float | None:
     try:
         for line in Path(f"/proc/{pid}/status").read_text().splitlines():
@@ -112,6 +123,9 @@ class SoakConfig:
     """Seconds between faults, drawn uniformly."""
     calm_s: float = 120.0
     """Fault-free seconds at the end (the last restarted learner compiles and trains in them)."""
+    calm_updates: int = 0
+    """End the calm period early once the learner trained this many updates since the last fault (0: never
+    early, the whole `calm_s`): a short soak need not wait out a calm sized for a slow compile."""
     checkpoint_every_s: float = 30.0
     env: str = "standin"
     rates: FaultRates = field(default_factory=FaultRates)
@@ -206,12 +220,35 @@ class Soak:
             if now >= next_sample:
                 self._sample(now)
                 next_sample = now + 2.0
+                if now >= end_faults and self._calm_enough():
+                    break
             if now >= next_fault and now < end_faults:
                 self._fault(FAULTS[self._turn % len(FAULTS)], now)
                 self._turn += 1
                 next_fault = now + self._gap()
             time.sleep(0.05)
         self.events.append({"t": self.clock(), "event": "end"})
+
+    def _calm_enough(self) -> bool:
+        """The running learner trained `calm_updates` since the last fault (read from its metrics, once
+        its newest line is its own: written after it started)."""
+        path = self.run_dir / "metrics.jsonl"
+        if not self.cfg.calm_updates or not self.learner.alive() or self._pending or not path.exists():
+            return False
+        if path.stat().st_mtime - self.t0_unix <= self.learner.started_at[-1]:
+            return False
+        lines = metrics_lines(self.run_dir)
+        final_run = [m for m in lines if m["run_id"] == lines[-1]["run_id"]]
+        return self.updates_since_last_fault(final_run) >= self.cfg.calm_updates
+
+    def updates_since_last_fault(self, final_run: list[dict]) -> int:
+        """What the newest learner (its metrics lines) trained since the last fault: from its update when
+        the fault happened, or its first if it started after it. Its lines' `wall` counts from its own
+        start, which the soak's clock puts at the role's last start."""
+        last_fault = max((e["t"] for e in self.events if e["event"] in FAULTS), default=0.0)
+        started = self.learner.started_at[-1]
+        before = [m["update"] for m in final_run if started + m["wall"] <= last_fault]
+        return final_run[-1]["update"] - max(before, default=final_run[0]["update"])
 
     def _gap(self) -> float:
         return float(self.rng.uniform(*self.cfg.fault_every_s))
