@@ -13,6 +13,8 @@ Each cell's results are kept under OUT/VARIANT/seedS/ (the run dir and eval JSON
 cells (a cell whose training was cut short is trained again), so the hours this takes can be spread over
 sessions. Cells run seed by seed, so one seed of every variant comes first. `--learner-args` replaces the
 variants by one of its own ("custom"). `--quick`: one seed, two variants, 90 s runs, 10 episodes per template.
+The decision (`decide`) is printed with the summary; `python -m benchmarks.generalization` prints what the
+finished cells say so far without training anything.
 """
 
 from __future__ import annotations
@@ -94,8 +96,59 @@ def summarize(rows: list[dict], splits: tuple[str, ...]) -> dict:
     for variant in dict.fromkeys(r["variant"] for r in rows):
         for split in splits:
             values = [r[split] for r in rows if r["variant"] == variant]
-            out[f"{variant}/{split}"] = f"{np.mean(values):.3f} [{min(values):.3f}, {max(values):.3f}]"
+            out[f"{variant}/{split}"] = mean_range(values)
     return out
+
+
+def mean_range(values: list[float]) -> str:
+    """ "MEAN [MIN, MAX]" over seeds."""
+    return f"{np.mean(values):.3f} [{min(values):.3f}, {max(values):.3f}]"
+
+
+DEV_DROP = 0.02
+"""The most a kept variant's mean `dev` success may fall below the baseline's."""
+
+
+def decide(rows: list[dict], baseline: str = "baseline") -> dict:
+    """The rule written before any measurement (BENCHMARKS.md "generalization"), applied to complete
+    seeds: a variant is kept when its mean `validation` success beats the baseline's by more than the
+    seeds' range (the wider of the two variants' ranges, the strict reading) and its mean `dev` success
+    is at most DEV_DROP below the baseline's. `chosen` is the kept variant with the best validation mean
+    (a configuration measured as a whole, never an untried union of flags), or the baseline."""
+    by_variant: dict[str, list[dict]] = {}
+    for r in rows:
+        by_variant.setdefault(r["variant"], []).append(r)
+    base = by_variant[baseline]
+    base_val = [r["validation"] for r in base]
+    verdicts = {}
+    for name, cells in by_variant.items():
+        if name == baseline:
+            continue
+        val = [r["validation"] for r in cells]
+        spread = float(max(np.ptp(val), np.ptp(base_val)))
+        gain = float(np.mean(val) - np.mean(base_val))
+        dev_drop = float(np.mean([r["dev"] for r in base]) - np.mean([r["dev"] for r in cells]))
+        verdicts[name] = {"gain": gain, "range": spread, "dev_drop": dev_drop,
+                          "kept": gain > spread and dev_drop <= DEV_DROP, "mean": float(np.mean(val))}  # fmt: skip
+    kept = [name for name, v in verdicts.items() if v["kept"]]
+    chosen = max(kept, key=lambda name: verdicts[name]["mean"], default=baseline)
+    return {"seeds": len(base), "verdicts": verdicts, "chosen": chosen}
+
+
+def finished(out: Path = OUT / "full") -> list[dict]:
+    """The rows of the cells on disk whose evaluations are written (a report between sessions)."""
+    rows = []
+    for variant in VARIANTS:
+        for seed in SEEDS:
+            folder = out / variant / f"seed{seed}"
+            reports = {split: folder / f"{split}.json" for split in ("validation", "dev")}
+            if all(path.is_file() for path in reports.values()):
+                row = {"variant": variant, "seed": seed}
+                row.update(
+                    {split: json.loads(path.read_text())["success"] for split, path in reports.items()}
+                )
+                rows.append(row)
+    return rows
 
 
 def run(quick: bool, extra: tuple[str, ...] = ()) -> tuple[list[dict], dict]:
@@ -111,4 +164,20 @@ def run(quick: bool, extra: tuple[str, ...] = ()) -> tuple[list[dict], dict]:
         for name, flags in variants.items()  # falls on all variants alike
     ]
     table = [{k: v for k, v in r.items() if not k.endswith("_per_template")} for r in rows]
-    return table, {"out_dir": str(out), **summarize(rows, tuple(splits))}
+    summary = {"out_dir": str(out), **summarize(rows, tuple(splits))}
+    if not extra:
+        decision = decide(rows)
+        summary["chosen"] = decision["chosen"]
+        summary["flags"] = " ".join(variants[decision["chosen"]])
+    return table, summary
+
+
+if __name__ == "__main__":  # python -m benchmarks.generalization: what the finished cells say so far
+    done = finished()
+    print(json.dumps(summarize(done, ("validation", "dev")), indent=1))
+    complete = {r["seed"] for r in done if r["variant"] == "baseline"}
+    full_seeds = [s for s in sorted(complete) if sum(r["seed"] == s for r in done) == len(VARIANTS)]
+    print(f"seeds with every variant: {full_seeds}")
+    if full_seeds:
+        print("provisional: the rule is for three seeds" if len(full_seeds) < len(SEEDS) else "the decision")
+        print(json.dumps(decide([r for r in done if r["seed"] in full_seeds]), indent=1))

@@ -1,7 +1,9 @@
 """Issue 34's final numbers: `python -m benchmarks generalization_final --learner-args='FLAGS'` trains the
 flags chosen on validation (benchmarks/generalization.py) on `train`, three seeds of the 15-minute run,
-and measures `general`/test greedily (about 50 episodes per template: 2,350 per seed, drawn uniformly
-over the templates) and its nine held-out templates per template.
+and measures greedily `general`/train (about 50 episodes per training template: 1,900 per seed) and
+`general`/test (about 50 per template: 2,350 per seed, drawn uniformly over the templates) with its nine
+held-out templates per template: the issue's goals are train >= 0.95, test >= 0.90, held-out >= 0.75 on
+average with none at 0.
 Run it once the choice is made; the results say nothing that may feed back into the choice.
 """
 
@@ -9,9 +11,20 @@ from __future__ import annotations
 
 import numpy as np
 
-from benchmarks.generalization import EPISODES_PER_TEMPLATE, HELD_OUT, OUT, RUN_S, SEEDS, TEMPLATES, cell
+from actors.envs.simphone.tasks import available
+from benchmarks.generalization import (
+    EPISODES_PER_TEMPLATE,
+    HELD_OUT,
+    OUT,
+    RUN_S,
+    SEEDS,
+    TEMPLATES,
+    cell,
+    mean_range,
+)
 
 TEST_TEMPLATES = len(TEMPLATES)
+TRAIN_TEMPLATES = sum(available(t, "train") for t in TEMPLATES)
 
 
 def run(quick: bool, extra: tuple[str, ...] = ()) -> tuple[list[dict], dict]:
@@ -20,7 +33,9 @@ def run(quick: bool, extra: tuple[str, ...] = ()) -> tuple[list[dict], dict]:
     per = 2 if quick else EPISODES_PER_TEMPLATE
     rows = []
     for seed in seeds:
-        row = cell(out, "chosen", extra, seed, seconds, per, "train", {"test": TEST_TEMPLATES})
+        splits = {"train": TRAIN_TEMPLATES, "test": TEST_TEMPLATES}
+        row = cell(out, "chosen", extra, seed, seconds, per, "train", splits)
+        row.pop("train_per_template")
         per_template = row.pop("test_per_template")
         held = [per_template.get(t, float("nan")) for t in HELD_OUT]
         row["held_out_mean"] = float(np.nanmean(held))
@@ -29,8 +44,7 @@ def run(quick: bool, extra: tuple[str, ...] = ()) -> tuple[list[dict], dict]:
         rows.append(row)
     summary = {
         "learner_args": " ".join(extra),
-        "test": f"{np.mean([r['test'] for r in rows]):.3f} [{min(r['test'] for r in rows):.3f}, "
-        f"{max(r['test'] for r in rows):.3f}]",
+        **{split: mean_range([r[split] for r in rows]) for split in splits},
         "held_out_mean": f"{np.mean([r['held_out_mean'] for r in rows]):.3f}",
     }
     return rows, summary
