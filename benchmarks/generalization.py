@@ -101,7 +101,7 @@ def summarize(rows: list[dict], splits: tuple[str, ...]) -> dict:
 
 
 def mean_range(values: list[float]) -> str:
-    """ "MEAN [MIN, MAX]" over seeds."""
+    """The mean and the range over seeds, as text: MEAN [MIN, MAX]."""
     return f"{np.mean(values):.3f} [{min(values):.3f}, {max(values):.3f}]"
 
 
@@ -112,7 +112,7 @@ DEV_DROP = 0.02
 def decide(rows: list[dict], baseline: str = "baseline") -> dict:
     """The rule written before any measurement (BENCHMARKS.md "generalization"), applied to complete
     seeds: a variant is kept when its mean `validation` success beats the baseline's by more than the
-    seeds' range (the wider of the two variants' ranges, the strict reading) and its mean `dev` success
+    seeds' range (the wider of the variant's and the baseline's, the strict reading) and its mean `dev` success
     is at most DEV_DROP below the baseline's. `chosen` is the kept variant with the best validation mean
     (a configuration measured as a whole, never an untried union of flags), or the baseline."""
     by_variant: dict[str, list[dict]] = {}
