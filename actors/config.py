@@ -55,7 +55,8 @@ class ActorConfig:
     compose_rate: float = 0.0
     """SimPhone: chance that an episode's task composes two training tasks ("A and B", "A, then B" from
     templates with independent success predicates; actors/envs/simphone/compose.py), so the policy learns
-    to carry on after a subgoal; train and dev splits only. 0 = never."""
+    to carry on after a subgoal; train and dev splits only. 0 = never (the default: 0.3 did not beat it on
+    validation, BENCHMARKS.md "generalization")."""
     num_envs: int = 16
     """Environments stepped together; inference runs on all of them in one batched, jitted call
     (--backend adb: one environment per device instead)."""

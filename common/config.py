@@ -30,10 +30,12 @@ class ModelConfig:
     span_words: int = 1
     """Longest text the pointer policy types in one action, in consecutive instruction words: 1 types
     one word per action (a phrase word by word); more makes its typed-text choice a span (its start and
-    length in one categorical, common/featurize.py), so a phrase is one action."""
+    length in one categorical, common/featurize.py), so a phrase is one action. Not the default: it did not beat
+    one word per action on validation (BENCHMARKS.md "generalization")."""
     history: int = 0
     """The pointer policy's memory: the episode's last this many actions it reads (what each aimed at,
-    its kind and age, and the step count; common/featurize.py); 0 = the current screen only."""
+    its kind and age, and the step count; common/featurize.py); 0 = the current screen only (the default:
+    memory did not beat it on validation, BENCHMARKS.md "generalization")."""
     d_model: int = 64
     """Width of the transformer."""
     num_heads: int = 4
@@ -64,7 +66,8 @@ class ModelConfig:
     raw_instruction: bool = False
     """With a text encoder: it reads the instruction as written (punctuation and "'s" kept: the colon of
     "Text Aiko: Running late") and its pieces are aligned to the hashed-word slots by character offsets.
-    Off: it reads the surface words the hashed tokenizer keeps."""
+    Off (the default: reading the raw text did not beat it on validation, BENCHMARKS.md "generalization"):
+    it reads the surface words the hashed tokenizer keeps."""
     max_element_pieces: int = 10
     """WordPiece tokens kept of each element label, [CLS] and [SEP] included (with a text encoder)."""
     backbone: str = "default"

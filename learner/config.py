@@ -301,7 +301,8 @@ class LossSettings:
     word_rename_rate: float = 0.0
     """Share of each training episode's distinct words renamed to random vocabulary ids, consistently
     across its instruction and screens (learner/augment.py). Applies to warm-up and reinforcement-learning
-    batches. Off by default: renaming the words that say what to do costs more than it gains (BENCHMARKS.md);
+    batches. Off by default: renaming the words that say what to do costs more than it gains (BENCHMARKS.md;
+    with the text encoder too, 0.3 on issue 34's validation protocol);
     --typed-word-rename-rate renames the values."""
     typed_word_rename_rate: float = 0.5
     """The same for the words an episode types (instruction words found in a text field at some step), so
