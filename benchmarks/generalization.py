@@ -14,9 +14,8 @@ cells (a cell whose training was cut short is trained again), so the hours this 
 sessions. Cells run seed by seed, so one seed of every variant comes first. `--learner-args` replaces the
 variants by one of its own ("custom"). `--quick`: one seed, two variants, 90 s runs, 10 episodes per template.
 The decision (`decide`) is printed with the summary; `python -m benchmarks.generalization` prints what the
-finished cells say so far without training anything and, once
-the baseline's seeds are all done, which variants no outcome of their missing seeds could keep
-(`can_be_kept`): their cells cannot change the choice.
+finished cells say so far without training anything and, once the baseline's seeds are all done, which
+variants no outcome of their missing seeds could keep (`can_be_kept`): their cells cannot change the choice.
 """
 
 from __future__ import annotations
