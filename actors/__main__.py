@@ -16,25 +16,25 @@ import tyro
 
 def main() -> None:
     if len(sys.argv) > 1 and sys.argv[1] == "check-args":  # hidden: the learner's check of actor flags
-        from actors.check_args import main as check_args
+        from actors.tools.check_args import main as check_args
 
         sys.exit(check_args(sys.argv[2:]))
     if len(sys.argv) > 1 and sys.argv[1] == "demos":
-        from actors.demos import DemosConfig, write_demos
+        from actors.tools.demos import DemosConfig, write_demos
 
         write_demos(tyro.cli(DemosConfig, args=sys.argv[2:], prog="python -m actors demos"))
         return
     if len(sys.argv) > 1 and sys.argv[1] == "eval":  # run by `python -m learner eval`
-        from actors.evaluate import EvalRunConfig, run_eval
+        from actors.tools.evaluate import EvalRunConfig, run_eval
 
         run_eval(tyro.cli(EvalRunConfig, args=sys.argv[2:], prog="python -m actors eval"))
         return
     if len(sys.argv) > 1 and sys.argv[1] == "doctor":
-        from actors.doctor import DoctorConfig, run_doctor
+        from actors.tools.doctor import DoctorConfig, run_doctor
 
         sys.exit(run_doctor(tyro.cli(DoctorConfig, args=sys.argv[2:], prog="python -m actors doctor")))
     if len(sys.argv) > 1 and sys.argv[1] == "relay":
-        from actors.relay import RelayConfig, run_relay
+        from actors.tools.relay import RelayConfig, run_relay
 
         run_relay(tyro.cli(RelayConfig, args=sys.argv[2:], prog="python -m actors relay"))
         return

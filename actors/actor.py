@@ -35,8 +35,8 @@ from actors.remote_policy import InferenceRefused, RemotePolicy
 from actors.slots import EnvSlots
 from common import protocol
 from common.config import ModelConfig
-from common.curve import CurveClient, CurveError
 from common.episode import EpisodeBuilder
+from common.net.curve import CurveClient, CurveError
 from common.types import NOOP_PENALTY, ActionType
 
 KEEP_ON_ERROR = frozenset({"no_credit", "not_welcomed", "unavailable"})

@@ -15,7 +15,7 @@ import tyro
 
 from actors.envs.adb.config import AdbConfig
 from common.config import EmulatorModelConfig
-from common.ports import INGEST_PORT, PARAMS_PORT
+from common.net.ports import INGEST_PORT, PARAMS_PORT
 from common.protocol import MAX_EPISODES_PER_BATCH
 
 

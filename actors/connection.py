@@ -19,7 +19,7 @@ import numpy as np
 import zmq
 
 from common import protocol, wire
-from common.curve import CurveClient
+from common.net.curve import CurveClient
 from common.protocol import ProtocolError
 
 REPLIES = {protocol.ACK: protocol.Ack, protocol.HEARTBEAT: protocol.Heartbeat, protocol.ERROR: protocol.Error}
@@ -57,7 +57,7 @@ class LearnerConnection:
         self.curve = curve
         self.dealer: zmq.Socket | None = None
         self.sub = self.ctx.socket(zmq.SUB)
-        if curve is not None and not params_addr:  # a relay's local side is plain (actors/relay.py)
+        if curve is not None and not params_addr:  # a relay's local side is plain (actors/tools/relay.py)
             curve.apply(self.sub)
         self.sub.setsockopt(zmq.LINGER, 0)
         self.sub.setsockopt(zmq.RCVHWM, 2)

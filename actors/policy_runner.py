@@ -12,11 +12,12 @@ import jax
 import numpy as np
 from flax import nnx
 
-from common import model, text_encoder
-from common.backbones.lora import split_trained
+from common.backbones.decoder.lora import split_trained
 from common.config import ModelConfig
 from common.policies import make_policy
 from common.policies.family import StagedAct
+from common.policies.pointer import network as model
+from common.policies.pointer import text_encoder
 from common.types import Action, Observation
 
 

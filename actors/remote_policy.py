@@ -1,5 +1,5 @@
 """An actor's policy in `--inference remote` mode: featurize here, act on the learner's inference service
-(learner/inference.py), so this host holds no parameters and needs no accelerator.
+(learner/serving/inference.py), so this host holds no parameters and needs no accelerator.
 
 `RemotePolicy` answers what the actor loop asks of actors/policy_runner.PolicyRunner (featurize, act,
 to_action, version), so the loop does not know which one it drives. Each `act` is one ACT request with the
@@ -24,7 +24,7 @@ import zmq
 from actors.policy_runner import Acted
 from common import protocol, wire
 from common.config import ModelConfig
-from common.curve import CurveClient
+from common.net.curve import CurveClient
 from common.policies import make_policy
 from common.protocol.inference import Act
 from common.protocol.inference import Acted as ActedMsg

@@ -12,7 +12,7 @@ from benchmarks.report import emit
 BENCHMARKS = {
     "wire": "benchmarks.wire",
     "checkpoint": "benchmarks.checkpoint",
-    "chaos": "benchmarks.chaos",
+    "chaos": "benchmarks.chaos.benchmark",
     "learner_step": "benchmarks.learner_step",
     "simphone": "benchmarks.simphone",
     "train_scaling": "benchmarks.train_scaling",
@@ -20,7 +20,7 @@ BENCHMARKS = {
     "ingest": "benchmarks.ingest",
     "adb_step": "benchmarks.adb_step",
     "collection": "benchmarks.collection",
-    "paper": "benchmarks.paper",
+    "paper": "benchmarks.paper.benchmark",
     "actor_loss": "benchmarks.actor_loss",
     "text_encoder": "benchmarks.text_encoder",
     "decoder_speed": "benchmarks.decoder_speed",

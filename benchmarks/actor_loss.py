@@ -3,7 +3,7 @@
 truncated ratio, "vmpo" is the V-MPO/AWR-style candidate), and the off-policy correction's ablation under
 each.
 
-The runs are `python -m benchmarks paper`'s async cell (benchmarks/paper_plan.py: the real learner and its
+The runs are `python -m benchmarks paper`'s async cell (benchmarks/paper/plan.py: the real learner and its
 local actors behind the emulator latency model, the learner pinned where the machine allows, greedy
 evaluation of wall-clock snapshots), with --actor-weighting set per variant. The choice rule, fixed before
 measuring: the highest mean area under the greedy curve on general/train (training templates, evaluation
@@ -18,8 +18,8 @@ import dataclasses
 import numpy as np
 
 from benchmarks import pinning
-from benchmarks.paper import _one
-from benchmarks.paper_plan import QUICK, Recipe, plain_run
+from benchmarks.paper.benchmark import _one
+from benchmarks.paper.plan import QUICK, Recipe, plain_run
 
 VARIANTS: dict[str, tuple[str, ...]] = {
     "binary": ("--actor-weighting", "binary"),

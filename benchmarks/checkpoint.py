@@ -10,7 +10,7 @@ Rows (best of `repeats`):
   both on the learner's main thread (Session.save).
 - `by_reference`: what a save does now when the learner has a log: the main thread takes the snapshot
   (state arrays, references to the episodes), a helper thread writes a file that references the log's
-  records (learner/checkpoint_files.py).
+  records (learner/training/checkpoint_files.py).
 Columns: main-thread seconds (what actors wait for), write seconds (on the helper thread for
 by_reference), the file's bytes, and the restore (read, validate, fill: for by_reference the log's
 records are read back and validated as on arrival), each with its ratio to by_value.
@@ -26,10 +26,10 @@ from benchmarks.report import best_seconds
 from common import protocol, wire
 from common.policies import make_policy
 from learner.config import LearnerConfig
-from learner.durable_inserter import LoggedEpisodes
-from learner.replay import PrioritizedReplay, oldest_version
-from learner.replay_file import load_replay, snapshot, write_snapshot
-from learner.wal import WriteAheadLog, pack_batch
+from learner.ingest.durable_inserter import LoggedEpisodes
+from learner.ingest.wal import WriteAheadLog, pack_batch
+from learner.replay.file import load_replay, snapshot, write_snapshot
+from learner.replay.prioritized import PrioritizedReplay, oldest_version
 
 MAX_STEPS = 16
 BATCH = 8

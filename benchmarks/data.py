@@ -5,8 +5,9 @@ from __future__ import annotations
 import numpy as np
 
 from actors.envs.standin import StandInPhoneEnv
-from common import featurize, protocol
+from common import protocol
 from common.config import ModelConfig
+from common.policies.pointer import featurize
 
 
 def episodes(cfg: ModelConfig, count: int, steps: int = 8) -> list[protocol.Episode]:

@@ -20,10 +20,10 @@ import optax
 from flax import nnx
 
 from benchmarks.report import best_seconds, compiled_gflop, matmul_gflops
-from common.backbones import decoder_snapshot
+from common.backbones.decoder import snapshot as decoder_snapshot
+from common.backbones.decoder.llama import init_cache
+from common.backbones.decoder.lora import LoraConfig
 from common.backbones.generate import left_pad
-from common.backbones.llama import init_cache
-from common.backbones.lora import LoraConfig
 from common.backbones.pretrained import load_pretrained
 
 

@@ -19,17 +19,17 @@ import tempfile
 import time
 from pathlib import Path
 
-from actors.demos import DemosConfig, load_demos, write_demos
 from actors.envs.simphone.env import SimPhoneConfig, SimPhoneEnv
 from actors.envs.simphone.oracle import Oracle
+from actors.tools.demos import DemosConfig, load_demos, write_demos
 from benchmarks.report import best_seconds, compiled_gflop, matmul_gflops
-from common import featurize, text_encoder
 from common.config import ModelConfig
+from common.policies.pointer import featurize, text_encoder
 from learner.augment import piece_table, rename_batch
 from learner.batch import collate
 from learner.config import LearnerConfig
-from learner.mesh import make_mesh
-from learner.trainer import Trainer
+from learner.training.mesh import make_mesh
+from learner.training.trainer import Trainer
 
 
 def available() -> bool:

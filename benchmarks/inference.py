@@ -1,4 +1,4 @@
-"""The inference service (`--inference remote`, learner/inference.py) against acting on the actor.
+"""The inference service (`--inference remote`, learner/serving/inference.py) against acting on the actor.
 
 Three parts, one run:
 
@@ -40,9 +40,9 @@ from actors.remote_policy import RemotePolicy
 from benchmarks import serving_cost
 from benchmarks.collection import run_learner, steps_per_second
 from benchmarks.serving import features, warm_service
-from common import model
 from common.config import ModelConfig
 from common.policies import make_policy
+from common.policies.pointer import network as model
 
 POINTER = ModelConfig(text_encoder="none")
 LM = ModelConfig(kind="lm")

@@ -1,9 +1,9 @@
 """Ingest: many actor connections on loopback flooding small TRAJ batches into the learner's real ingest.
 
-The learner side is a real `learner.ingest.IngestServer` bound to 127.0.0.1 on free ports, in the main
+The learner side is a real `learner.ingest.server.IngestServer` bound to 127.0.0.1 on free ports, in the main
 thread of a fresh process per row (`python -m benchmarks.ingest learner ...`, so its memory starts clean)
 and driven the way `learner.loop` drives it: `server.poll(...)` in a loop, episodes stored by the
-`on_episodes` callback into a real `learner.replay.PrioritizedReplay` of the learner's default capacity
+`on_episodes` callback into a real `learner.replay.prioritized.PrioritizedReplay` of the learner's default capacity
 (2048 episodes; FIFO eviction once full, so memory stays bounded, and the arrays stay alive as the
 learner keeps them: views of the received messages). Version 0 is published first, as the learner does.
 
@@ -57,8 +57,9 @@ import numpy as np
 import zmq
 
 from benchmarks.report import best_seconds
-from common import featurize, protocol, wire
+from common import protocol, wire
 from common.config import ModelConfig
+from common.policies.pointer import featurize
 from common.types import NUM_ACTION_TYPES, NUM_SWIPE_DIRECTIONS
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -83,7 +84,7 @@ DRAIN_TIMEOUT_S = 120.0
 
 MODES = ("credit", "credit, log os", "credit, log fsync", "ignore credit", "ignore credit, tap closed")
 DURABILITY = {"credit, log os": "os", "credit, log fsync": "fsync"}
-"""The rows whose learner appends every batch to a write-ahead log (learner/wal.py) before its ACK."""
+"""The rows whose learner appends every batch to a write-ahead log (learner/ingest/wal.py) before its ACK."""
 LATENCY_SAMPLES = 4000
 """ACK latencies each actor process reports (every k-th, evenly over the measured window)."""
 
@@ -404,9 +405,9 @@ def _flood_process(mode: str, connections: int, warmup_s: float, duration_s: flo
 
 def _flood(mode: str, connections: int, warmup_s: float, duration_s: float) -> dict:
     """One row: a real IngestServer in this process's main thread, the actors in worker processes."""
-    from learner.ingest import IngestServer
-    from learner.replay import PrioritizedReplay, oldest_version
-    from learner.wal import WriteAheadLog
+    from learner.ingest.server import IngestServer
+    from learner.ingest.wal import WriteAheadLog
+    from learner.replay.prioritized import PrioritizedReplay, oldest_version
 
     cfg = ModelConfig()
     log_dir = tempfile.TemporaryDirectory(prefix="ingest-wal-") if mode in DURABILITY else None
@@ -574,7 +575,7 @@ def _flood(mode: str, connections: int, warmup_s: float, duration_s: float) -> d
 
 def _references(blobs: list[bytes], cfg: ModelConfig, repeats: int, per_batch: int) -> list[dict]:
     """Validation only, and parse + validate + store, on the same messages with no sockets."""
-    from learner.replay import PrioritizedReplay, oldest_version
+    from learner.replay.prioritized import PrioritizedReplay, oldest_version
 
     spec = featurize.episode_spec(cfg, text_vocab_size=0)  # (the benchmark's model has no text encoder)
     raw = [traj_bytes(traj_head(1), i + 1, b) for i, b in enumerate(blobs)]

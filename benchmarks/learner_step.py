@@ -14,13 +14,14 @@ from actors.envs.standin import StandInPhoneEnv
 from actors.policy_runner import PolicyRunner
 from benchmarks import data, encoder_rows
 from benchmarks.report import best_seconds, matmul_gflops
-from common import featurize, model
 from common.config import ModelConfig
 from common.policies import PointerPolicy
+from common.policies.pointer import featurize
+from common.policies.pointer import network as model
 from learner.augment import rename_batch, rename_words
 from learner.batch import collate
 from learner.losses import LOSSES, LossParams
-from learner.train_step import make_optimizer, make_train_step
+from learner.training.train_step import make_optimizer, make_train_step
 
 
 def _step_seconds(step, state: list, batch, repeats: int) -> float:

@@ -28,10 +28,11 @@ from flax import nnx
 from actors.envs.simphone.env import SimPhoneConfig, SimPhoneEnv
 from actors.envs.simphone.oracle import Oracle
 from benchmarks.report import best_seconds, compiled_gflop, matmul_gflops
-from common import model, wire
-from common.backbones.lora import split_trained
+from common import wire
+from common.backbones.decoder.lora import split_trained
 from common.config import ModelConfig
 from common.policies import make_policy
+from common.policies.pointer import network as model
 from common.protocol.episodes import episode_fields, pack_episodes
 
 

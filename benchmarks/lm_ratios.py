@@ -34,11 +34,11 @@ from flax import nnx
 from benchmarks.report import emit
 from common.policies import make_policy
 from common.policies.lm.network import score_actions
-from learner.checkpoint import Checkpointer
-from learner.durable_inserter import LoggedEpisodes
-from learner.evaluate import restore
-from learner.replay import PrioritizedReplay
-from learner.wal import WriteAheadLog
+from learner.ingest.durable_inserter import LoggedEpisodes
+from learner.ingest.wal import WriteAheadLog
+from learner.replay.prioritized import PrioritizedReplay
+from learner.tools.evaluate import restore
+from learner.training.checkpoint import Checkpointer
 
 ROWS = 8
 """Steps scored per jitted call (one shape, one compile)."""

@@ -14,7 +14,7 @@ from actors.policy_runner import stack
 from actors.remote_policy import RemotePolicy
 from common.config import ModelConfig
 from common.policies import make_policy
-from learner.inference import InferenceConfig, InferenceService
+from learner.serving.inference import InferenceConfig, InferenceService
 
 
 def features(policy: Any, cfg: ModelConfig, rows: int) -> dict[str, np.ndarray]:

@@ -25,7 +25,7 @@ from common.config import ModelConfig
 from common.policies import make_policy
 from learner.batch import collate
 from learner.losses import LOSSES, LossParams
-from learner.train_step import make_optimizer, make_train_step
+from learner.training.train_step import make_optimizer, make_train_step
 
 CLIENTS, ROWS = 4, 8
 

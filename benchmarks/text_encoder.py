@@ -23,13 +23,15 @@ import numpy as np
 from actors.envs.factory import make_env
 from actors.policy_runner import PolicyRunner, stack
 from benchmarks.report import best_seconds, compiled_gflop, matmul_gflops
-from common import featurize, model, text_encoder, wire
+from common import wire
 from common.config import ModelConfig
+from common.policies.pointer import featurize, text_encoder
+from common.policies.pointer import network as model
 from common.protocol import STEP_ARRAYS, Episode
 from learner.batch import collate
 from learner.config import LearnerConfig
-from learner.mesh import make_mesh
-from learner.trainer import Trainer
+from learner.training.mesh import make_mesh
+from learner.training.trainer import Trainer
 
 ENVS = 8
 

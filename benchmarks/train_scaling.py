@@ -1,4 +1,4 @@
-"""The sharded train step (learner.mesh) per device count and mesh layout.
+"""The sharded train step (learner.training.mesh) per device count and mesh layout.
 
 For each device count D (1, 2, 4, 8; quick: 1 and 8) a worker subprocess starts with
 `XLA_FLAGS=--xla_force_host_platform_device_count=D JAX_PLATFORMS=cpu` (the device count must be set
@@ -111,11 +111,11 @@ def time_layout(cfg, devices, data_axis: int, model_axis: int, sharding: str, ba
     """One row: the sharded step on a data_axis x model_axis mesh over `devices`."""
     import jax
 
-    from common import model
     from common.policies import PointerPolicy
-    from learner import mesh as M
+    from common.policies.pointer import network as model
     from learner.losses import LOSSES, LossParams
-    from learner.train_step import make_optimizer
+    from learner.training import mesh as M
+    from learner.training.train_step import make_optimizer
 
     mesh = M.make_mesh(M.MeshConfig(data=data_axis, model=model_axis, param_sharding=sharding), devices)
     optimizer = make_optimizer(1e-3, 1.0)
@@ -170,7 +170,7 @@ def worker(devices: int, quick: bool, large: bool) -> list[dict]:
     import jax
 
     from common.config import ModelConfig
-    from learner.mesh import large_model_config
+    from learner.training.mesh import large_model_config
 
     load_1m = os.getloadavg()[0]  # other processes loading the CPU when the worker started
     found = jax.devices()

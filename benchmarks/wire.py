@@ -17,8 +17,10 @@ import numpy as np
 
 from benchmarks import data
 from benchmarks.report import best_seconds
-from common import featurize, model, protocol, wire
+from common import protocol, wire
 from common.config import ModelConfig
+from common.policies.pointer import featurize
+from common.policies.pointer import network as model
 
 MAX_STEPS = 16
 

@@ -1,8 +1,8 @@
 """The command lines of `python -m actors` processes, spelled once for every side that starts one.
 
-The learner starts local actors and the demo writer (learner/local_actors.py, learner/warmup_demos.py), the Ray
-launcher places actors on its nodes (learner/launch.py), and the learner checks the actor-side flags
-first with `python -m actors check-args` (actors/check_args.py). This module lives in common/ so the
+The learner starts local actors and the demo writer (learner/launch/local_actors.py, learner/setup/demos.py), the Ray
+launcher places actors on its nodes (learner/launch/cluster.py), and the learner checks the actor-side flags
+first with `python -m actors check-args` (actors/tools/check_args.py). This module lives in common/ so the
 learner can build an actor's argv without importing actor code; tests parse what it builds with the
 actor's own configs, so a renamed flag fails there, not in a launched process.
 
@@ -50,7 +50,7 @@ def actor_command(
     python: str | None = sys.executable,
 ) -> list[str]:
     """`python -m actors ...` as an argv list. Ports and the parent pid may be placeholders such as
-    "{pid}" (learner/process_host.py fills them in on the node); `emulator` adds only the fields that
+    "{pid}" (learner/launch/process_host.py fills them in on the node); `emulator` adds only the fields that
     differ from the defaults; `extra` (further flags, e.g. the launcher's --actor-args or CURVE key
     flags) comes last, so it wins over the flags before it. `python=None` leaves the executable out
     (a Ray ProcessHost prepends its own node's)."""

@@ -30,11 +30,11 @@ class ModelConfig:
     span_words: int = 1
     """Longest text the pointer policy types in one action, in consecutive instruction words: 1 types
     one word per action (a phrase word by word); more makes its typed-text choice a span (its start and
-    length in one categorical, common/featurize.py), so a phrase is one action. 1 is the default: spans did
+    length in one categorical, common/policies/pointer/featurize.py), so a phrase is one action. 1 is the default: spans did
     not beat it on validation (BENCHMARKS.md "generalization")."""
     history: int = 0
     """The pointer policy's memory: the episode's last this many actions it reads (what each aimed at,
-    its kind and age, and the step count; common/featurize.py); 0 = the current screen only (the default:
+    its kind and age, and the step count; common/policies/pointer/featurize.py); 0 = the current screen only (the default:
     memory did not beat it on validation, BENCHMARKS.md "generalization")."""
     d_model: int = 64
     """Width of the transformer."""

@@ -1,5 +1,5 @@
 """Files of episodes in the wire format: demonstrations (kind DEMOS) and saved replays (kind REPLAY,
-learner/replay_file.py).
+learner/replay/file.py).
 
 A file is a sequence of records, each a u32 little-endian byte count followed by one wire message
 (common/wire.py): first a header map with `kind` "DEMOS" (`model`: the ModelConfig the observations were
@@ -18,8 +18,9 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, BinaryIO
 
-from common import featurize, protocol, wire
+from common import protocol, wire
 from common.config import ModelConfig
+from common.policies.pointer import featurize
 
 DEMOS = "DEMOS"
 LEGACY_TRAJ_VERSION = 2
@@ -90,7 +91,9 @@ def episode_spec(model: ModelConfig) -> protocol.EpisodeSpec:
         return make_policy(model).episode_spec()
     if not model.uses_text_encoder:
         return featurize.episode_spec(model, 0)
-    from common import text_encoder  # JAX and the encoder's folder only for a run that has one
+    from common.policies.pointer import (
+        text_encoder,  # JAX and the encoder's folder only for a run that has one
+    )
 
     return featurize.episode_spec(model, text_encoder.vocab_size(model))
 
@@ -112,7 +115,7 @@ def parse_record(record: bytes | memoryview) -> dict[str, Any]:
     """A TRAJ (or other) record as `protocol.parse` gives it; an older readable TRAJ comes back as today's
     version: a version 3 one as it is, a version 2 one with its episodes packed (`protocol.pack_episodes`).
     ProtocolError for anything else `parse` refuses. The write-ahead log's recovery reads its records so
-    too (learner/durable_inserter.py), so that batches logged by an older learner survive its upgrade."""
+    too (learner/ingest/durable_inserter.py), so that batches logged by an older learner survive its upgrade."""
     try:
         msg = wire.decode(record)
     except wire.WireError as e:

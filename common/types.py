@@ -135,7 +135,7 @@ class PolicyChoice:
     direction: int = 0
 
     def as_dict(self) -> dict[str, int]:
-        """The choice as the pointer family's choice arrays take it (common/policies/pointer.py)."""
+        """The choice as the pointer family's choice arrays take it (common/policies/pointer/family.py)."""
         return {
             "action_type": self.action_type,
             "element": self.element,

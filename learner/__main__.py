@@ -14,32 +14,32 @@ from learner.config import parse_args
 
 def main() -> None:
     if len(sys.argv) > 1 and sys.argv[1] == "eval":
-        from learner.evaluate import EvalConfig, evaluate
+        from learner.tools.evaluate import EvalConfig, evaluate
 
         evaluate(tyro.cli(EvalConfig, args=sys.argv[2:], prog="python -m learner eval"))
         return
     if len(sys.argv) > 1 and sys.argv[1] == "keys":
-        from common.curve import KeysConfig, write_keys
+        from common.net.curve import KeysConfig, write_keys
 
         write_keys(tyro.cli(KeysConfig, args=sys.argv[2:], prog="python -m learner keys"))
         return
     if len(sys.argv) > 1 and sys.argv[1] == "report":
-        from learner.report import ReportConfig, report
+        from learner.observe.report import ReportConfig, report
 
         report(tyro.cli(ReportConfig, args=sys.argv[2:], prog="python -m learner report"))
         return
     if len(sys.argv) > 1 and sys.argv[1] == "launch":
-        from learner.launch import LaunchConfig, launch
+        from learner.launch.cluster import LaunchConfig, launch
 
         sys.exit(launch(tyro.cli(LaunchConfig, args=sys.argv[2:], prog="python -m learner launch")))
     if len(sys.argv) > 1 and sys.argv[1] == "generate":
-        from learner.generate_cli import GenerateConfig
-        from learner.generate_cli import main as generate
+        from learner.tools.generate import GenerateConfig
+        from learner.tools.generate import main as generate
 
         sys.exit(generate(tyro.cli(GenerateConfig, args=sys.argv[2:], prog="python -m learner generate")))
     if len(sys.argv) > 1 and sys.argv[1] == "export":
-        from learner.export_cli import ExportConfig
-        from learner.export_cli import main as export
+        from learner.tools.export import ExportConfig
+        from learner.tools.export import main as export
 
         sys.exit(export(tyro.cli(ExportConfig, args=sys.argv[2:], prog="python -m learner export")))
     from learner.loop import run

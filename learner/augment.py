@@ -97,7 +97,7 @@ def _mix(x: np.ndarray) -> np.ndarray:
 @functools.lru_cache(maxsize=4)
 def piece_table(text_encoder: str) -> PieceTable:
     """The PieceTable of a `--model.text-encoder`'s tokenizer (read once per process)."""
-    from common.text_encoder import word_pieces
+    from common.policies.pointer.text_encoder import word_pieces
 
     return PieceTable.from_vocabulary(word_pieces(text_encoder).vocabulary())
 
@@ -244,7 +244,7 @@ def rename_batch(
     pieces: PieceTable | None = None,
 ) -> Batch:
     """`batch` with its observations renamed (`rename_words`), the originals kept as `acted_obs`: the
-    behaviour policy saw those, so the importance ratios are computed on them (learner/train_step.py)."""
+    behaviour policy saw those, so the importance ratios are computed on them (learner/training/train_step.py)."""
     if rate == 0.0 and typed_rate == 0.0:
         return batch
     obs = rename_words(batch.obs, rate, vocab_size, seed=seed, typed_rate=typed_rate, pieces=pieces)

@@ -13,7 +13,7 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-from common.distribution import CHOICE_KEYS
+from common.policies.pointer.distribution import CHOICE_KEYS
 from common.protocol import BASE_STEP_ARRAYS, Episode
 
 POINTER_CHOICES: dict[str, tuple[tuple[int, ...], str]] = {name: ((), "<i4") for name in CHOICE_KEYS}

@@ -5,7 +5,7 @@ imitation, replay buffer, loss, optimizer, dashboards, multi-host); every group'
 names, so `--alpha` sets `cfg.buffer.alpha`. Each config checks its own values in `__post_init__` and
 raises ValueError naming the flag; tyro shows that message and exits with status 2. What can only be
 checked against the machine (the device mesh, key files, ports in use) is checked at start-up
-(learner/setup.py). config.json and checkpoints store the settings flat, by field name (`flat_dict`).
+(learner/setup/open_session.py). config.json and checkpoints store the settings flat, by field name (`flat_dict`).
 """
 
 from __future__ import annotations
@@ -22,9 +22,9 @@ import tyro
 from tyro.conf import OmitArgPrefixes
 
 from common.config import EmulatorModelConfig, ModelConfig
-from common.curve import is_loopback
+from common.net.curve import is_loopback
+from common.net.ports import INGEST_PORT, PARAMS_PORT
 from common.policies import make_policy
-from common.ports import INGEST_PORT, PARAMS_PORT
 from learner import recipes
 from learner.losses import ACTOR_WEIGHTINGS, DEFAULTS, LOSSES, ActorWeighting
 
@@ -290,7 +290,7 @@ class LossSettings:
     stale data as on-policy: the ablation of the correction (benchmarks/ablation.py)."""
     instruction_filter: tuple[float, float] | None = None
     """A-RIDE: LOW HIGH of DigiRL's instruction-level critic filter: a trajectory trains the actor only if
-    its task's recent success rate (learner/instruction_critic.py) is in [LOW, HIGH], skipping tasks
+    its task's recent success rate (learner/replay/instruction_critic.py) is in [LOW, HIGH], skipping tasks
     that are already solved or hopeless; tasks with fewer than 10 episodes always train. None: off."""
     entropy_coef: float | None = None
     """Weight of the exact entropy bonus. Default: 0.01 when learning from scratch (exploration), 0.001
@@ -352,7 +352,7 @@ class LossSettings:
     @property
     def renames_words(self) -> bool:
         """Training batches are renamed (either rate above 0); the ratios then take a second forward pass
-        on the observations the actors saw (learner/train_step.py:forward)."""
+        on the observations the actors saw (learner/training/train_step.py:forward)."""
         return self.word_rename_rate > 0 or self.typed_word_rename_rate > 0
 
 
@@ -418,7 +418,7 @@ class DashboardConfig:
     wandb_project: str = ""
     """Also log the same scalars to this Weights & Biases project (needs `pip install wandb`); "" = off."""
     metrics_port: int = -1
-    """An HTTP endpoint on --bind for operators (learner/status_http.py): Prometheus metrics at /metrics
+    """An HTTP endpoint on --bind for operators (learner/observe/status_http.py): Prometheus metrics at /metrics
     (the newest metrics record), health at /livez and /readyz. -1 = off, 0 picks a free port (written to
     endpoints.json as `metrics_port`); learner process I of a multi-process run on one host uses
     this port + I. No authentication: on 0.0.0.0 anyone who reaches the port reads the metrics."""
@@ -500,7 +500,7 @@ class LearnerConfig:
     snapshot_every: int = 0
     """Write the parameters to RUN_DIR/snapshots/tNNNNN.safetensors each time the wall clock since the
     start passes a multiple NNNNN of this many seconds, with a line in RUN_DIR/snapshots/index.jsonl
-    (learner/snapshots.py): policies to evaluate at equal times across runs. 0: never."""
+    (learner/serving/snapshots.py): policies to evaluate at equal times across runs. 0: never."""
     seed: int = 0
     """Seed of the model initialization and of the local actors' environments."""
     model: ModelConfig = field(default_factory=lambda: ModelConfig(text_encoder="minilm"))
@@ -510,7 +510,7 @@ class LearnerConfig:
     words alone."""
     model_preset: Literal["custom", "large"] = "custom"
     """"custom": the network --model.* describes (default: the small CPU model); "large": the ~134M-parameter
-    preset for accelerators (learner.mesh.large_model_config; replaces --model.*), meant for
+    preset for accelerators (learner.training.mesh.large_model_config; replaces --model.*), meant for
     --mesh.param-sharding model or fsdp."""
     mesh: MeshConfig = field(default_factory=MeshConfig)
     """Device mesh of the train step (axes 'data' x 'model'); the batch size must be a multiple of 'data'."""

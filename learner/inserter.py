@@ -1,5 +1,5 @@
 """Where a settled TRAJ batch's episodes go: the ingest calls a `ReplayInserter` with them (its
-`on_episodes`), after the batch is durable and before it is acknowledged (learner/ingest.py); the
+`on_episodes`), after the batch is durable and before it is acknowledged (learner/ingest/server.py); the
 write-ahead log's recovery calls it the same way."""
 
 from __future__ import annotations
@@ -7,8 +7,8 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from common.protocol import Episode
-from learner.replay import PrioritizedReplay, initial_priority_terms, oldest_version
-from learner.run_stats import RunStats
+from learner.observe.run_stats import RunStats
+from learner.replay.prioritized import PrioritizedReplay, initial_priority_terms, oldest_version
 from learner.schedule import Schedule
 
 

@@ -1,13 +1,13 @@
 """The learner's training loop, readable in one sitting.
 
-open the session (learner/setup.py: mesh, trainer, replay, demonstrations, sockets, resume, version
+open the session (learner/setup/open_session.py: mesh, trainer, replay, demonstrations, sockets, resume, version
 published, local actors; learner/session.py: the actions the loop takes) -> compile the update while
 serving actors -> repeat:
     ask the schedule (learner/schedule.py) whether to stop, imitate or train
     take in messages: trajectories go into the prioritized replay, ACKed once stored
-    a parameter snapshot when the wall clock has passed a multiple of --snapshot-every (learner/snapshots.py)
+    a parameter snapshot when the wall clock has passed a multiple of --snapshot-every (learner/serving/snapshots.py)
     when an update is ready: a batch (demonstrations, or sampled from the replay) -> one jitted,
-        sharded update (learner/trainer.py) while serving actors -> refresh the sampled priorities ->
+        sharded update (learner/training/trainer.py) while serving actors -> refresh the sampled priorities ->
         publish a new version when due (async: every few updates; sync: when the round's data is used
         up) -> a checkpoint when due
     every few seconds: a metrics.jsonl line, the dashboards and the console
@@ -16,14 +16,14 @@ write the last record, stop the local actors and close the sockets.
 
 Liveness: the main thread owns the sockets, the replay and the statistics. The compile, each update
 from collating its batch to fetching its metrics, and the host copy of each published snapshot run on a
-helper thread while the main thread keeps serving (learner/trainer.py `run_while_serving`,
+helper thread while the main thread keeps serving (learner/training/trainer.py `run_while_serving`,
 `_serve_while_busy`), so actors are answered within about 10 ms plus one poll however long a step takes.
 Still on the main thread, between polls: drawing a sample, the PUB send of a snapshot, a wall-clock
 snapshot's file (--snapshot-every), and a checkpoint's start (Session.save: orbax's save of the training
 state and a snapshot of the replay, 3 ms for the default 2048-episode replay; its file and the delivery
-ledger are written on a helper thread, learner/checkpoint_files.py). Actors wait that long for replies,
+ledger are written on a helper thread, learner/training/checkpoint_files.py). Actors wait that long for replies,
 which is why --actor-timeout counts silence only once the learner has read what waited
-(learner/ingest.py).
+(learner/ingest/server.py).
 """
 
 from __future__ import annotations
@@ -33,13 +33,13 @@ import time
 
 from rich.console import Console
 
-from learner import multihost
 from learner.augment import piece_table, rename_batch
 from learner.batch import Batch, collate
 from learner.config import LearnerConfig
 from learner.session import Session
-from learner.setup import open_session
-from learner.trainer import StepResult, run_while_serving
+from learner.setup.open_session import open_session
+from learner.training import multihost
+from learner.training.trainer import StepResult, run_while_serving
 
 
 class _Stop:
@@ -139,7 +139,7 @@ def _renamed(s: Session, batch: Batch) -> Batch:
 
 
 def _serve_while_busy(s: Session, log: bool = True) -> None:
-    """What the main thread does while a helper thread compiles or trains (learner/trainer.py,
+    """What the main thread does while a helper thread compiles or trains (learner/training/trainer.py,
     `run_while_serving`, which waits for it between calls): answer actors and take in their episodes
     (into the replay; an update's sampled slots that get refilled meanwhile keep their new content's
     priority), and log. Nothing here reads the parameters, which the step owns, or calls a collective

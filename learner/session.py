@@ -1,4 +1,4 @@
-"""A learner process's run once it is built (learner/setup.py builds it): the parts, and the actions the
+"""A learner process's run once it is built (learner/setup/open_session.py builds it): the parts, and the actions the
 loop (learner/loop.py) takes on them. The loop reads the parts where a read is simple (the update count,
 the replay's size, the schedule's answers) and changes them only through these actions."""
 
@@ -15,20 +15,20 @@ import numpy as np
 from rich.console import Console
 
 from common.protocol import Episode
-from learner import multihost
-from learner.checkpoint import Checkpointer
-from learner.checkpoint_files import CheckpointFiles
 from learner.config import LearnerConfig, flat_dict
-from learner.export_cli import SNAPSHOT_NAME
-from learner.ingest import IngestServer
-from learner.local_actors import LocalActors
-from learner.replay import PrioritizedReplay, ReplaySample, oldest_origin
-from learner.replay_file import snapshot
-from learner.run_outputs import RunOutputs
-from learner.run_stats import RunStats
+from learner.ingest.server import IngestServer
+from learner.launch.local_actors import LocalActors
+from learner.observe.run_outputs import RunOutputs
+from learner.observe.run_stats import RunStats
+from learner.replay.file import snapshot
+from learner.replay.prioritized import PrioritizedReplay, ReplaySample, oldest_origin
 from learner.schedule import Schedule
-from learner.snapshots import WallSnapshots
-from learner.trainer import StepResult, Trainer, run_while_serving
+from learner.serving.snapshots import WallSnapshots
+from learner.tools.export import SNAPSHOT_NAME
+from learner.training import multihost
+from learner.training.checkpoint import Checkpointer
+from learner.training.checkpoint_files import CheckpointFiles
+from learner.training.trainer import StepResult, Trainer, run_while_serving
 
 
 class Draw(NamedTuple):
@@ -136,7 +136,7 @@ class Session:
     def save(self) -> None:
         """A checkpoint: the training state (orbax, collectively, on this thread), then this process's
         replay file and delivery ledger written on a helper thread from a snapshot taken here
-        (learner/checkpoint_files.py). With a write-ahead log the replay file references the episodes the
+        (learner/training/checkpoint_files.py). With a write-ahead log the replay file references the episodes the
         log holds instead of copying them, and the log keeps their records until a newer checkpoint is
         complete without them."""
         t0 = time.monotonic()
@@ -169,7 +169,7 @@ class Session:
 
     def snapshot_if_due(self) -> None:
         """--snapshot-every: the parameters for the latest multiple of the period the wall clock has
-        passed (learner/snapshots.py). Every process agrees first (the host copy is a collective of all of
+        passed (learner/serving/snapshots.py). Every process agrees first (the host copy is a collective of all of
         them); process 0 writes. Counted as checkpoint time."""
         if not self.cfg.snapshot_every:
             return

@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 
 from common.backbones.checkpoint import CheckpointError
-from common.backbones.decoder_tokenizer import DecoderTokenizer
-from common.backbones.gguf_file import read_metadata
+from common.backbones.decoder.tokenizer import DecoderTokenizer
+from common.backbones.gguf.file import read_metadata
 from common.backbones.packaged import packaged_smollm2
 from tests.decoder_reference import VARIANTS, random_hf_tensors, write_hf_folder
 

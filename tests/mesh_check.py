@@ -1,4 +1,4 @@
-"""Checks of learner.mesh on 8 forced CPU devices; run by tests/test_mesh.py as a subprocess.
+"""Checks of learner.training.mesh on 8 forced CPU devices; run by tests/test_mesh.py as a subprocess.
 
     XLA_FLAGS=--xla_force_host_platform_device_count=8 JAX_PLATFORMS=cpu python -m tests.mesh_check
 
@@ -21,15 +21,16 @@ import jax
 import numpy as np
 import optax
 
-from common import featurize, model
 from common.config import ModelConfig
 from common.policies import PointerPolicy
+from common.policies.pointer import featurize
+from common.policies.pointer import network as model
 from common.types import NUM_ACTION_TYPES, NUM_SWIPE_DIRECTIONS
-from learner import mesh as M
 from learner.batch import Batch, example_batch
 from learner.losses import LOSSES as REGISTRY
 from learner.losses import LossParams
-from learner.train_step import make_train_step
+from learner.training import mesh as M
+from learner.training.train_step import make_train_step
 
 TINY = ModelConfig(vocab_size=512, d_model=32, num_heads=4, num_layers=1, mlp_dim=128)
 BATCH, MAX_STEPS, STEPS = 8, 4, 2
@@ -183,8 +184,8 @@ def check_text_encoder(optimizer) -> dict:
     import tempfile
     from pathlib import Path
 
-    from common import text_encoder
     from common.backbones import bert
+    from common.policies.pointer import text_encoder
     from tests.test_bert_encoder import random_tensors, write_checkpoint
     from tests.test_bert_sharding import SHARD_CONFIG
     from tests.test_text_encoder import write_tokenizer

@@ -6,12 +6,12 @@ from __future__ import annotations
 import numpy as np
 import optax
 
-from common import featurize
 from common.config import ModelConfig
 from common.policies import PointerPolicy
+from common.policies.pointer import featurize
 from learner.batch import example_batch
 from learner.losses import LossParams, get_loss
-from learner.train_step import make_train_step
+from learner.training.train_step import make_train_step
 
 
 def pinned_batch(cfg: ModelConfig, seed: int, batch_size: int = 4, max_steps: int = 5):

@@ -13,13 +13,13 @@ import sys
 import pytest
 import tyro
 
-from actors.check_args import check, one_line_error, task_problem
 from actors.config import ActorConfig
-from actors.demos import DemosConfig
+from actors.tools.check_args import check, one_line_error, task_problem
+from actors.tools.demos import DemosConfig
 from common.actor_command import actor_command, check_command, demos_command
 from common.config import EmulatorModelConfig, ModelConfig
-from learner.actor_check import check_actor_flags, check_local_flags
 from learner.config import parse_args
+from learner.launch.actor_check import check_actor_flags, check_local_flags
 from tests.conftest import ACTOR_ENV, ROOT
 
 
@@ -200,7 +200,7 @@ def test_the_learner_checks_what_its_local_actors_and_demo_writer_would_get(caps
 
 
 def test_local_actor_args_are_checked_by_the_actors_parser_and_reach_the_actors(capsys):
-    from learner.local_actors import local_actor_command
+    from learner.launch.local_actors import local_actor_command
 
     with pytest.raises(SystemExit) as e:
         check_local_flags(parse_args(["--local-actors", "1", "--local-actor-args=--max-episode-rate -1"]))

@@ -10,10 +10,10 @@ import sys
 import pytest
 
 from actors.config import ActorConfig
-from actors.demos import DemosConfig
-from actors.doctor import DoctorConfig
 from actors.envs.adb.config import AdbConfig, JudgeConfig
-from actors.relay import RelayConfig
+from actors.tools.demos import DemosConfig
+from actors.tools.doctor import DoctorConfig
+from actors.tools.relay import RelayConfig
 from tests.conftest import ACTOR_ENV, ROOT
 
 NAN = float("nan")

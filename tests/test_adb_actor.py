@@ -11,7 +11,8 @@ import time
 
 import pytest
 
-from common import featurize, protocol
+from common import protocol
+from common.policies.pointer import featurize
 from tests.conftest import ACTOR_ENV, ROOT, START_S
 from tests.fake_adb import FakeAdbServer
 from tests.test_adb_env import TASKS, make_world_phone

@@ -8,7 +8,7 @@ import importlib.util
 import numpy as np
 import pytest
 
-from actors.demos import DemosConfig, load_demos, write_demos
+from actors.tools.demos import DemosConfig, load_demos, write_demos
 from common.config import ModelConfig
 from learner.augment import (
     KEEP,
@@ -38,7 +38,7 @@ def demo_batch(tmp_path_factory):
 @pytest.fixture(scope="module")
 def demo_batch_minilm(tmp_path_factory):
     """16 oracle episodes featurized with MiniLM's WordPiece ids."""
-    from common import text_encoder
+    from common.policies.pointer import text_encoder
 
     cfg = text_encoder.resolve(ModelConfig(text_encoder="minilm"))
     out = tmp_path_factory.mktemp("demos") / "d.msgpack"

@@ -115,7 +115,7 @@ def bad_shape_tensors() -> dict[str, np.ndarray]:
 
 def mesh_checks(folder: Path, bad_folder: Path) -> dict:
     """Everything the 8-device tests assert on, as JSON-able values."""
-    from learner.mesh import MeshConfig, make_mesh
+    from learner.training.mesh import MeshConfig, make_mesh
 
     reads: list[tuple[str, tuple[int, ...]]] = []
     read = bert.LazyTensorSource.read
@@ -293,7 +293,7 @@ def specs_by_name(specs) -> dict[str, P]:
 
 
 def test_mesh_axes_are_learner_meshs():
-    from learner.mesh import AXES
+    from learner.training.mesh import AXES
 
     assert (bert.DATA, bert.MODEL) == AXES
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import pytest
 
-from benchmarks.chaos import soak
+from benchmarks.chaos.benchmark import soak
 
 
 @pytest.mark.long

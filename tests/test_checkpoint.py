@@ -9,14 +9,15 @@ import jax
 import numpy as np
 import pytest
 
-from common import featurize, model
 from common.config import ModelConfig
 from common.policies import PointerPolicy
+from common.policies.pointer import featurize
+from common.policies.pointer import network as model
 from learner.batch import example_batch
-from learner.checkpoint import Checkpointer, TrainState, rng_state, set_rng_state
 from learner.losses import LOSSES, LossParams
-from learner.replay import PrioritizedReplay, oldest_version
-from learner.train_step import make_optimizer, make_train_step
+from learner.replay.prioritized import PrioritizedReplay, oldest_version
+from learner.training.checkpoint import Checkpointer, TrainState, rng_state, set_rng_state
+from learner.training.train_step import make_optimizer, make_train_step
 from tests.test_replay_file import MAX_STEPS, make_episodes
 
 CFG = ModelConfig(vocab_size=256, d_model=16, num_heads=2, num_layers=1, mlp_dim=32)

@@ -50,7 +50,7 @@ def test_emulator_flags_reach_the_local_actors_unchanged():
 
 @pytest.mark.skipif(not pinning.available(), reason="needs Linux sched_setaffinity and 2+ cores")
 def test_pinning_puts_the_learner_on_one_core_and_its_children_on_the_others():
-    """What benchmarks/paper.py relies on to mimic a separate learner machine."""
+    """What benchmarks/paper/benchmark.py relies on to mimic a separate learner machine."""
     child = "import os, time; time.sleep(2.5); print(sorted(os.sched_getaffinity(0)))"
     parent = (
         "import os, subprocess, sys; print(sorted(os.sched_getaffinity(0)), flush=True); "

@@ -1,4 +1,4 @@
-"""What users watch: the learner's live panel and progress lines (learner/console.py), the actors' status line."""
+"""What users watch: the learner's live panel and progress lines (learner/observe/console.py), the actors' status line."""
 
 from __future__ import annotations
 
@@ -10,8 +10,8 @@ import pytest
 from rich.console import Console
 
 from actors.actor import status_line
-from learner.console import Progress, next_checkpoint, pick_live, print_line, render
-from learner.metrics import interval
+from learner.observe.console import Progress, next_checkpoint, pick_live, print_line, render
+from learner.observe.metrics import interval
 
 FAMILIES = {
     f"{app}.{n}": rate for app, rate in [("app", 0.9), ("notes", 0.5), ("clock", 0.2)] for n in range(3)

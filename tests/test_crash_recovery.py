@@ -30,13 +30,14 @@ import pytest
 import zmq
 
 from benchmarks.ingest import random_arrays
-from common import featurize, protocol, wire
+from common import protocol, wire
 from common.config import ModelConfig
-from learner.checkpoint import Checkpointer
-from learner.durable_inserter import LoggedEpisodes
-from learner.replay import PrioritizedReplay
-from learner.replay_file import load_replay
-from learner.wal import WriteAheadLog, unpack_batch
+from common.policies.pointer import featurize
+from learner.ingest.durable_inserter import LoggedEpisodes
+from learner.ingest.wal import WriteAheadLog, unpack_batch
+from learner.replay.file import load_replay
+from learner.replay.prioritized import PrioritizedReplay
+from learner.training.checkpoint import Checkpointer
 from tests.conftest import START_S
 from tests.test_faults import FAST_LEARNER, free_ports, wait_for
 

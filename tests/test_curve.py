@@ -14,7 +14,8 @@ import numpy as np
 import pytest
 import zmq
 
-from common import curve, protocol, wire
+from common import protocol, wire
+from common.net import curve
 from tests.conftest import ACTOR_ENV, ROOT, START_S, one_line
 from tests.test_fake_actor import make_episode
 
@@ -42,7 +43,7 @@ class Client:
             if keys is not None:
                 keys.apply(sock)
         self.sub.setsockopt(zmq.SUBSCRIBE, b"")
-        self.dealer.connect(learner.ingest)
+        self.dealer.connect(learner.ingest.server)
         self.sub.connect(learner.params)
 
     def request(self, msg: dict, timeout: float) -> list[bytes] | None:
@@ -81,7 +82,7 @@ def test_only_authorized_actors_can_send_or_receive_and_relays_and_real_actors_u
     forwards the learner's snapshots to a plain local subscriber; and a real actor process that trains
     through CURVE. The relay and the real actor were tests of their own, each with a learner of its own
     with the same keys (a start-up and a compile more each)."""
-    from actors.relay import Relay, RelayConfig
+    from actors.tools.relay import Relay, RelayConfig
 
     k = keys / "keys"
     learner = learner_process(
@@ -132,7 +133,7 @@ def test_only_authorized_actors_can_send_or_receive_and_relays_and_real_actors_u
 
         deadline = time.monotonic() + REPLY_S
         while time.monotonic() < deadline:
-            lines = learner.metrics()
+            lines = learner.observe.metrics()
             if lines and lines[-1]["rejected_by_reason"].get("auth_failed", 0) >= 2:
                 break
             time.sleep(0.2)
@@ -143,7 +144,7 @@ def test_only_authorized_actors_can_send_or_receive_and_relays_and_real_actors_u
         # A real actor with its keys trains through CURVE (this was a test of its own, with a learner
         # of its own: the same keys, the default batch size and publishing, which it does not depend on).
         out = subprocess.run(
-            [sys.executable, "-m", "actors", "--ingest-port", str(learner.ingest.rsplit(":", 1)[1]),
+            [sys.executable, "-m", "actors", "--ingest-port", str(learner.ingest.server.rsplit(":", 1)[1]),
              "--params-port", str(params_port), "--env", "standin", "--num-envs", "2", "--max-episodes", "6",
              "--curve-secret-key", str(k / "actor-0.key_secret"), "--curve-server-key", str(k / "learner.key")],
             cwd=ROOT, env=ACTOR_ENV, capture_output=True, text=True, timeout=START_S,
@@ -196,7 +197,7 @@ def test_loopback_detection():
 def test_a_relay_beyond_loopback_needs_keys():
     """A relay bound beyond loopback without keys is refused (it says --insecure). A relay with keys
     forwarding a CURVE learner's snapshots: test_only_authorized_actors_can_send_or_receive_and_relays..."""
-    from actors.relay import Relay, RelayConfig
+    from actors.tools.relay import Relay, RelayConfig
 
     with pytest.raises(SystemExit, match="--insecure"):
         Relay(RelayConfig(bind="0.0.0.0", port=0), log=lambda _line: None)
@@ -319,7 +320,7 @@ def test_bare_tcp_probes_are_counted_apart_from_refused_keys(keys):
     with a key the learner never authorized, or with no CURVE at all, is `auth_failed`."""
     import socket
 
-    from learner.transport import Transport
+    from learner.ingest.transport import Transport
 
     k = keys / "keys"
     transport = Transport("127.0.0.1", 0, 0, curve.CurveServer(k / "learner.key_secret", k / "authorized"))

@@ -19,13 +19,13 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from common.backbones import decoder_snapshot
 from common.backbones.checkpoint import CheckpointError
-from common.backbones.decoder_tokenizer import DecoderTokenizer
-from common.backbones.lora import LoraConfig
+from common.backbones.decoder import snapshot as decoder_snapshot
+from common.backbones.decoder.lora import LoraConfig
+from common.backbones.decoder.tokenizer import DecoderTokenizer
 from common.backbones.pretrained import load_pretrained
-from learner.export_cli import ExportConfig, export
-from learner.generate_cli import GenerateConfig, generate
+from learner.tools.export import ExportConfig, export
+from learner.tools.generate import GenerateConfig, generate
 from tests.conftest import ROOT
 from tests.decoder_reference import VARIANTS, random_hf_tensors, write_hf_folder
 from tests.test_decoder_generate import reference_step_logp
@@ -88,7 +88,7 @@ def test_a_text_prompt_goes_through_the_chat_template(tmp_path):
 
 
 def test_generate_faults_are_one_line(tmp_path, capsys):
-    from learner.generate_cli import main
+    from learner.tools.generate import main
 
     assert main(GenerateConfig(model=str(tmp_path / "nowhere"), prompt_ids="1", max_new_tokens=2)) == 2
     assert "nowhere: no such file or folder" in capsys.readouterr().err

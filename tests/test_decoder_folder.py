@@ -13,9 +13,9 @@ from flax import nnx
 from safetensors.numpy import save_file
 
 from common.backbones import CheckpointError
-from common.backbones.decoder_config import DecoderConfig
-from common.backbones.decoder_weights import from_tensors, load_folder, to_tensors
-from common.backbones.lora import LoraConfig
+from common.backbones.decoder.config import DecoderConfig
+from common.backbones.decoder.lora import LoraConfig
+from common.backbones.decoder.weights import from_tensors, load_folder, to_tensors
 from tests.decoder_reference import VARIANTS, left_padded_batch, random_hf_tensors, write_hf_folder
 from tests.test_decoder_model import forward
 

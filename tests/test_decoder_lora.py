@@ -1,4 +1,4 @@
-"""LoRA on the decoder (common/backbones/lora.py): fresh adapters (B = 0) leave the base's logits exactly;
+"""LoRA on the decoder (common/backbones/decoder/lora.py): fresh adapters (B = 0) leave the base's logits exactly;
 the filters split adapters from base weights; after training-like changes to B, the merged plain decoder
 equals the adapted one; gradients reach only what the ADAPTERS filter selects."""
 
@@ -10,8 +10,8 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from common.backbones.decoder_weights import checkpoint_layout, load_folder, to_tensors
-from common.backbones.lora import ADAPTERS, BASE, PROJECTIONS, LoraConfig, merge_lora
+from common.backbones.decoder.lora import ADAPTERS, BASE, PROJECTIONS, LoraConfig, merge_lora
+from common.backbones.decoder.weights import checkpoint_layout, load_folder, to_tensors
 from tests.decoder_reference import VARIANTS, left_padded_batch, write_hf_folder
 from tests.test_decoder_model import forward
 

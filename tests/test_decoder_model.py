@@ -1,4 +1,4 @@
-"""The Llama-family decoder (common/backbones/llama.py) against the float64 numpy reference of
+"""The Llama-family decoder (common/backbones/decoder/llama.py) against the float64 numpy reference of
 tests/decoder_reference.py, on tiny random Hugging Face folders of each kind: Llama with tied embeddings,
 Qwen2 with q/k/v biases and a separate head, Qwen3 with per-head q/k norms and head_dim != hidden / heads,
 and Llama 3's RoPE scaling. Also: left-padded rows, KV-cached decoding equal to the full pass, bfloat16."""
@@ -10,8 +10,8 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from common.backbones import llama
-from common.backbones.decoder_weights import load_folder
+from common.backbones.decoder import llama
+from common.backbones.decoder.weights import load_folder
 from tests.decoder_reference import (
     VARIANTS,
     left_padded_batch,

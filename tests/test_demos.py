@@ -9,8 +9,8 @@ import sys
 import numpy as np
 import pytest
 
-from actors.demos import DemosConfig, load_demos, write_demos
 from actors.envs.simphone.env import SimPhoneConfig, SimPhoneEnv
+from actors.tools.demos import DemosConfig, load_demos, write_demos
 from common.config import ModelConfig
 from common.policies import PointerPolicy
 from tests.conftest import ROOT

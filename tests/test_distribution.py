@@ -1,4 +1,4 @@
-"""common.distribution against brute-force enumeration of every complete action.
+"""common.policies.pointer.distribution against brute-force enumeration of every complete action.
 
 A complete action is a type plus the one argument that type uses (tap -> element, type -> word,
 swipe -> direction, the other four types -> nothing). With E elements and W words there are
@@ -14,7 +14,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from common import distribution, model
+from common.policies.pointer import distribution
+from common.policies.pointer import network as model
 from common.types import NUM_ACTION_TYPES, NUM_SWIPE_DIRECTIONS, ActionType
 
 B, E, W = 8, 5, 6
@@ -224,7 +225,7 @@ def test_log_prob_gradient_only_reaches_the_used_heads():
 
 
 def test_mode_is_the_most_likely_complete_action_of_its_type_then_argument():
-    from common import distribution as dist
+    from common.policies.pointer import distribution as dist
 
     rng = np.random.default_rng(3)
     logits = {

@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from actors.doctor import DoctorConfig, check_device, run_doctor
 from actors.envs.adb.device import AdbDevice
+from actors.tools.doctor import DoctorConfig, check_device, run_doctor
 from tests.fake_adb import FakeAdbServer
 from tests.test_fake_adb import make_phone
 

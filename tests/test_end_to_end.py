@@ -46,7 +46,7 @@ def _run(learner_process, *args: str, timeout: float):
     learner = learner_process(*args, *PATIENT)
     rc = learner.proc.wait(timeout=timeout)
     assert rc == 0, learner.log()
-    return learner, learner.metrics()
+    return learner, learner.observe.metrics()
 
 
 def _assert_two_actors_delivered_and_stopped(learner, metrics: list[dict], remote: bool = False) -> None:
@@ -83,7 +83,7 @@ def _assert_two_actors_delivered_and_stopped(learner, metrics: list[dict], remot
 def test_learner_and_two_remote_actors_reach_a_success_target(learner_process):
     """Plain RL from scratch on the stand-in phone reaches a sampled success rate of 0.3 over 100
     episodes (the initial policy: about 0.02) within 120 updates, with both actors acting through the
-    learner's inference service (`--inference remote`, learner/inference.py): training improves as it
+    learner's inference service (`--inference remote`, learner/serving/inference.py): training improves as it
     does with actor-side inference, which this test used until issue 33 (the calibration below is from
     then; one remote actor of 8 environments reached the target within the budget too). Actor-side
     inference keeps its learning test in the SimPhone run below.

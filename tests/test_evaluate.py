@@ -12,15 +12,16 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-import learner.evaluate as learner_eval
-from actors import evaluate as actor_eval
+import learner.tools.evaluate as learner_eval
 from actors.policy_runner import PolicyRunner
-from common import model, params_file
+from actors.tools import evaluate as actor_eval
+from common import params_file
 from common.config import ModelConfig
+from common.policies.pointer import network as model
 from common.types import ActionType
-from learner.checkpoint import Checkpointer, TrainState, rng_state
-from learner.evaluate import EvalConfig, evaluate
-from learner.train_step import make_optimizer
+from learner.tools.evaluate import EvalConfig, evaluate
+from learner.training.checkpoint import Checkpointer, TrainState, rng_state
+from learner.training.train_step import make_optimizer
 from tests.conftest import ROOT
 
 CFG = ModelConfig(vocab_size=512, d_model=16, num_heads=2, num_layers=1, mlp_dim=32)

@@ -14,8 +14,10 @@ import numpy as np
 import pytest
 import zmq
 
-from common import featurize, model, protocol, wire
+from common import protocol, wire
 from common.config import ModelConfig
+from common.policies.pointer import featurize
+from common.policies.pointer import network as model
 from tests.conftest import ACTOR_ENV, ROOT, START_S
 
 TINY = ModelConfig(vocab_size=256, d_model=16, num_heads=2, num_layers=1, mlp_dim=32)

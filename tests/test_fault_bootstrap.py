@@ -15,8 +15,8 @@ from actors.config import ActorConfig
 from actors.envs.faults import DeviceCrash
 from actors.policy_runner import PolicyRunner
 from actors.slots import EnvSlots
-from common import model
 from common.config import ModelConfig
+from common.policies.pointer import network as model
 from common.types import Observation, UIElement
 
 pytestmark = pytest.mark.timeout(120)

@@ -15,8 +15,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from actors.envs.standin import StandInPhoneEnv
-from common import featurize, protocol, tokenizer, wire
+from common import protocol, wire
 from common.config import ModelConfig
+from common.policies.pointer import featurize, tokenizer
 from common.protocol import Episode
 from common.types import Action, ActionType, Observation, UIElement
 from learner.batch import collate

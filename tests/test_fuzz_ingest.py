@@ -13,9 +13,10 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from hypothesis.extra import numpy as npst
 
-from common import featurize, protocol, wire
+from common import protocol, wire
 from common.config import ModelConfig
-from learner.ingest import IngestServer
+from common.policies.pointer import featurize
+from learner.ingest.server import IngestServer
 from tests.test_fake_actor import make_episode
 
 pytestmark = [pytest.mark.timeout(600), pytest.mark.long]

@@ -1,4 +1,4 @@
-"""GGUF files read into Hugging Face names, shapes and config (common/backbones/gguf_file.py).
+"""GGUF files read into Hugging Face names, shapes and config (common/backbones/gguf/file.py).
 
 Tiny llama, qwen2 and qwen3 decoders are written here with the `gguf` package's own writer, the way llama.cpp's
 converter writes them: the rows of q and k permuted for llama (`permute` below is the converter's
@@ -18,8 +18,8 @@ import numpy as np
 import pytest
 
 from common.backbones.checkpoint import CheckpointError
-from common.backbones.gguf_file import file_sha256, read_gguf
-from common.backbones.gguf_rope import llama3_factors
+from common.backbones.gguf.file import file_sha256, read_gguf
+from common.backbones.gguf.rope import llama3_factors
 from common.backbones.packaged import SMOLLM2_SHA256, packaged_smollm2
 
 Q = gguf.GGMLQuantizationType
@@ -327,7 +327,7 @@ def test_every_bad_file_gets_its_message(tmp_path):
 
 
 def test_the_config_is_one_decoder_config_reads(tmp_path):
-    decoder_config = pytest.importorskip("common.backbones.decoder_config")
+    decoder_config = pytest.importorskip("common.backbones.decoder.config")
     cfg3 = TINY | {"head_dim": 32}
     ck = read_gguf(write_gguf(tmp_path / "q3.gguf", "qwen3", cfg3, hf_tensors("qwen3", cfg3)))
     config = decoder_config.DecoderConfig.from_dict(ck.config, str(ck.path))

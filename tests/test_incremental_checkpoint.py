@@ -12,14 +12,15 @@ import numpy as np
 import pytest
 from rich.console import Console
 
-from common import featurize, protocol, wire
-from learner.checkpoint_files import CheckpointFiles
+from common import protocol, wire
+from common.policies.pointer import featurize
 from learner.config import parse_args
-from learner.durable_inserter import LoggedEpisodes
-from learner.replay import PrioritizedReplay, oldest_origin, oldest_version
-from learner.replay_file import load_replay, save_replay
-from learner.setup import open_session
-from learner.wal import WriteAheadLog, pack_batch
+from learner.ingest.durable_inserter import LoggedEpisodes
+from learner.ingest.wal import WriteAheadLog, pack_batch
+from learner.replay.file import load_replay, save_replay
+from learner.replay.prioritized import PrioritizedReplay, oldest_origin, oldest_version
+from learner.setup.open_session import open_session
+from learner.training.checkpoint_files import CheckpointFiles
 from tests.test_replay_file import CFG, KW, MAX_STEPS, assert_same_episode, make_episodes
 
 SPEC = featurize.episode_spec(CFG, text_vocab_size=0)

@@ -1,4 +1,4 @@
-"""The inference service (learner/inference.py) with real sockets on 127.0.0.1, driven by the actor's
+"""The inference service (learner/serving/inference.py) with real sockets on 127.0.0.1, driven by the actor's
 remote policy (actors/remote_policy.py) and by a hostile fake peer.
 
 What must hold: the service answers with the newest published parameters and names their version; its
@@ -26,7 +26,7 @@ from common import protocol, wire
 from common.config import ModelConfig
 from common.policies import make_policy
 from common.protocol.inference import Act, Acted
-from learner.inference import InferenceConfig, InferenceService
+from learner.serving.inference import InferenceConfig, InferenceService
 
 CFG = ModelConfig(vocab_size=512, d_model=32, num_heads=4, num_layers=1, mlp_dim=64, text_encoder="none")
 WELCOMED = {1, 2}
@@ -94,7 +94,7 @@ def test_answers_with_the_newest_parameters_and_their_own_log_probs(service):
 def test_an_idle_service_takes_no_copies_and_never_serves_an_older_version(service, monkeypatch):
     """A publish while no actor asks hands over only the version: a request then is refused (`unavailable`)
     instead of being served by older parameters, and the next publish copies again."""
-    import learner.inference
+    import learner.serving.inference
 
     _, params = make_policy(CFG).create(0)
     assert service.wants_params()  # nothing held yet
@@ -109,7 +109,7 @@ def test_an_idle_service_takes_no_copies_and_never_serves_an_older_version(servi
     assert not service.behind()
     client.act(_features(2))
     assert client.version == 3 and service.metrics()["inference/idle_publishes"] == 1
-    monkeypatch.setattr(learner.inference, "IDLE_S", 0.0)
+    monkeypatch.setattr(learner.serving.inference, "IDLE_S", 0.0)
     assert not service.wants_params()  # idle again
     client.close()
 
@@ -261,10 +261,10 @@ def test_the_serving_copy_outlives_the_donated_parameters_and_shares_one_frozen_
     the service's copy still acts; with LoRA, the frozen base is copied once, only what trains per version."""
     import dataclasses
 
-    from common.backbones.lora import split_trained
+    from common.backbones.decoder.lora import split_trained
     from learner.config import LearnerConfig, MeshConfig
-    from learner.mesh import make_mesh
-    from learner.trainer import Trainer
+    from learner.training.mesh import make_mesh
+    from learner.training.trainer import Trainer
     from tests.lm_backbone import tiny_lm_folder
 
     model = ModelConfig(kind="lm", backbone=str(tiny_lm_folder(tmp_path / "tiny-lm")), lora_rank=4)

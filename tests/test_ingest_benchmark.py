@@ -13,8 +13,9 @@ import pytest
 from benchmarks import ingest
 from benchmarks.__main__ import BENCHMARKS
 from benchmarks.report import emit
-from common import featurize, protocol, wire
+from common import protocol, wire
 from common.config import ModelConfig
+from common.policies.pointer import featurize
 
 pytestmark = pytest.mark.timeout(180)
 

@@ -13,9 +13,10 @@ import time
 import numpy as np
 import zmq
 
-from common import featurize, protocol, wire
+from common import protocol, wire
 from common.config import ModelConfig
-from learner.ingest import IngestServer
+from common.policies.pointer import featurize
+from learner.ingest.server import IngestServer
 
 MODEL = ModelConfig(vocab_size=64, max_instruction_tokens=4, max_elements=5, max_element_tokens=2,
                     d_model=8, num_heads=2, num_layers=1, mlp_dim=8)  # fmt: skip

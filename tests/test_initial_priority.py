@@ -8,7 +8,7 @@ import pytest
 
 from common import protocol
 from common.protocol import Episode, ProtocolError
-from learner.replay import PrioritizedReplay, initial_priority_terms, trajectory_priority
+from learner.replay.prioritized import PrioritizedReplay, initial_priority_terms, trajectory_priority
 
 GAMMA = 0.9
 
@@ -110,8 +110,8 @@ def test_an_older_replay_state_without_the_new_counts_still_loads():
 
 # ---- on the wire -------------------------------------------------------------------------------------
 def _traj(**estimates) -> dict:
-    from common import featurize
     from common.config import ModelConfig
+    from common.policies.pointer import featurize
     from tests.test_fake_actor import make_episode
 
     cfg = ModelConfig(vocab_size=64, max_instruction_tokens=4, max_elements=5, max_element_tokens=2)

@@ -11,8 +11,8 @@ import pytest
 from common.protocol import Episode
 from learner.config import LearnerConfig
 from learner.inserter import ReplayInserter
-from learner.replay import PrioritizedReplay, trajectory_priority
-from learner.run_stats import LAG_CAP, LagHistogram, RunStats
+from learner.observe.run_stats import LAG_CAP, LagHistogram, RunStats
+from learner.replay.prioritized import PrioritizedReplay, trajectory_priority
 from learner.schedule import Schedule
 
 GAMMA = 0.5

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from learner.instruction_critic import InstructionCritic
+from learner.replay.instruction_critic import InstructionCritic
 
 
 def test_value_is_the_success_rate_of_the_last_window_episodes():

@@ -1,5 +1,5 @@
-"""What `python -m learner launch` decides before placing anything (learner/launch_plan.py) and how a
-process's key files land on its node (learner/process_host.py), without Ray."""
+"""What `python -m learner launch` decides before placing anything (learner/launch/plan.py) and how a
+process's key files land on its node (learner/launch/process_host.py), without Ray."""
 
 from __future__ import annotations
 
@@ -10,9 +10,9 @@ import numpy as np
 import pytest
 import zmq
 
-from common import curve
-from learner.launch import LaunchConfig
-from learner.launch_plan import (
+from common.net import curve
+from learner.launch.cluster import LaunchConfig
+from learner.launch.plan import (
     ActorHost,
     actor_hosts,
     assign,
@@ -20,7 +20,7 @@ from learner.launch_plan import (
     curve_files,
     learner_curve_flags,
 )
-from learner.process_host import write_private
+from learner.launch.process_host import write_private
 from tests.conftest import START_S
 
 

@@ -1,4 +1,4 @@
-"""The Ray launcher's supervisor (learner/launch_supervisor.py), event by event and without Ray: what it
+"""The Ray launcher's supervisor (learner/launch/supervisor.py), event by event and without Ray: what it
 says, whom it places and restarts, and when the launch is over with which status. The same rules run
 on a real cluster in tests/test_cluster_ray.py."""
 
@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from learner.launch import LaunchConfig
-from learner.launch_supervisor import RUNNING, STARTING, Actions, Event, Proc, Supervisor
-from learner.process_host import ProcessHost
+from learner.launch.cluster import LaunchConfig
+from learner.launch.process_host import ProcessHost
+from learner.launch.supervisor import RUNNING, STARTING, Actions, Event, Proc, Supervisor
 
 RUN_DIR = Path("/runs/ray")
 

@@ -210,7 +210,7 @@ def test_the_insert_slack_bounds_local_actors_by_default_and_an_explicit_value_w
 
 def test_the_actor_weighting_flags_reach_the_loss():
     from learner.config import parse_args
-    from learner.trainer import loss_params
+    from learner.training.trainer import loss_params
 
     got = loss_params(parse_args(["--actor-weighting", "vmpo", "--vmpo-eta", "0.3", "--vmpo-kl-coef", "2"]))
     assert (got.actor_weighting, got.vmpo_eta, got.vmpo_kl_coef) == ("vmpo", 0.3, 2.0)

@@ -4,7 +4,7 @@ A real learner with a deliberately heavy update (a large batch of long episodes:
 CPU, a real configuration rather than a sleep in the code) and an --actor-timeout shorter than one
 update, and a fake actor speaking the protocol through common/protocol.py: it heartbeats every 0.1 s and
 sends a batch of episodes every second, and times every reply. Each update runs on a helper thread
-while the learner's main thread keeps serving (learner/trainer.py `run_while_serving`), so every reply
+while the learner's main thread keeps serving (learner/training/trainer.py `run_while_serving`), so every reply
 comes within a fraction of a second, the actor stays welcome throughout, and batches that arrive during
 an update are stored at once, refilling replay slots that update sampled (whose new priorities are then
 skipped: `replay/stale_updates`). A learner that trained on its main thread would answer only between
@@ -121,7 +121,7 @@ class TimedActor:
 
 def test_actors_are_answered_on_time_while_the_learner_compiles_and_trains(learner_process):
     learner = learner_process(*HEAVY, "--actor-timeout", str(ACTOR_TIMEOUT_S))
-    actor = TimedActor(learner.ingest)
+    actor = TimedActor(learner.ingest.server)
     try:
         actor.hello(timeout_s=DEADLINE_S)  # the learner is compiling by now, or soon
         deadline = time.monotonic() + DEADLINE_S

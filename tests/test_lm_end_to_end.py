@@ -17,7 +17,7 @@ import time
 import numpy as np
 import pytest
 
-from common.backbones import decoder_snapshot
+from common.backbones.decoder import snapshot as decoder_snapshot
 from common.config import ModelConfig
 from common.policies import make_policy
 from common.protocol.episodes import episode_fields, pack_episodes

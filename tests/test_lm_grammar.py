@@ -199,8 +199,8 @@ def synthetic():
 
 @pytest.fixture(scope="module")
 def smollm2():
-    from common.backbones.decoder_tokenizer import DecoderTokenizer
-    from common.backbones.gguf_file import read_metadata
+    from common.backbones.decoder.tokenizer import DecoderTokenizer
+    from common.backbones.gguf.file import read_metadata
     from common.backbones.packaged import packaged_smollm2
 
     try:

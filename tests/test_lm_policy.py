@@ -21,11 +21,11 @@ from flax import nnx
 from actors.envs.simphone.env import SimPhoneConfig, SimPhoneEnv
 from actors.envs.simphone.oracle import Oracle
 from actors.policy_runner import PolicyRunner
-from common import model
-from common.backbones.lora import split_trained
+from common.backbones.decoder.lora import split_trained
 from common.config import ModelConfig
 from common.policies import make_policy
 from common.policies.lm import grammar
+from common.policies.pointer import network as model
 from common.protocol.episodes import episode_fields, pack_episodes, validate_packed
 from common.protocol.messages import ProtocolError
 from common.types import Action, ActionType

@@ -14,8 +14,8 @@ import pytest
 from tokenizers import pre_tokenizers
 
 from common.backbones.checkpoint import CheckpointError
-from common.backbones.decoder_tokenizer import DecoderTokenizer
-from common.backbones.gguf_file import read_metadata
+from common.backbones.decoder.tokenizer import DecoderTokenizer
+from common.backbones.gguf.file import read_metadata
 from common.backbones.packaged import packaged_smollm2
 from common.policies.lm.prompt import GRAMMAR_LINE, PromptBuilder, render_history
 from common.types import Observation, UIElement

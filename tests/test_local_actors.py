@@ -8,7 +8,7 @@ import sys
 import tyro
 
 from actors.config import ActorConfig
-from learner.local_actors import local_actor_command
+from learner.launch.local_actors import local_actor_command
 
 
 def test_local_actors_wait_after_a_few_pending_episodes():

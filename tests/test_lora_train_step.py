@@ -1,7 +1,7 @@
-"""The learner's train step on parameters that hold LoRA adapters (learner/train_step.py `split_trained`):
+"""The learner's train step on parameters that hold LoRA adapters (learner/training/train_step.py `split_trained`):
 only the adapters are differentiated and updated, the base stays bit for bit, and the optimizer state
 covers the adapters alone (Adam's moments: the adapters' size, not the base's); the sharded step
-(learner/mesh.py) does the same. Without adapters nothing changes (the rest of the suite).
+(learner/training/mesh.py) does the same. Without adapters nothing changes (the rest of the suite).
 
 The policy here is a tiny decoder whose "choice" is the next token: the evaluation's log-prob is the
 decoder's log-softmax at that token, so the token-level loss of the LM family (issue 32) is what moves."""
@@ -16,13 +16,13 @@ import numpy as np
 import optax
 from flax import nnx
 
-from common.backbones.decoder_config import DecoderConfig
-from common.backbones.llama import Decoder
-from common.backbones.lora import LoraConfig, split_trained
+from common.backbones.decoder.config import DecoderConfig
+from common.backbones.decoder.llama import Decoder
+from common.backbones.decoder.lora import LoraConfig, split_trained
 from common.policies import Evaluation
-from learner import mesh as M
 from learner.losses.base import LossOutput, LossParams
-from learner.train_step import make_optimizer, make_train_step
+from learner.training import mesh as M
+from learner.training.train_step import make_optimizer, make_train_step
 from tests.decoder_reference import VARIANTS
 
 

@@ -1,4 +1,4 @@
-"""learner.mesh: the sharded train step equals the unsharded one on 1x1, 8x1 and 4x2 meshes of forced CPU
+"""learner.training.mesh: the sharded train step equals the unsharded one on 1x1, 8x1 and 4x2 meshes of forced CPU
 devices, parameters really are split as param_specs says, and bad mesh shapes fail clearly.
 
 The 8 devices must exist before jax initializes, so the step checks run in a subprocess
@@ -18,7 +18,7 @@ import jax
 import pytest
 from jax.sharding import AbstractMesh, PartitionSpec
 
-from learner import mesh as M
+from learner.training import mesh as M
 from tests.conftest import ROOT
 
 CHECKS_S = 900

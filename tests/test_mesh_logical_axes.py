@@ -1,6 +1,6 @@
-"""learner.mesh.param_specs on a policy that holds a pretrained decoder: every parameter that names its
+"""learner.training.mesh.param_specs on a policy that holds a pretrained decoder: every parameter that names its
 logical axes is laid out by common/backbones/axes.py's rules (as the fine-tuned text encoder is), the rest
-of the policy by learner.mesh's name patterns; "model" keeps only the 'model' splits, "replicated" none.
+of the policy by learner.training.mesh's name patterns; "model" keeps only the 'model' splits, "replicated" none.
 Abstract meshes: only shapes and names are read, nothing is placed."""
 
 from __future__ import annotations
@@ -11,10 +11,10 @@ from jax.sharding import AbstractMesh
 from jax.sharding import PartitionSpec as P
 
 from common.backbones import axes
-from common.backbones.decoder_config import DecoderConfig
-from common.backbones.llama import Decoder
-from common.backbones.lora import LoraConfig
-from learner import mesh as M
+from common.backbones.decoder.config import DecoderConfig
+from common.backbones.decoder.llama import Decoder
+from common.backbones.decoder.lora import LoraConfig
+from learner.training import mesh as M
 from tests.decoder_reference import VARIANTS
 
 
@@ -43,7 +43,7 @@ def test_a_decoder_inside_a_policy_is_laid_out_by_its_logical_axes():
     assert got["decoder/embed_tokens/embedding"] == P("data", None)
     assert got["decoder/layers/0/mlp/gate_proj/kernel"] == P("data", "model")
     assert got["decoder/layers/0/self_attn/q_proj/lora_a"][0] == "data"  # the adapters follow their base
-    # The head has no axis names: learner.mesh's own rule (FSDP: the largest dim over 'data').
+    # The head has no axis names: learner.training.mesh's own rule (FSDP: the largest dim over 'data').
     alone = flat_specs(M.param_specs({"value_head": state["value_head"]}, mesh, "fsdp"))
     assert got["value_head/kernel"] == alone["value_head/kernel"]
 

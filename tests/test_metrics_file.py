@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import json
 
-from learner.metrics import MetricsWriter
+from learner.observe.metrics import MetricsWriter
 
 
 def test_a_refused_line_is_dropped_whole_and_counted(tmp_path, file_size_limit):

@@ -1,4 +1,4 @@
-"""common.model (shapes, masking, parameter snapshots) and actors.policy_runner."""
+"""common.policies.pointer.network (shapes, masking, parameter snapshots) and actors.policy_runner."""
 
 from __future__ import annotations
 
@@ -7,9 +7,11 @@ import numpy as np
 import pytest
 
 from actors.policy_runner import PolicyRunner
-from common import distribution, featurize, model, protocol
+from common import protocol
 from common.config import ModelConfig
 from common.policies import PointerPolicy
+from common.policies.pointer import distribution, featurize
+from common.policies.pointer import network as model
 from common.types import Action, ActionType, Observation, PolicyChoice, SwipeDirection, UIElement
 
 CFG = ModelConfig(

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from benchmarks.chaos_audit import logged_batches
+from benchmarks.chaos.audit import logged_batches
 from tests.conftest import ACTOR_ENV, ROOT
 
 PAIR_S = 900

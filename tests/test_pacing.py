@@ -11,8 +11,8 @@ from actors.config import ActorConfig
 from actors.pacing import TokenBucket
 from actors.policy_runner import PolicyRunner
 from actors.slots import EnvSlots
-from common import model
 from common.config import ModelConfig
+from common.policies.pointer import network as model
 from common.types import Observation, UIElement
 
 pytestmark = pytest.mark.timeout(120)

@@ -8,9 +8,9 @@ import shlex
 import pytest
 import tyro
 
-from benchmarks.paper_eval import curve_summary, run_rates
-from benchmarks.paper_plan import FULL, QUICK, learner_command, matched_run, plain_run, throttled_run
-from benchmarks.paper_summary import compare, predicted_speedup, summarize, verdict
+from benchmarks.paper.eval import curve_summary, run_rates
+from benchmarks.paper.plan import FULL, QUICK, learner_command, matched_run, plain_run, throttled_run
+from benchmarks.paper.summary import compare, predicted_speedup, summarize, verdict
 from learner.config import LearnerConfig
 
 

@@ -18,9 +18,9 @@ import numpy as np
 import pytest
 
 from actors.envs.standin import StandInPhoneEnv
-from common import model
 from common.config import ModelConfig
 from common.policies import PointerPolicy, make_policy
+from common.policies.pointer import network as model
 from tests.tiny_policy import KEYS, TinyPolicy
 
 CFG = ModelConfig(kind="tests.tiny_policy:TinyPolicy", max_elements=6)
@@ -88,7 +88,7 @@ def test_a_second_family_trains_through_a_real_learner_and_actor(learner_process
         *("--publish-every", "2", "--log-every", "1", "--actor-timeout", "60", "--checkpoint-every", "6"),
     )
     assert learner.proc.wait(timeout=500) == 0, learner.log()
-    final = learner.metrics()[-1]
+    final = learner.observe.metrics()[-1]
     assert final["stopped"] == "update limit" and final["update"] == 12
     assert final["rejected"] == 0, final["rejected_by_reason"]
     assert final["episodes"] >= 8 and final["policy_version"] == 6

@@ -9,11 +9,11 @@ from types import SimpleNamespace
 import pytest
 
 from actors.config import ActorConfig
-from actors.doctor import check_device
-from actors.relay import RelayConfig
-from common.ports import INGEST_PORT, PARAMS_PORT, RELAY_PORT, adb_clash
+from actors.tools.doctor import check_device
+from actors.tools.relay import RelayConfig
+from common.net.ports import INGEST_PORT, PARAMS_PORT, RELAY_PORT, adb_clash
 from learner.config import LearnerConfig
-from learner.launch import LaunchConfig
+from learner.launch.cluster import LaunchConfig
 from tests.conftest import START_S
 from tests.test_faults import wait_for
 

@@ -12,8 +12,9 @@ import pytest
 import zmq
 
 from actors.connection import LearnerConnection
-from common import featurize, protocol, wire
+from common import protocol, wire
 from common.config import ModelConfig
+from common.policies.pointer import featurize
 from common.protocol import ProtocolError
 from tests.test_fake_actor import make_episode
 from tests.test_fuzz_ingest import MODEL, Peer, RunningIngest
@@ -331,7 +332,7 @@ def test_the_learner_refuses_older_peers_and_broken_packing(ingest):
 
 
 def test_the_learner_refuses_welcome_fields_it_cannot_send():
-    from learner.ingest import IngestServer
+    from learner.ingest.server import IngestServer
 
     with pytest.raises(TypeError):
         IngestServer(

@@ -3,7 +3,7 @@
 The learner renames words in its training batches (learner/augment.py); the behaviour log-probs were
 computed by the actor on the original words. If pi were evaluated on the renamed observations, rho would
 differ from 1 at zero policy lag and clipping at 1 would make that error one-sided. The update therefore
-computes the ratios on `Batch.acted_obs` (common/policies/pointer.py: PointerPolicy.evaluate).
+computes the ratios on `Batch.acted_obs` (common/policies/pointer/family.py: PointerPolicy.evaluate).
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from learner.augment import rename_batch
 from learner.losses import LOSSES, LossParams
 from learner.losses.aride import importance_ratios
 from learner.losses.shared import step_mask
-from learner.train_step import make_optimizer, make_train_step
+from learner.training.train_step import make_optimizer, make_train_step
 from tests.mesh_check import random_batch
 
 CFG = ModelConfig(vocab_size=512, d_model=32, num_heads=4, num_layers=1, mlp_dim=64)

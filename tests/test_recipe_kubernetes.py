@@ -23,7 +23,7 @@ import yaml
 import zmq.auth
 
 from actors.config import ActorConfig
-from common.curve import CurveClient, CurveServer, generate
+from common.net.curve import CurveClient, CurveServer, generate
 from learner.config import LearnerConfig
 from tests.argv_words import value as _value
 from tests.argv_words import values as _values
@@ -241,7 +241,7 @@ def test_run_dir_is_on_the_persistent_claim(objects):
 
 
 def test_learner_probes_are_its_health_endpoints(objects):
-    """Readiness and liveness are the learner's /readyz and /livez (learner/status_http.py) on the port
+    """Readiness and liveness are the learner's /readyz and /livez (learner/observe/status_http.py) on the port
     --metrics-port binds; Prometheus finds the same port through the pod's annotations."""
     sts = objects[("StatefulSet", "distrl-learner")]
     c, argv = _learner(objects)
@@ -459,11 +459,11 @@ def test_every_flag_in_the_manifests_is_in_the_cli_help(objects):
 
 def test_the_manifest_commands_parse_with_the_cli(objects):
     learner = tyro.cli(LearnerConfig, args=_learner(objects)[1])  # its checks: ports, CURVE with --bind
-    assert learner.transport.curve_secret_key is not None and not learner.transport.insecure
+    assert learner.ingest.transport.curve_secret_key is not None and not learner.ingest.transport.insecure
     assert learner.durability() == "fsync"  # what the claim is for: the log survives the pod
     actor = tyro.cli(ActorConfig, args=_actor(objects)[1])
     assert actor.env == "adb" and actor.curve_secret_key and actor.curve_server_key
     assert (actor.ingest_port, actor.params_port) == (
-        learner.transport.ingest_port,
-        learner.transport.params_port,
+        learner.ingest.transport.ingest_port,
+        learner.ingest.transport.params_port,
     )

@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 import zmq
 
-from actors.relay import Relay, RelayConfig
+from actors.tools.relay import Relay, RelayConfig
 from common import protocol
 from tests.conftest import ROOT
 

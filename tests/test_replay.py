@@ -1,4 +1,4 @@
-"""learner.replay: the sum tree against brute-force prefix sums, sampling frequencies against p^alpha,
+"""learner.replay.prioritized: the sum tree against brute-force prefix sums, sampling frequencies against p^alpha,
 importance weights against the formula, and the buffer's bookkeeping (FIFO, staleness, generations)."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from common.protocol import Episode
-from learner.replay import PrioritizedReplay, SumTree, oldest_version, trajectory_priority
+from learner.replay.prioritized import PrioritizedReplay, SumTree, oldest_version, trajectory_priority
 
 PROPS = settings(derandomize=True, max_examples=60, deadline=None)
 

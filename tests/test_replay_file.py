@@ -12,11 +12,12 @@ import numpy as np
 import pytest
 
 from actors.envs.standin import StandInPhoneEnv
-from common import featurize, protocol, trajectory_file, wire
+from common import protocol, trajectory_file, wire
 from common.config import ModelConfig
-from learner import replay_file
-from learner.replay import PrioritizedReplay, ReplaySample, oldest_version
-from learner.replay_file import load_replay, save_replay
+from common.policies.pointer import featurize
+from learner.replay import file as replay_file
+from learner.replay.file import load_replay, save_replay
+from learner.replay.prioritized import PrioritizedReplay, ReplaySample, oldest_version
 
 CFG = ModelConfig()
 MAX_STEPS = 6

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 from matplotlib.image import imread
 
-from learner.report import ReportConfig, load_run, report
+from learner.observe.report import ReportConfig, load_run, report
 from tests.conftest import ROOT
 
 PLOTS = ("success_vs_time.png", "success_vs_steps.png", "throughput.png", "policy_lag.png")
@@ -216,7 +216,7 @@ def _bad_config(run: Path) -> Path:
 
 
 def test_greedy_curves_are_plotted_when_a_run_has_them(fast, slow, tmp_path):
-    """A run dir with greedy.jsonl (benchmarks/paper.py) gets greedy_success.png; one without does not
+    """A run dir with greedy.jsonl (benchmarks/paper/benchmark.py) gets greedy_success.png; one without does not
     stop the report; a corrupt one is a clear error."""
     points = [
         {"t": 25 * i, "update": 10 * i, "env_steps": 100 * i, "train": 0.1 * i, "test": 0.05 * i}

@@ -151,7 +151,7 @@ def test_the_learners_imitation_update_uses_that_critic():
     elsewhere: A-RIDE's by the learner's warm-up in tests/test_end_to_end.py's SimPhone run, the actor-
     critic's in tests/test_text_encoder_finetune.py's test_the_step_trains_the_encoder_at_its_own_rate."""
     from common.policies import PointerPolicy
-    from learner.train_step import make_optimizer, make_train_step
+    from learner.training.train_step import make_optimizer, make_train_step
     from tests.mesh_check import TINY, random_batch
 
     policy = PointerPolicy(TINY)

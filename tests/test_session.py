@@ -21,10 +21,10 @@ from common.protocol import Episode
 from learner.config import parse_args
 from learner.inserter import ReplayInserter
 from learner.losses.base import PriorityTerms
-from learner.run_outputs import reachable_host
+from learner.observe.run_outputs import reachable_host
 from learner.session import Session
-from learner.setup import open_session
-from learner.trainer import StepResult
+from learner.setup.open_session import open_session
+from learner.training.trainer import StepResult
 
 
 def episode(version: int, task: str = "t") -> Episode:

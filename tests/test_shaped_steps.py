@@ -15,12 +15,12 @@ from common import protocol, trajectory_file, wire
 from common.config import ModelConfig
 from common.episode import EpisodeBuilder
 from common.types import Action, ActionType
-from learner import replay_file
 from learner.batch import Batch, collate, example_batch
-from learner.delivery import DeliveryLedger
-from learner.durable_inserter import DurableInserter
-from learner.replay import PrioritizedReplay
-from learner.wal import WriteAheadLog, pack_batch
+from learner.ingest.delivery import DeliveryLedger
+from learner.ingest.durable_inserter import DurableInserter
+from learner.ingest.wal import WriteAheadLog, pack_batch
+from learner.replay import file as replay_file
+from learner.replay.prioritized import PrioritizedReplay
 
 A, P, VOCAB, MAX_STEPS = 5, 7, 50, 6
 SPEC = protocol.EpisodeSpec(

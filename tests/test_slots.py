@@ -126,8 +126,8 @@ def test_actor_heartbeats_while_its_policy_compiles():
     from actors.connection import LearnerConnection
     from actors.policy_runner import PolicyRunner
     from common.config import ModelConfig
-    from common.featurize import feature_spec
     from common.policies import PointerPolicy
+    from common.policies.pointer.featurize import feature_spec
 
     class Connection:  # records what the actor sends; nothing arrives
         actor_id = 3

@@ -1,4 +1,4 @@
-"""--snapshot-every: the parameters at fixed wall times (learner/snapshots.py), named by the multiple of
+"""--snapshot-every: the parameters at fixed wall times (learner/serving/snapshots.py), named by the multiple of
 the period passed, with an index line each; a real learner run writes readable files in order."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ import pytest
 
 from common import params_file
 from common.config import ModelConfig
-from learner.snapshots import WallSnapshots, read_index
+from learner.serving.snapshots import WallSnapshots, read_index
 from tests.conftest import START_S
 
 FLAT = {"w": np.arange(6, dtype=np.float32).reshape(2, 3)}

@@ -11,12 +11,13 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from actors import demos
-from actors.demos import DemosConfig, load_demos, write_demos
 from actors.envs.simphone.env import SimPhoneConfig, SimPhoneEnv
-from common import featurize, model
+from actors.tools import demos
+from actors.tools.demos import DemosConfig, load_demos, write_demos
 from common.config import ModelConfig
 from common.policies import PointerPolicy
+from common.policies.pointer import featurize
+from common.policies.pointer import network as model
 from common.types import ActionType, Observation, PolicyChoice
 
 CFG = ModelConfig(span_words=3)

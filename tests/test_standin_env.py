@@ -8,9 +8,9 @@ import pytest
 
 from actors.envs.standin import APPS, SCREEN, SWITCHES, TASK_FAMILIES, WORDS, StandInPhoneEnv
 from actors.envs.standin_oracle import current_screen, oracle_action
-from common import featurize
 from common.config import ModelConfig
 from common.policies import PointerPolicy
+from common.policies.pointer import featurize
 from common.types import Action, ActionType, Observation, PolicyChoice, SwipeDirection
 
 SEEDS = range(60)

@@ -1,4 +1,4 @@
-"""The learner's operator endpoint (learner/status_http.py): a Prometheus scrape returns the metrics
+"""The learner's operator endpoint (learner/observe/status_http.py): a Prometheus scrape returns the metrics
 record, and the health probes mean what the Kubernetes recipe relies on."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ import urllib.request
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from learner.status_http import COUNTERS, StatusServer, metric_name
+from learner.observe.status_http import COUNTERS, StatusServer, metric_name
 from tests.conftest import START_S
 
 RECORD = {
@@ -108,7 +108,7 @@ def test_a_running_learner_serves_its_metrics_records(learner_process):
     time.sleep(1.0)  # a record after the compile
     scraped = {k: v for k, v in samples(get(port, "/metrics")[1]).items() if not k[0].endswith("_created")}
     wall = scraped[("distrl_wall", ())]
-    record = next(m for m in learner.metrics() if m["wall"] == wall)
+    record = next(m for m in learner.observe.metrics() if m["wall"] == wall)
     assert scraped == expected_samples({k: v for k, v in record.items() if v is not None})
     assert record["phase"] and scraped[("distrl_update_total", ())] == record["update"]
     assert learner.stop() == 0

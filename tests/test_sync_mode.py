@@ -10,7 +10,8 @@ import time
 import numpy as np
 import pytest
 
-from common import featurize, protocol
+from common import protocol
+from common.policies.pointer import featurize
 from tests.conftest import ACTOR_ENV, ROOT, START_S
 from tests.test_fake_actor import fake_actor, read_metrics, wait_for_metrics  # noqa: F401 (a fixture)
 from tests.test_fake_learner import MAX_STEPS, TINY, FakeLearner, stop_and_read

@@ -14,7 +14,7 @@ import pytest
 from tensorboardX.proto import event_pb2
 
 from learner.config import DashboardConfig, LearnerConfig
-from learner.tensorboard import Dashboards, flatten, require_wandb
+from learner.observe.tensorboard import Dashboards, flatten, require_wandb
 
 
 def read_scalars(logdir: Path) -> dict[str, list[tuple[int, float]]]:

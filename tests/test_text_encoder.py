@@ -1,4 +1,4 @@
-"""The frozen text encoder in the policy's path (common/text_encoder.py): WordPiece ids from featurize,
+"""The frozen text encoder in the policy's path (common/policies/pointer/text_encoder.py): WordPiece ids from featurize,
 states from a cached encoder, checked against the numpy reference of tests/test_bert_encoder.py on a tiny
 random checkpoint with a tiny WordPiece tokenizer, both written here in the Hugging Face layout; and one
 clear error per bad encoder folder."""
@@ -14,9 +14,11 @@ import jax
 import numpy as np
 import pytest
 
-from common import featurize, model, protocol, text_encoder, wire
+from common import protocol, wire
 from common.backbones import CheckpointError
 from common.config import ModelConfig
+from common.policies.pointer import featurize, text_encoder
+from common.policies.pointer import network as model
 from common.types import Observation, UIElement
 from tests.test_bert_encoder import CONFIG, random_tensors, reference, write_checkpoint
 from tests.test_fake_actor import make_episode

@@ -14,15 +14,16 @@ import numpy as np
 import pytest
 
 from actors.policy_runner import PolicyRunner
-from common import featurize, model, text_encoder
 from common.config import ModelConfig
 from common.policies import PointerPolicy
+from common.policies.pointer import featurize, text_encoder
+from common.policies.pointer import network as model
 from learner.batch import example_batch
 from learner.config import LearnerConfig, MeshConfig
 from learner.losses import LOSSES, LossParams
-from learner.mesh import make_mesh
-from learner.train_step import is_text_encoder, make_optimizer, make_train_step
-from learner.trainer import Trainer
+from learner.training.mesh import make_mesh
+from learner.training.train_step import is_text_encoder, make_optimizer, make_train_step
+from learner.training.trainer import Trainer
 from tests.test_bert_encoder import random_tensors, write_checkpoint
 from tests.test_text_encoder import TINY, model_config, observation, write_tokenizer
 

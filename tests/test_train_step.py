@@ -6,12 +6,13 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from common import featurize, model
 from common.config import ModelConfig
 from common.policies import PointerPolicy
+from common.policies.pointer import featurize
+from common.policies.pointer import network as model
 from learner.batch import example_batch
 from learner.losses import LOSSES, LossParams
-from learner.train_step import make_optimizer, make_train_step
+from learner.training.train_step import make_optimizer, make_train_step
 
 CFG = ModelConfig(vocab_size=256, d_model=16, num_heads=2, num_layers=1, mlp_dim=32)
 EVALUATE = PointerPolicy(CFG).evaluate

@@ -8,10 +8,11 @@ import pytest
 
 from actors.envs.standin import StandInPhoneEnv
 from actors.envs.standin_oracle import oracle_action
-from common import featurize, protocol, wire
+from common import protocol, wire
 from common.config import ModelConfig
 from common.episode import EpisodeBuilder
 from common.policies import PointerPolicy
+from common.policies.pointer import featurize
 from common.types import PolicyChoice
 
 CFG = ModelConfig()

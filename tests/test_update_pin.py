@@ -15,8 +15,8 @@ import jax
 import numpy as np
 import pytest
 
-from common import model
 from common.config import ModelConfig
+from common.policies.pointer import network as model
 from tests.pinned_batch import pinned_batch, run_updates
 
 CFG = ModelConfig(vocab_size=256, d_model=16, num_heads=2, num_layers=1, mlp_dim=32, max_elements=6,

@@ -1,4 +1,4 @@
-"""The write-ahead log (learner/wal.py) against the failures it exists for: torn tails, damaged records,
+"""The write-ahead log (learner/ingest/wal.py) against the failures it exists for: torn tails, damaged records,
 full disks, segment rolling and pruning. Every check reads the log back from real files."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from learner.wal import HEADER, WalError, WriteAheadLog, pack_batch, unpack_batch
+from learner.ingest.wal import HEADER, WalError, WriteAheadLog, pack_batch, unpack_batch
 
 
 def _payloads(n: int, seed: int = 0) -> list[bytes]:

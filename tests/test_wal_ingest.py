@@ -16,12 +16,13 @@ import pytest
 import zmq
 
 from benchmarks.ingest import random_episode
-from common import featurize, protocol, wire
+from common import protocol, wire
 from common.config import ModelConfig
-from learner import durable_inserter
-from learner.ingest import IngestServer
-from learner.replay import PrioritizedReplay, initial_priority_terms, oldest_version
-from learner.wal import WriteAheadLog
+from common.policies.pointer import featurize
+from learner.ingest import durable_inserter
+from learner.ingest.server import IngestServer
+from learner.ingest.wal import WriteAheadLog
+from learner.replay.prioritized import PrioritizedReplay, initial_priority_terms, oldest_version
 
 MODEL = ModelConfig(vocab_size=64, max_instruction_tokens=4, max_elements=5, max_element_tokens=2,
                     d_model=8, num_heads=2, num_layers=1, mlp_dim=8)  # fmt: skip
@@ -30,7 +31,7 @@ CREDIT = 4
 
 
 class _Learner:
-    """An IngestServer with a write-ahead log storing into a real prioritized replay, as learner/setup.py does."""
+    """An IngestServer with a write-ahead log storing into a real prioritized replay, as learner/setup/open_session.py does."""
 
     def __init__(self, wal_dir, durability: str, replay_state=None, ledger_state=None, start_lsn=None):
         self.replay: PrioritizedReplay = PrioritizedReplay(64, seed=0)
@@ -193,14 +194,14 @@ def test_a_full_disk_stops_acknowledging_and_writing_again_resumes(
     learner = world.learner(durability)
     actor = world.actor(learner)
     assert actor.send()["kind"] == protocol.ACK
-    stored = len(learner.replay)
+    stored = len(learner.replay.prioritized)
     size = sum(p.stat().st_size for _, p in learner.server.wal.segments())
     file_size_limit(size + 10)  # the disk is "full": no further record fits
     refused = actor.send()
     assert refused["kind"] == protocol.ERROR and refused["code"] == "unavailable"
     assert refused["seq"] == actor.seq  # the actor keeps that batch (actors/actor.py KEEP_ON_ERROR)
     assert learner.server.rejected["unavailable"] == 1
-    assert len(learner.replay) == stored and not learner.server.ledger.stored("inst-a", actor.seq)
+    assert len(learner.replay.prioritized) == stored and not learner.server.ledger.stored("inst-a", actor.seq)
     assert learner.server.storage_error
     grant = learner.server.ledger.grant("inst-a", open_=True)
     assert grant == actor.grant, "grants must not grow while nothing can be stored"
@@ -212,7 +213,7 @@ def test_a_full_disk_stops_acknowledging_and_writing_again_resumes(
     ack = actor.resend()
     assert ack["kind"] == protocol.ACK and ack["accepted"] == 2 and not ack["duplicate"]
     assert learner.server.storage_error == "" and "again" in learner.logged[-1]
-    assert len(learner.replay) == stored + 2
+    assert len(learner.replay.prioritized) == stored + 2
     # What the log holds is exactly what was acknowledged: a restart recovers both batches once.
     restarted = world.learner(durability)
     assert restarted.recovered["batches"] == 2 and restarted.server.wal.stats["corrupt_records"] == 0

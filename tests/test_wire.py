@@ -13,8 +13,9 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from common import featurize, protocol, wire
+from common import protocol, wire
 from common.config import ModelConfig
+from common.policies.pointer import featurize
 from common.protocol import ProtocolError
 
 CFG = ModelConfig(vocab_size=64, max_instruction_tokens=5, max_elements=4, max_element_tokens=3)

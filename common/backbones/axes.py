@@ -2,7 +2,7 @@
 
 Every parameter of a backbone (the BERT encoder, the Llama-family decoder) carries logical axis names
 (flax `out_sharding` metadata: 'vocab', 'embed', 'heads', 'mlp', ...) that say what each dim *is*;
-`LOGICAL_AXIS_RULES` says where each name goes on a device mesh with learner.mesh's axes ('data', 'model'),
+`LOGICAL_AXIS_RULES` says where each name goes on a device mesh with learner.training.mesh's axes ('data', 'model'),
 FSDP style: the large dim of every kernel and table over 'data', the attention heads and the MLP hidden dim
 over 'model' (tensor parallelism), biases, norms and LoRA ranks replicated. The names live in the modules so
 that a layer added later cannot be forgotten by a name-matching rule elsewhere; the rules live in this one
@@ -23,7 +23,7 @@ from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
 DATA, MODEL = "data", "model"
-"""The mesh axes of learner.mesh (its AXES), spelled out here because common/ must not import the learner
+"""The mesh axes of learner.training.mesh (its AXES), spelled out here because common/ must not import the learner
 (tests/test_bert_sharding.py checks that they agree)."""
 
 LOGICAL_AXIS_RULES: tuple[tuple[str, str | None], ...] = (

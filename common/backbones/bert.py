@@ -8,7 +8,7 @@ sentence embedding as sentence-transformers does (the mean over unpadded tokens)
 
 Sharding. Every parameter carries logical axis names (flax `out_sharding` metadata: 'vocab', 'embed',
 'heads', 'mlp', ...) that say what each dim *is*; `LOGICAL_AXIS_RULES` (common/backbones/axes.py, shared
-with the decoder and re-exported here) says where each name goes on a device mesh with learner.mesh's axes ('data', 'model'), FSDP style: the large dim of every kernel and
+with the decoder and re-exported here) says where each name goes on a device mesh with learner.training.mesh's axes ('data', 'model'), FSDP style: the large dim of every kernel and
 table over 'data', the attention heads and the MLP hidden dim over 'model' (tensor parallelism), biases
 and LayerNorms replicated. The names live in the module so that a layer added later cannot be forgotten
 by a name-matching rule elsewhere; the rules live in one table so the layout changes in one place.
@@ -241,7 +241,7 @@ def load(folder: str | Path, mesh: Mesh | None = None) -> tuple[BertConfig, Bert
     folder and the tensor for anything missing or mismatched; tensors it does not use, such as a pooler
     or a masked-LM head, are ignored).
 
-    With a `mesh` (axes 'data' and 'model', e.g. learner.mesh.make_mesh), every parameter is created as a
+    With a `mesh` (axes 'data' and 'model', e.g. learner.training.mesh.make_mesh), every parameter is created as a
     jax.Array laid out by `partition_specs`: each device's block is read from the memory-mapped file by
     itself, so a split weight is never whole in host or device memory, and the result equals the
     unsharded encoder exactly. Every tensor's name and shape is checked against the file's header before anything

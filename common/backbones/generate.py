@@ -25,7 +25,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from common.backbones.llama import Decoder, init_cache
+from common.backbones.decoder.llama import Decoder, init_cache
 
 TokenMask = Callable[[int, np.ndarray], np.ndarray | None]
 """(step, generated [B, step] int32 so far) -> allowed tokens [B, vocab] bool for the next token, or

@@ -5,10 +5,10 @@
 - a folder: a Hugging Face checkpoint (config.json, model.safetensors or a sharded index, and
   tokenizer.json / tokenizer_config.json when present: a folder without a tokenizer still loads, for
   callers that bring token ids);
-- a .gguf file: dequantised and renamed to the Hugging Face layout (common/backbones/gguf_file.py), with
+- a .gguf file: dequantised and renamed to the Hugging Face layout (common/backbones/gguf/file.py), with
   its tokenizer rebuilt from the file's metadata.
 
-Every path ends in the same `Decoder` (common/backbones/llama.py), so what is tested on one holds for
+Every path ends in the same `Decoder` (common/backbones/decoder/llama.py), so what is tested on one holds for
 all. Faults are CheckpointErrors naming the file and what to do.
 """
 
@@ -21,10 +21,10 @@ import jax.numpy as jnp
 from jax.sharding import Mesh
 
 from common.backbones.checkpoint import CheckpointError
-from common.backbones.decoder_config import DecoderConfig
-from common.backbones.decoder_tokenizer import DecoderTokenizer
-from common.backbones.llama import Decoder
-from common.backbones.lora import LoraConfig
+from common.backbones.decoder.config import DecoderConfig
+from common.backbones.decoder.llama import Decoder
+from common.backbones.decoder.lora import LoraConfig
+from common.backbones.decoder.tokenizer import DecoderTokenizer
 
 DEFAULT = "default"
 """The spelling of the packaged SmolLM2 checkpoint wherever a model is named."""
@@ -88,7 +88,7 @@ def load_pretrained(
     path = resolve(source)
     dtype = DTYPES[param_dtype]
     if path.is_dir():
-        from common.backbones.decoder_weights import load_folder
+        from common.backbones.decoder.weights import load_folder
 
         config, model = load_folder(path, param_dtype=dtype, lora=lora, mesh=mesh, seed=seed)
         has_tokenizer = (path / "tokenizer.json").is_file()
@@ -98,8 +98,8 @@ def load_pretrained(
 
 
 def _load_gguf(source: str, path: Path, dtype, lora, mesh, seed: int) -> Pretrained:
-    from common.backbones.decoder_weights import from_tensors
-    from common.backbones.gguf_file import read_gguf
+    from common.backbones.decoder.weights import from_tensors
+    from common.backbones.gguf.file import read_gguf
     from common.backbones.packaged import SMOLLM2_SHA256
 
     if path.suffix != ".gguf":

@@ -12,7 +12,7 @@ import importlib
 from common.config import ModelConfig
 from common.policies.evaluation import Evaluation
 from common.policies.family import Acted, PolicyFamily
-from common.policies.pointer import PointerPolicy
+from common.policies.pointer.family import PointerPolicy
 
 __all__ = ["BUILT_IN", "Acted", "Evaluation", "PointerPolicy", "PolicyFamily", "make_policy"]
 

@@ -123,7 +123,7 @@ class Episode:
     (`EpisodeSpec.step_shapes`)."""
     estimates: dict[str, np.ndarray] = field(default_factory=dict)
     """ESTIMATE_ARRAYS the actor sent, [T] each: its own V(s_t) and policy entropy, from which the learner
-    computes the episode's priority when it enters the replay (learner/replay.py:initial_priority).
+    computes the episode's priority when it enters the replay (learner/replay/prioritized.py:initial_priority).
     Empty when the sender had none (demonstrations, an older actor)."""
 
     @property

@@ -184,7 +184,7 @@ class Welcome:
     """The text encoder's WordPiece vocabulary: TRAJ's WordPiece ids must lie in [0, it); 0 (absent on the
     wire) without a text encoder."""
     inference_port: int = 0
-    """The port of the learner's inference service (learner/inference.py) on the ingest's host; 0 (absent on
+    """The port of the learner's inference service (learner/serving/inference.py) on the ingest's host; 0 (absent on
     the wire) when it has none."""
 
     @property

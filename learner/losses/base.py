@@ -3,7 +3,7 @@
 A loss is a pure function `(evaluation, batch, params) -> LossOutput`: `evaluation` is the policy
 family's pass over the batch (log-probs of the taken choices, exact entropies, values; common.policies),
 `batch` the padded episodes (learner.batch.Batch), `params` the LossParams below. The train step
-(learner/train_step.py) receives the function, as Acme's learners receive theirs; learner/losses/__init__.py
+(learner/training/train_step.py) receives the function, as Acme's learners receive theirs; learner/losses/__init__.py
 maps `--algorithm` to one `Loss`, a pair of such functions (reinforcement learning and imitation).
 """
 
@@ -29,7 +29,7 @@ ACTOR_WEIGHTINGS: tuple[str, ...] = get_args(ActorWeighting)
 
 class PriorityTerms(NamedTuple):
     """Per-trajectory terms of the replay priority (DPER), each [B], over real steps (0 when empty):
-    w1 * delta + w2 * rho_clipped + w3 * entropy (learner/replay.py:trajectory_priority)."""
+    w1 * delta + w2 * rho_clipped + w3 * entropy (learner/replay/prioritized.py:trajectory_priority)."""
 
     delta: jax.Array
     """mean |delta_t|, the rho_bar-clipped TD error."""

@@ -21,10 +21,10 @@ import jax
 import numpy as np
 from flax import nnx
 
-from common.backbones import decoder_snapshot
-from common.backbones.decoder_tokenizer import DecoderTokenizer
-from common.backbones.llama import Decoder
-from common.backbones.lora import HeadParam, LoraConfig
+from common.backbones.decoder import snapshot as decoder_snapshot
+from common.backbones.decoder.llama import Decoder
+from common.backbones.decoder.lora import HeadParam, LoraConfig
+from common.backbones.decoder.tokenizer import DecoderTokenizer
 from common.backbones.pretrained import load_pretrained
 from common.config import ModelConfig
 from common.policies.evaluation import Evaluation

@@ -40,7 +40,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from common.backbones.decoder_tokenizer import DecoderTokenizer
+from common.backbones.decoder.tokenizer import DecoderTokenizer
 from common.types import ActionType, SwipeDirection
 
 START, ACCEPT, END, DEAD, AFTER_QUOTE = 0, 1, 2, 3, 4

@@ -19,7 +19,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from common.backbones.llama import Decoder, init_cache
+from common.backbones.decoder.llama import Decoder, init_cache
 from common.policies.lm import grammar
 
 

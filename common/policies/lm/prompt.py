@@ -34,7 +34,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from common.backbones.decoder_tokenizer import DecoderTokenizer
+from common.backbones.decoder.tokenizer import DecoderTokenizer
 from common.types import Observation, UIElement
 
 GRAMMAR_LINE = (

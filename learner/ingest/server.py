@@ -1,0 +1,262 @@
+"""The learner's end of the protocol (docs/PROTOCOL.md): it wires the parts and dispatches each message.
+
+The parts: learner/ingest/transport.py (the ROUTER and PUB sockets, replies, drops), learner/ingest/registry.py
+(who is welcomed and alive), learner/ingest/durable_inserter.py (write-ahead log, group commit, the replay and
+the ledger, recovery), learner/ingest/publisher.py (snapshots) and learner/ingest/delivery.py (which batches
+are settled, and the grants). All socket work happens on the caller's thread (`poll`, `publish`,
+`heartbeat`). Messages are parsed into common/protocol.py's dataclasses.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+import uuid
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import numpy as np
+
+from common import protocol
+from common.config import ModelConfig
+from common.net.curve import CurveServer
+from common.protocol import Episode, ProtocolError
+from learner.ingest.delivery import DeliveryLedger
+from learner.ingest.durable_inserter import DurableInserter
+from learner.ingest.publisher import ParamPublisher
+from learner.ingest.registry import ActorInfo, ActorRegistry
+from learner.ingest.transport import Transport
+from learner.ingest.wal import WriteAheadLog
+from learner.serving.inference import InferenceService
+
+__all__ = ["ActorInfo", "EpisodeCheck", "IngestServer"]
+
+
+@dataclass(frozen=True)
+class EpisodeCheck:
+    """What a TRAJ's episodes must satisfy (docs/PROTOCOL.md §6-7): the one place they are validated."""
+
+    spec: protocol.EpisodeSpec
+    """What the policy family's episodes carry (observations, choices and their bounds, id ranges)."""
+    max_steps: int
+    """Longest episode accepted."""
+
+    def episodes(self, traj: protocol.Traj, newest_version: int) -> list[Episode]:
+        """The batch's episodes, or ProtocolError at the first fault (a step newer than `newest_version`
+        is `future_version`)."""
+        return traj.validate(self.spec, self.max_steps, newest_version)
+
+
+class IngestServer:
+    """The ingest ROUTER and params PUB (bound in the constructor), and how each message is answered:
+    HELLO registers the actor and gets a WELCOME; TRAJ is checked (`check`) and settled by the durable
+    inserter (stored then ACK, or refused for good then ERROR); PARAM_REQ gets the newest snapshot;
+    HEARTBEAT gets one back. A refused message gets an ERROR and is counted in `rejected` by code, so a
+    malformed message costs that message, never the learner. Which batches are settled and how far each
+    actor may send lives in `ledger` (learner/ingest/delivery.py); `gate` is the learner's rate limit on the
+    grants it hands out."""
+
+    def __init__(
+        self,
+        bind: str,
+        ingest_port: int,
+        params_port: int,
+        welcome_fields: dict,
+        episode_spec: protocol.EpisodeSpec,
+        max_steps: int,
+        on_episodes: Callable[[list[Episode], int], None],
+        actor_timeout: float = 15.0,
+        credit: int = 8,
+        heartbeat_every: float = 1.0,
+        curve: CurveServer | None = None,
+        text_vocab_size: int = 0,
+        wal: WriteAheadLog | None = None,
+        log: Callable[[str], None] | None = None,
+    ):
+        self._run_fields = {**welcome_fields, "model": ModelConfig.from_dict(welcome_fields["model"])}
+        """The run-wide WELCOME fields (`welcome_fields`: `model` as a dict, `max_steps`, optionally `mode`)."""
+        protocol.Welcome("", 1, 0, 0, 0, heartbeat_every, **self._run_fields)  # a wrong key fails here, once
+        self.check = EpisodeCheck(episode_spec, max_steps)
+        self.text_vocab_size = text_vocab_size
+        """The text encoder's WordPiece vocabulary, told to actors in WELCOME (0 without one)."""
+        self.transport = Transport(bind, ingest_port, params_port, curve)
+        self.ingest_port, self.params_port = self.transport.ingest_port, self.transport.params_port
+        self.rejected: Counter[str] = self.transport.rejected
+        """Refused messages by reason."""
+        self.drops: Counter[str] = self.transport.drops
+        """Replies that could not be sent, by reason."""
+        self.params = ParamPublisher(self.transport)
+        self.registry = ActorRegistry(actor_timeout)
+        self.actors: dict[int, ActorInfo] = self.registry.actors
+        self.run_id = uuid.uuid4().hex[:12]
+        self.heartbeat_every = heartbeat_every
+        self.ledger = DeliveryLedger(credit)
+        self.wal = wal
+        """The write-ahead log every new batch is appended to before it is stored (None: `--durability none`)."""
+        self.inserter = DurableInserter(
+            self.ledger,
+            wal,
+            on_episodes,
+            self.transport,
+            grant=self._grant,
+            on_writable=self.heartbeat,  # grants grow again: tell the actors now
+            log=log or (lambda line: print(line, file=sys.stderr, flush=True)),
+        )
+        self.gate: Callable[[], bool] = lambda: True
+        """The learner's rate limit, asked at every grant: False while it is behind, so grants stop growing
+        and actors wait. Asked per grant (not per poll), so a poll that takes in many batches cannot
+        hand out credit past the limit."""
+        self.accepting = True
+        """The gate's answer at the end of the last poll (for the metrics)."""
+        self.duplicates = 0
+        """TRAJ batches received again after they were settled (acknowledged again, stored once)."""
+        self._last_beat = time.monotonic()
+        self.inference: InferenceService | None = None
+        """The inference service (learner/serving/inference.py), when the run has one: its port goes in WELCOME."""
+
+    @property
+    def storage_error(self) -> str:
+        """Why the log cannot be written now ("" while it can): TRAJ batches are refused `unavailable`."""
+        return self.inserter.storage_error
+
+    def publish(self, version: int, flat: dict[str, np.ndarray]) -> None:
+        """Publish a snapshot to all subscribers and keep it to answer PARAM_REQ."""
+        self.params.publish(version, flat)
+
+    def poll(self, timeout_ms: int, max_messages: int = 1000) -> int:
+        """Handle waiting messages; block up to timeout_ms for the first. Returns how many were handled."""
+        handled = 0
+        while handled < max_messages:
+            got = self.transport.receive(timeout_ms if handled == 0 else 0)
+            if got is None:
+                break
+            handled += 1
+            if got[1] is not None:
+                self._handle(*got)
+        self.inserter.commit()  # group commit: one fsync for every batch of this turn, then their answers
+        self.transport.count_auth_failures()
+        if handled < max_messages:  # everything that arrived is read: silence now is the actor's own
+            self.registry.forget_silent()
+        self._check_gate()
+        if time.monotonic() - self._last_beat >= self.heartbeat_every:
+            self.heartbeat()
+        return handled
+
+    def _handle(self, identity: bytes, raw: memoryview) -> None:
+        """One message, checked in the order of docs/PROTOCOL.md §7: HELLO on its own; for every other
+        kind the `actor_id` and its connection first, then the message's own fields."""
+        msg = None
+        try:
+            msg = protocol.parse(raw)
+            kind = msg["kind"]
+            if kind == protocol.HELLO:
+                self._hello(identity, protocol.Hello.from_msg(msg))
+                return
+            actor = self.registry.known(identity, protocol.actor_id_of(msg))
+            if kind == protocol.TRAJ:
+                self._traj(identity, actor, protocol.Traj.from_msg(msg), raw)
+            elif kind == protocol.PARAM_REQ:
+                protocol.ParamReq.from_msg(
+                    msg
+                )  # checked; the answer is the newest snapshot whatever it holds
+                self.params.answer(identity)
+            elif kind == protocol.HEARTBEAT:
+                protocol.ActorHeartbeat.from_msg(msg)
+                self.transport.send(identity, self._beat(actor))
+            else:
+                raise ProtocolError("unexpected_kind", f"{kind} is not something an actor sends")
+        except ProtocolError as e:
+            self.transport.refuse(identity, e.code, e.reason, _seq_of(msg))
+        except Exception as e:  # a validator gap must cost one message, never the learner
+            self.transport.refuse(identity, "invalid", f"{type(e).__name__}: {e}", _seq_of(msg))
+
+    def _traj(self, identity: bytes, actor: ActorInfo, traj: protocol.Traj, raw: memoryview) -> None:
+        """A batch settled before is acknowledged again, its episodes unchecked; a new one is validated,
+        then stored and acknowledged, or, if its episodes fail, settled as refused for good (so the grant
+        keeps rising past it) and answered with the ERROR."""
+        if self.inserter.resent_while_pending(actor.instance, traj.seq, identity):
+            return
+        if self.ledger.is_duplicate(actor.instance, traj.seq):
+            self.duplicates += 1
+            self.transport.send(
+                identity, protocol.Ack(traj.seq, 0, True, self._grant(actor.instance)).to_msg()
+            )
+            return
+        try:
+            episodes = self.check.episodes(traj, self.params.version)
+        except Exception as e:  # the same episodes fail the same way whenever they come: refused for good
+            code, reason = (
+                (e.code, e.reason)
+                if isinstance(e, ProtocolError)
+                else ("invalid", f"{type(e).__name__}: {e}")
+            )
+            self.inserter.settle_refused(actor, traj.seq, identity, code, reason)
+            return
+        self.inserter.take(actor, traj.seq, raw, episodes, identity)
+
+    def _hello(self, identity: bytes, hello: protocol.Hello) -> None:
+        acked_upto = self.ledger.join(hello.instance, hello.first_unacked)
+        actor = self.registry.register(identity, hello)
+        welcome = protocol.Welcome(
+            run_id=self.run_id,
+            actor_id=actor.actor_id,
+            policy_version=self.params.version,
+            acked_upto=acked_upto,
+            grant=self._grant(hello.instance),
+            heartbeat_every=self.heartbeat_every,
+            text_vocab_size=self.text_vocab_size,
+            inference_port=self.inference.port if self.inference is not None else 0,
+            **self._run_fields,
+        )
+        self.transport.send(identity, welcome.to_msg())
+
+    def _open(self) -> bool:
+        """Whether grants may grow: the rate limit allows it and the log can be written."""
+        return not self.inserter.storage_error and self.gate()
+
+    def _grant(self, instance: str) -> int:
+        return self.ledger.grant(instance, self._open())
+
+    def _check_gate(self) -> None:
+        """When the gate has opened again, tell every actor its new grant at once, not at the next beat."""
+        was, self.accepting = self.accepting, self._open()
+        if self.accepting and not was:
+            self.heartbeat()
+
+    def heartbeat(self) -> None:
+        """HEARTBEAT to every live actor: they learn the learner is alive, its newest version, their grant."""
+        self._last_beat = time.monotonic()
+        for actor in self.registry.live():  # an abandoned handshake's socket is gone: nothing to tell it
+            self.transport.send(actor.identity, self._beat(actor))
+
+    def _beat(self, actor: ActorInfo) -> dict:
+        return protocol.Heartbeat(self.run_id, self.params.version, self._grant(actor.instance)).to_msg()
+
+    def connected_envs(self) -> int:
+        """Environments of the actors connected now (from their HELLO): a sync round waits for this many."""
+        return self.registry.connected_envs()
+
+    def connected_actors(self) -> int:
+        """Actors not forgotten: heard from within actor_timeout as of the last poll that read every
+        waiting message."""
+        return self.registry.connected_actors()
+
+    def recover(self, start_lsn: int, newest_version: int) -> Counter:
+        """After a restart: settle the log's batches from `start_lsn` on (learner/ingest/durable_inserter.py
+        `DurableInserter.recover`). Returns counts: batches, episodes, refused, skipped, unreadable."""
+        return self.inserter.recover(start_lsn, newest_version, self.check.episodes)
+
+    def close(self) -> None:
+        if self.inference is not None:
+            self.inference.close()
+        self.inserter.commit()
+        if self.wal is not None:
+            self.wal.close()
+        self.transport.close()
+
+
+def _seq_of(msg: dict | None) -> int | None:
+    """A refused TRAJ's seq, echoed in the ERROR so the actor knows which batch to give up on."""
+    seq = msg.get("seq") if isinstance(msg, dict) and msg.get("kind") == protocol.TRAJ else None
+    return seq if type(seq) is int else None
