@@ -29,7 +29,8 @@ def main() -> None:
         report(tyro.cli(ReportConfig, args=sys.argv[2:], prog="python -m learner report"))
         return
     if len(sys.argv) > 1 and sys.argv[1] == "launch":
-        from learner.launch.cluster import LaunchConfig, launch
+        from learner.launch.cluster import launch
+        from learner.launch.config import LaunchConfig
 
         sys.exit(launch(tyro.cli(LaunchConfig, args=sys.argv[2:], prog="python -m learner launch")))
     if len(sys.argv) > 1 and sys.argv[1] == "generate":

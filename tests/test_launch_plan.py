@@ -11,7 +11,7 @@ import pytest
 import zmq
 
 from common.net import curve
-from learner.launch.cluster import LaunchConfig
+from learner.launch.config import LaunchConfig
 from learner.launch.plan import (
     ActorHost,
     actor_hosts,

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from learner.launch.cluster import LaunchConfig
+from learner.launch.config import LaunchConfig
 from learner.launch.process_host import ProcessHost
 from learner.launch.supervisor import RUNNING, STARTING, Actions, Event, Proc, Supervisor
 

@@ -13,7 +13,7 @@ from actors.tools.doctor import check_device
 from actors.tools.relay import RelayConfig
 from common.net.ports import INGEST_PORT, PARAMS_PORT, RELAY_PORT, adb_clash
 from learner.config import LearnerConfig
-from learner.launch.cluster import LaunchConfig
+from learner.launch.config import LaunchConfig
 from tests.conftest import START_S
 from tests.test_faults import wait_for
 

@@ -18,12 +18,10 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, NamedTuple
+from typing import Any, NamedTuple
 
 from common.net.curve import is_loopback
-
-if TYPE_CHECKING:
-    from learner.launch.cluster import LaunchConfig
+from learner.launch.config import LaunchConfig
 
 STARTING, RUNNING = "starting", "running"
 
