@@ -5,6 +5,7 @@ on a real cluster in tests/test_cluster_ray.py."""
 from __future__ import annotations
 
 import json
+import re
 import signal
 from pathlib import Path
 
@@ -13,6 +14,7 @@ import pytest
 from learner.launch.config import LaunchConfig
 from learner.launch.process_host import ProcessHost
 from learner.launch.supervisor import RUNNING, STARTING, Actions, Event, Proc, Supervisor
+from tests.conftest import ROOT
 
 RUN_DIR = Path("/runs/ray")
 
@@ -192,6 +194,16 @@ def test_a_learner_off_loopback_without_keys_is_warned_about():
     sup = Supervisor(LaunchConfig(), RUN_DIR, Proc("learner", None), world.actions())
     sup.handle(Event("placed", sup.learner, info(10, ip="10.0.0.5")))
     assert "without --secure or --insecure it refuses to bind" in world.said[-1]
+
+
+def test_an_unknown_event_kind_is_refused_by_name_and_every_kind_the_launcher_makes_has_a_handler():
+    world = World()
+    sup = Supervisor(LaunchConfig(), RUN_DIR, Proc("learner", None), world.actions())
+    with pytest.raises(ValueError, match="no handler for event kind 'placd'"):
+        sup.handle(Event("placd", sup.learner, info(10)))
+    assert world.said == []
+    made = set(re.findall(r'Event\("([a-z]+)"', (ROOT / "learner/launch/cluster.py").read_text()))
+    assert made and made <= set(sup.handlers)
 
 
 def test_the_process_host_reads_only_the_lines_this_run_appends(tmp_path):

@@ -50,8 +50,9 @@ class Proc:
 
 
 class Event(NamedTuple):
-    """One thing that happened: `kind` names the handler (`placed`, `lines`, `exited`, `unavailable`,
-    `endpoints`, `metrics`, `signal`, `tick`), `proc` the process it happened to (None: the launch)."""
+    """One thing that happened: `kind` picks the handler in `Supervisor.handlers` (`placed`, `lines`,
+    `exited`, `unavailable`, `endpoints`, `metrics`, `signal`, `tick`), `proc` the process it happened to
+    (None: the launch)."""
 
     kind: str
     proc: Proc | None = None
@@ -85,10 +86,27 @@ class Supervisor:
         self.learner_ip: str | None = None
         self.deadline = float("inf")
         self.first_episodes: float | None = None
+        self.handlers: dict[str, Callable[[Any, Any], int | None]] = {
+            "placed": self._on_placed,
+            "lines": self._on_lines,
+            "exited": self._on_exited,
+            "unavailable": self._on_unavailable,
+            "endpoints": self._on_endpoints,
+            "metrics": self._on_metrics,
+            "signal": self._on_signal,
+            "tick": self._on_tick,
+        }
+        """Each event kind's handler, called with the event's process and data: the whole vocabulary of
+        events, in one place (an unknown kind is the launcher's bug, not a new rule)."""
 
     def handle(self, event: Event) -> int | None:
         """Apply one event; the launch's exit status when it is over, else None."""
-        return getattr(self, f"_on_{event.kind}")(event.proc, event.data)
+        handler = self.handlers.get(event.kind)
+        if handler is None:
+            raise ValueError(
+                f"no handler for event kind {event.kind!r}; the kinds are {sorted(self.handlers)}"
+            )
+        return handler(event.proc, event.data)
 
     def reading(self) -> str | None:
         """Which learner file to read now: "endpoints" until it appears, then "metrics" until the first
