@@ -1,10 +1,34 @@
 """The learner <-> actor protocol, shared by both sides; docs/PROTOCOL.md is its normative description.
 
-`messages`: the envelope, one frozen dataclass per single-frame kind and ProtocolError; `episodes`: a TRAJ's
-episodes packed, unpacked and validated against a policy family's `EpisodeSpec`; `params`: the PARAMS snapshot frames. Every public name is
-re-exported here, so importers write `protocol.Traj`, `protocol.validate_episodes`, `protocol.parse_params`.
+`envelope`: the envelope (version, kinds), ProtocolError and the field checks every kind uses; `messages`:
+one frozen dataclass per single-frame kind; `episodes`: a TRAJ's episodes packed, unpacked and validated
+against a policy family's `EpisodeSpec`; `params`: the PARAMS snapshot frames; `inference`: the inference
+service's ACT and its reply (§12). Every public name of the first four is re-exported here, so importers
+write `protocol.Traj`, `protocol.validate_episodes`, `protocol.parse_params`.
 """
 
+from common.protocol.envelope import (
+    ACK,
+    ACT,
+    ACTED,
+    ERROR,
+    HEARTBEAT,
+    HELLO,
+    KINDS,
+    MAX_INSTANCE,
+    MAX_TEXT,
+    PARAM_REQ,
+    PARAMS,
+    PROTOCOL_VERSION,
+    TRAJ,
+    WELCOME,
+    ProtocolError,
+    actor_id_of,
+    check_envelope,
+    message,
+    parse,
+    require,
+)
 from common.protocol.episodes import (
     BASE_STEP_ARRAYS,
     EPISODE_ARRAYS,
@@ -24,37 +48,17 @@ from common.protocol.episodes import (
     validate_packed,
 )
 from common.protocol.messages import (
-    ACK,
-    ACT,
-    ACTED,
-    ERROR,
     FROM_LEARNER,
-    HEARTBEAT,
-    HELLO,
-    KINDS,
-    MAX_INSTANCE,
-    MAX_TEXT,
     MODES,
-    PARAM_REQ,
-    PARAMS,
-    PROTOCOL_VERSION,
-    TRAJ,
-    WELCOME,
     Ack,
     ActorHeartbeat,
     Error,
     Heartbeat,
     Hello,
     ParamReq,
-    ProtocolError,
     Traj,
     Welcome,
-    actor_id_of,
-    check_envelope,
     error,
-    message,
-    parse,
-    require,
 )
 from common.protocol.params import params_frames, parse_params, snapshot_crc32
 

@@ -18,7 +18,7 @@ from typing import Any
 import numpy as np
 
 from common import wire
-from common.protocol.messages import MAX_TEXT, ProtocolError, _short, require
+from common.protocol.envelope import MAX_TEXT, ProtocolError, require, short
 
 # Per-step arrays of an episode: name -> dtype. Observations carry one more row (the final one).
 BASE_STEP_ARRAYS = {"behavior_logp": "<f4", "reward": "<f4", "policy_version": "<i4"}
@@ -228,7 +228,7 @@ def unpack_episodes(packed: Any) -> PackedEpisodes:
     that fits its bin (`bad_encoding`, §3.5). The arrays are views of the bin: nothing is copied."""
     where = "TRAJ episodes"
     if not isinstance(packed, dict):
-        raise ProtocolError("bad_field", f"TRAJ needs field 'episodes' of type map, got {_short(packed)}")
+        raise ProtocolError("bad_field", f"TRAJ needs field 'episodes' of type map, got {short(packed)}")
     task = require(packed, "task", list, where)
     if not 1 <= len(task) <= MAX_EPISODES_PER_BATCH:
         raise ProtocolError(

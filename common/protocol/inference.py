@@ -21,8 +21,8 @@ from typing import Any
 import numpy as np
 
 from common import wire
+from common.protocol.envelope import ACT, ACTED, ProtocolError, actor_id_of, message, require
 from common.protocol.episodes import OBS_PREFIX, EpisodeSpec, _check_observations
-from common.protocol.messages import ACT, ACTED, ProtocolError, actor_id_of, message, require
 
 MAX_ROWS = 1024
 """Most observations one ACT may carry (an actor's environments)."""

@@ -10,7 +10,7 @@ from typing import Any
 import numpy as np
 
 from common import wire
-from common.protocol.messages import PARAMS, ProtocolError, message, parse, require
+from common.protocol.envelope import PARAMS, ProtocolError, message, parse, require
 
 
 def params_frames(version: int, flat: dict[str, np.ndarray]) -> list[Any]:
