@@ -204,7 +204,7 @@ class Session:
         )
         episodes = sample.items
         bounds = self.cfg.loss.instruction_filter
-        keep = None if bounds is None else self.stats.instruction_keep([ep.task for ep in episodes], *bounds)
+        keep = None if bounds is None else self.stats.tasks.filter([ep.task for ep in episodes], *bounds)
         versions = np.concatenate([ep.steps["policy_version"] for ep in episodes])
         self.stats.observe_lag(trainer.version, versions, np.ones(versions.shape, bool))
         self.schedule.count_rl_update()

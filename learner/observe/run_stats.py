@@ -47,8 +47,10 @@ class RunStats:
         """episodes, env_steps, behavior_version_max, imitation_updates, skipped_nonfinite,
         instruction_filtered, episodes_at_rl_start (set once reinforcement learning starts)."""
         self.recent_success: deque[bool] = deque(maxlen=SUCCESS_WINDOW)
-        self.tasks = InstructionCritic(window=SUCCESS_WINDOW)
-        """Recent success per task: the success_by_task metric and the instruction-level filter."""
+        self.tasks = InstructionCritic(window=SUCCESS_WINDOW, counts=self.totals)
+        """Recent success per task, for the success_by_task metric. It is also the instruction-level
+        critic the session asks for the filter (--instruction-filter): the decision is the critic's, and it
+        counts what it drops in `totals` (instruction_filtered)."""
         self.lag_mean = 0.0
         self.lag_max = 0
         self.trained_lag = LagHistogram()
@@ -85,13 +87,6 @@ class RunStats:
             return False
         recent = self.totals["episodes"] - self.totals["episodes_at_rl_start"]
         return recent >= SUCCESS_WINDOW and self.success_rate() >= target
-
-    def instruction_keep(self, tasks: list[str], low: float, high: float) -> np.ndarray:
-        """The instruction-level filter (--instruction-filter): which of `tasks` have a recent success rate
-        in [low, high] (or cannot be judged yet); the others are counted in instruction_filtered."""
-        keep = self.tasks.keep(tasks, low, high)
-        self.totals["instruction_filtered"] += int((~keep).sum())
-        return keep
 
     def observe_lag(self, version: int, policy_versions: np.ndarray, mask: np.ndarray) -> None:
         """The policy lag (newest version minus the one that acted) of a batch's real steps."""

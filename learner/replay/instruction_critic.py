@@ -8,11 +8,13 @@ learner also reads it for the per-task success it logs.
 
 `keep` gives the filter for a batch: a trajectory trains the actor only if its task's recent success
 rate lies in [low, high] (learner.losses.aride.instruction_keep), or its task has too few episodes to judge.
+`filter` is that decision as the session asks it for each replay batch (--instruction-filter): the
+critic both decides and counts the trajectories it drops, so the run's statistics only report the count.
 """
 
 from __future__ import annotations
 
-from collections import deque
+from collections import Counter, deque
 from collections.abc import Sequence
 
 import numpy as np
@@ -23,7 +25,7 @@ from learner.losses.aride import instruction_keep
 class InstructionCritic:
     """Recent success rate per task (the last `window` episodes of each)."""
 
-    def __init__(self, window: int = 100, min_episodes: int = 10):
+    def __init__(self, window: int = 100, min_episodes: int = 10, counts: Counter[str] | None = None):
         if window < 1 or not 1 <= min_episodes <= window:
             raise ValueError(
                 f"need window >= 1 and 1 <= min_episodes <= window, got {window}, {min_episodes}"
@@ -31,6 +33,9 @@ class InstructionCritic:
         self.window = window
         self.min_episodes = min_episodes
         self._recent: dict[str, deque[bool]] = {}
+        self.counts: Counter[str] = Counter() if counts is None else counts
+        """Where `filter` counts the trajectories it drops, as instruction_filtered (the run's totals in
+        learner/observe/run_stats.py, which report it in metrics.jsonl)."""
 
     def observe(self, task: str, success: bool) -> None:
         self._recent.setdefault(task, deque(maxlen=self.window)).append(bool(success))
@@ -50,3 +55,9 @@ class InstructionCritic:
         """[len(tasks)] bool: the task's value is in [low, high], or it cannot be judged yet."""
         values = np.array([np.nan if (v := self.value(t)) is None else v for t in tasks], np.float32)
         return np.asarray(instruction_keep(values, low, high)) | np.isnan(values)
+
+    def filter(self, tasks: Sequence[str], low: float, high: float) -> np.ndarray:
+        """The instruction-level filter on a replay batch: `keep`, with the dropped trajectories counted."""
+        keep = self.keep(tasks, low, high)
+        self.counts["instruction_filtered"] += int((~keep).sum())
+        return keep
