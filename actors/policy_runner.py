@@ -14,9 +14,9 @@ from flax import nnx
 
 from common.backbones.decoder.lora import split_trained
 from common.config import ModelConfig
+from common.params_file import flat_to_params
 from common.policies import make_policy
 from common.policies.family import StagedAct
-from common.policies.pointer import network as model
 from common.policies.pointer import text_encoder
 from common.types import Action, Observation
 
@@ -69,11 +69,11 @@ class PolicyRunner:
         into this actor's own copy of the frozen base, read from the checkpoint once."""
         trained, frozen = split_trained(self._template)
         if frozen is None:
-            self.params = model.flat_to_params(self._template, flat)
+            self.params = flat_to_params(self._template, flat)
         else:
             if self._frozen is None:
                 self._frozen = split_trained(self.policy.create(self._seed)[1])[1]
-            self.params = nnx.merge_state(model.flat_to_params(trained, flat), self._frozen)
+            self.params = nnx.merge_state(flat_to_params(trained, flat), self._frozen)
         self.version = version
         self.policy.loaded(self.params)
 

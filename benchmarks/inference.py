@@ -41,8 +41,8 @@ from benchmarks import serving_cost
 from benchmarks.collection import run_learner, steps_per_second
 from benchmarks.serving import features, warm_service
 from common.config import ModelConfig
+from common.params_file import params_to_flat
 from common.policies import make_policy
-from common.policies.pointer import network as model
 
 POINTER = ModelConfig(text_encoder="none")
 LM = ModelConfig(kind="lm")
@@ -132,7 +132,7 @@ def _run_row(inference: str, seconds: float) -> dict:
         for log in run_dir.glob("actor-*.log"):
             found = [int(x) for x in re.findall(r"'param_swaps': (\d+)", log.read_text())]
             swaps += max(found, default=0)
-    snapshot = sum(v.nbytes for v in model.params_to_flat(make_policy(POINTER).create(0)[1]).values())
+    snapshot = sum(v.nbytes for v in params_to_flat(make_policy(POINTER).create(0)[1]).values())
     final = lines[-1]
     return {
         "part": "run", "inference": inference, "env_steps_per_s": steps, "updates_per_s": updates,

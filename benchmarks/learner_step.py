@@ -15,6 +15,7 @@ from actors.policy_runner import PolicyRunner
 from benchmarks import data, encoder_rows
 from benchmarks.report import best_seconds, matmul_gflops
 from common.config import ModelConfig
+from common.params_file import params_to_flat
 from common.policies import PointerPolicy
 from common.policies.pointer import featurize
 from common.policies.pointer import network as model
@@ -107,7 +108,7 @@ def run(quick: bool) -> list[dict]:
     if encoder_rows.available():  # the text encoder's rows (benchmarks/encoder_rows.py)
         rows.extend(encoder_rows.learner_rows(quick))
     runner = PolicyRunner(cfg, 0)
-    runner.load(0, model.params_to_flat(state[0]))
+    runner.load(0, params_to_flat(state[0]))
     for n in (1, 16) if quick else (1, 16, 64):
         env = StandInPhoneEnv()
         feats = featurize.stack([featurize.featurize(env.reset(seed=i)[0], cfg) for i in range(n)])

@@ -31,8 +31,8 @@ from benchmarks.report import best_seconds, compiled_gflop, matmul_gflops
 from common import wire
 from common.backbones.decoder.lora import split_trained
 from common.config import ModelConfig
+from common.params_file import params_to_flat
 from common.policies import make_policy
-from common.policies.pointer import network as model
 from common.protocol.episodes import episode_fields, pack_episodes
 
 
@@ -119,8 +119,8 @@ def _wire_rows(policy, graphdef, params, screens, t: int) -> list[dict]:
     base = {"behavior_logp": np.zeros(t), "reward": np.zeros(t), "policy_version": np.zeros(t)}
     episode = episode_fields("t", True, False, features, {**steps, **base}, spec=policy.episode_spec())
     size = len(wire.encode(pack_episodes([episode] * 8))) / 8
-    trained = model.params_to_flat(split_trained(params)[0])
-    full = model.params_to_flat(params)
+    trained = params_to_flat(split_trained(params)[0])
+    full = params_to_flat(params)
     mb = lambda flat: sum(v.nbytes for v in flat.values()) / 1e6  # noqa: E731
     return [
         {"path": "TRAJ", "steps": t, "bytes_per_episode": size, "bytes_per_step": size / t},

@@ -25,6 +25,7 @@ from actors.policy_runner import PolicyRunner, stack
 from benchmarks.report import best_seconds, compiled_gflop, matmul_gflops
 from common import wire
 from common.config import ModelConfig
+from common.params_file import params_to_flat
 from common.policies.pointer import featurize, text_encoder
 from common.policies.pointer import network as model
 from common.protocol import STEP_ARRAYS, Episode
@@ -40,7 +41,7 @@ def _actor_steps(cfg: ModelConfig, steps: int) -> tuple[dict, list]:
     """Steps/s of featurize + act over ENVS SimPhone envs, and the featurized episodes it saw."""
     runner = PolicyRunner(cfg, 0)
     _, params = model.create(runner.cfg, 0)
-    runner.load(0, model.params_to_flat(params))
+    runner.load(0, params_to_flat(params))
     envs = [make_env("simphone", 16, "general", "train") for _ in range(ENVS)]
     obs = [env.reset(seed=i)[0] for i, env in enumerate(envs)]
     runner.act(stack([runner.featurize(o) for o in obs]))  # compile

@@ -19,6 +19,7 @@ from benchmarks import data
 from benchmarks.report import best_seconds
 from common import protocol, wire
 from common.config import ModelConfig
+from common.params_file import params_to_flat
 from common.policies.pointer import featurize
 from common.policies.pointer import network as model
 
@@ -59,7 +60,7 @@ def run(quick: bool) -> list[dict]:
     rows.append(_row("traj_batch_full", len(encoded), gb / enc, gb / dec, gb / memcpy))
 
     _, params = model.create(cfg, 0)
-    flat = model.params_to_flat(params)
+    flat = params_to_flat(params)
     size = sum(a.nbytes for a in flat.values())
     blob = np.frombuffer(b"".join(a.tobytes() for a in flat.values()), np.uint8)
     memcpy = best_seconds(lambda: blob.copy(), repeats, inner=20)

@@ -22,6 +22,7 @@ import numpy as np
 import optax
 
 from common.config import ModelConfig
+from common.params_file import params_to_flat
 from common.policies import PointerPolicy
 from common.policies.pointer import featurize
 from common.policies.pointer import network as model
@@ -124,7 +125,7 @@ def check_layout(data, model_axis, mode, loss, graphdef, optimizer, batches, ref
         step, params, opt_state, batches, lambda b: M.shard_batch(b, mesh)
     )
     elapsed = time.perf_counter() - t0
-    flat = model.params_to_flat(new_params)
+    flat = params_to_flat(new_params)
     diff = max(float(np.max(np.abs(flat[k] - ref["params"][k]))) for k in flat)
 
     named = dict(
@@ -218,9 +219,9 @@ def check_text_encoder(optimizer) -> dict:
     graphdef, params = model.create(cfg, 0)
     ref_step = make_train_step(graphdef, optimizer, *loss_args("aride", cfg))
     ref_params, _, ref_history = run_steps(ref_step, params, optimizer.init(params), batches)
-    ref_flat = model.params_to_flat(ref_params)
+    ref_flat = params_to_flat(ref_params)
     _, init = model.create(cfg, 0)
-    init_flat = model.params_to_flat(init)
+    init_flat = params_to_flat(init)
     mesh = M.make_mesh(M.MeshConfig(data=4, model=2, param_sharding="fsdp"))
     _, params = model.create(cfg, 0)
     specs = M.param_specs(params, mesh, "fsdp")
@@ -228,7 +229,7 @@ def check_text_encoder(optimizer) -> dict:
     opt_state = M.init_opt_state(optimizer, params, mesh, specs)
     step = M.make_sharded_train_step(graphdef, optimizer, *loss_args("aride", cfg), mesh, specs)
     new_params, _, history = run_steps(step, params, opt_state, batches, lambda b: M.shard_batch(b, mesh))
-    flat = model.params_to_flat(new_params)
+    flat = params_to_flat(new_params)
     encoder_names = [k for k in flat if k.startswith("text/encoder/")]
     want_specs = bert.partition_specs(new_params["text"]["encoder"], mesh)
     want = {
@@ -280,13 +281,13 @@ def main() -> None:
     optimizer = optax.chain(optax.clip_by_global_norm(1.0), optax.adamw(1e-3, eps=1e-3))
     batches = [random_batch(TINY, seed) for seed in range(STEPS)]
     graphdef, init_params = model.create(TINY, 0)
-    init_flat = model.params_to_flat(init_params)
+    init_flat = params_to_flat(init_params)
     refs, moved = {}, {}
     for loss in sorted({layout[3] for layout in LAYOUTS}):
         _, params = model.create(TINY, 0)
         ref_step = make_train_step(graphdef, optimizer, *loss_args(loss))  # the unsharded step
         params, _, history = run_steps(ref_step, params, optimizer.init(params), batches)
-        refs[loss] = {"params": model.params_to_flat(params), "history": history}
+        refs[loss] = {"params": params_to_flat(params), "history": history}
         moved[loss] = max(float(np.max(np.abs(refs[loss]["params"][k] - init_flat[k]))) for k in init_flat)
     layouts = [check_layout(*layout, graphdef, optimizer, batches, refs[layout[3]]) for layout in LAYOUTS]
     result = {

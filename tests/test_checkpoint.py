@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 
 from common.config import ModelConfig
+from common.params_file import params_to_flat
 from common.policies import PointerPolicy
 from common.policies.pointer import featurize
 from common.policies.pointer import network as model
@@ -50,7 +51,7 @@ def test_resume_matches_an_uninterrupted_run(tmp_path):
     rng = np.random.default_rng(5)
     for _ in range(6):
         params, opt_state, *_ = step(params, opt_state, _batch(rng))
-    want = model.params_to_flat(params)
+    want = params_to_flat(params)
 
     step, params, opt_state = _fresh()
     rng = np.random.default_rng(5)
@@ -70,7 +71,7 @@ def test_resume_matches_an_uninterrupted_run(tmp_path):
     params, opt_state = restored.params, restored.opt_state
     for _ in range(3):
         params, opt_state, *_ = step(params, opt_state, _batch(rng))
-    got = model.params_to_flat(params)
+    got = params_to_flat(params)
     for k in want:
         np.testing.assert_array_equal(got[k], want[k], err_msg=k)
 

@@ -17,6 +17,7 @@ from actors.policy_runner import PolicyRunner
 from actors.tools import evaluate as actor_eval
 from common import params_file
 from common.config import ModelConfig
+from common.params_file import params_to_flat
 from common.policies.pointer import network as model
 from common.types import ActionType
 from learner.tools.evaluate import EvalConfig, evaluate
@@ -45,7 +46,7 @@ def _in_process(cfg: EvalConfig, params) -> list[dict]:
         episodes=cfg.episodes, num_envs=cfg.num_envs, seed=cfg.seed, max_steps=MAX_STEPS,
     )  # fmt: skip
     runner = PolicyRunner(CFG, cfg.seed, greedy=True)
-    runner.load(0, model.params_to_flat(params))
+    runner.load(0, params_to_flat(params))
     return actor_eval.run_episodes(run, actor_eval.start(run, runner, cfg.split))
 
 
@@ -96,14 +97,14 @@ def test_an_older_checkpoint_is_chosen_by_its_update(tmp_path):
     newer = _checkpoint(tmp_path / "run" / "checkpoints", seed=2, update=9, version=4)
 
     def weights(restored) -> dict[str, np.ndarray]:
-        return model.params_to_flat(restored.state.params)
+        return params_to_flat(restored.state.params)
 
     chosen, newest = learner_eval.restore(tmp_path / "run", 7), learner_eval.restore(tmp_path / "run")
     assert (chosen.state.update, chosen.state.policy_version, newest.state.update) == (7, 3, 9)
-    for name, value in model.params_to_flat(older).items():
+    for name, value in params_to_flat(older).items():
         np.testing.assert_array_equal(weights(chosen)[name], value)
-    assert any(not np.array_equal(weights(newest)[k], v) for k, v in model.params_to_flat(older).items())
-    assert all(np.array_equal(weights(newest)[k], v) for k, v in model.params_to_flat(newer).items())
+    assert any(not np.array_equal(weights(newest)[k], v) for k, v in params_to_flat(older).items())
+    assert all(np.array_equal(weights(newest)[k], v) for k, v in params_to_flat(newer).items())
     with pytest.raises(SystemExit, match=r"no checkpoint at update 8 \(saved: 7, 9\)"):
         learner_eval.restore(tmp_path / "run", 8)
 
@@ -137,7 +138,7 @@ def test_bad_flags_stop_the_evaluator_with_its_message(tmp_path, flags, message)
 
 
 def test_a_parameters_file_round_trips_and_refuses_other_files(tmp_path):
-    flat = model.params_to_flat(model.create(CFG, 1)[1])
+    flat = params_to_flat(model.create(CFG, 1)[1])
     params_file.write(tmp_path / "p.safetensors", flat, CFG)
     cfg, back = params_file.read(tmp_path / "p.safetensors")
     assert cfg == CFG and set(back) == set(flat)
@@ -152,7 +153,7 @@ def _params_files(tmp_path, *seeds: int, cfg: ModelConfig = CFG, quitter: bool =
     paths = []
     for seed in seeds:
         paths.append(tmp_path / f"p{seed}.safetensors")
-        flat = model.params_to_flat(model.create(cfg, seed)[1])
+        flat = params_to_flat(model.create(cfg, seed)[1])
         if quitter:
             flat["type_head/bias"][ActionType.STATUS_COMPLETE] = 100.0
         params_file.write(paths[-1], flat, cfg)

@@ -16,6 +16,7 @@ import zmq
 
 from common import protocol, wire
 from common.config import ModelConfig
+from common.params_file import params_to_flat
 from common.policies.pointer import featurize
 from common.policies.pointer import network as model
 from tests.conftest import ACTOR_ENV, ROOT, START_S
@@ -74,7 +75,7 @@ class FakeLearner:
         )  # fmt: skip
 
     def params_frames(self, version: int) -> list:
-        return protocol.params_frames(version, model.params_to_flat(self.params))
+        return protocol.params_frames(version, params_to_flat(self.params))
 
     def close(self) -> None:
         self.router.close(0)
@@ -212,7 +213,7 @@ def test_actor_survives_error_replies_and_bad_snapshots(fake_learner, actor_proc
     fake_learner.welcome(identity)
     fake_learner.recv_kind(protocol.PARAM_REQ)
     # A snapshot of the wrong shape must be refused, and garbage ignored, before a good one arrives.
-    bad = {k: np.zeros((1,), np.float32) for k in model.params_to_flat(fake_learner.params)}
+    bad = {k: np.zeros((1,), np.float32) for k in params_to_flat(fake_learner.params)}
     fake_learner.router.send_multipart([identity, *protocol.params_frames(0, bad)])
     fake_learner.router.send_multipart([identity, b"\xc1 not msgpack"])
     # Only once the actor has tried (and refused) the bad snapshot does the good one go out: sent together,

@@ -16,6 +16,7 @@ from actors.envs.faults import DeviceCrash
 from actors.policy_runner import PolicyRunner
 from actors.slots import EnvSlots
 from common.config import ModelConfig
+from common.params_file import params_to_flat
 from common.policies.pointer import network as model
 from common.types import Observation, UIElement
 
@@ -64,7 +65,7 @@ def run_until_fault(fault_at: int) -> tuple[Actor, FaultingPhone, PolicyRunner]:
     handled and the slot has started its next episode."""
     actor = Actor(ActorConfig(num_envs=1), log=lambda *_: None)
     runner = PolicyRunner(CFG, seed=0)
-    runner.load(0, model.params_to_flat(model.create(CFG, 0)[1]))
+    runner.load(0, params_to_flat(model.create(CFG, 0)[1]))
     phone = FaultingPhone(fault_at)
     slots = EnvSlots([phone], [0], False, actor.stats, log=lambda *_: None)
     slots.reset(0)

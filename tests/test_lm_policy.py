@@ -23,9 +23,9 @@ from actors.envs.simphone.oracle import Oracle
 from actors.policy_runner import PolicyRunner
 from common.backbones.decoder.lora import split_trained
 from common.config import ModelConfig
+from common.params_file import params_to_flat
 from common.policies import make_policy
 from common.policies.lm import grammar
-from common.policies.pointer import network as model
 from common.protocol.episodes import episode_fields, pack_episodes, validate_packed
 from common.protocol.messages import ProtocolError
 from common.types import Action, ActionType
@@ -166,12 +166,10 @@ def test_a_lora_snapshot_carries_only_adapters_and_the_value_head(backbone):
     graphdef, params = policy.create(0)
     params = jax.tree.map(lambda x: x + 0.01, params)  # trained adapters and head, B no longer zero
     trained, frozen = split_trained(params)
-    flat = model.params_to_flat(trained)
+    flat = params_to_flat(trained)
     assert flat and all("lora" in name or name.startswith("value/") for name in flat), sorted(flat)[:5]
     assert {"value/kernel", "value/bias"} <= set(flat)
-    assert sum(v.size for v in flat.values()) < 0.1 * sum(
-        v.size for v in model.params_to_flat(params).values()
-    )
+    assert sum(v.size for v in flat.values()) < 0.1 * sum(v.size for v in params_to_flat(params).values())
     runner = PolicyRunner(cfg, seed=0, greedy=True)
     runner.load(1, flat)
     observations = _screens(2)

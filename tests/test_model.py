@@ -9,6 +9,7 @@ import pytest
 from actors.policy_runner import PolicyRunner
 from common import protocol
 from common.config import ModelConfig
+from common.params_file import flat_to_params, params_to_flat
 from common.policies import PointerPolicy
 from common.policies.pointer import distribution, featurize
 from common.policies.pointer import network as model
@@ -125,7 +126,7 @@ def test_masked_slots_do_not_influence_anything(net):
 def test_params_flat_round_trip(net):
     _, template, apply = net
     _, other = model.create(CFG, 1)
-    flat = model.params_to_flat(other)
+    flat = params_to_flat(other)
     assert "blocks/0/attn/query/kernel" in flat and "embed/embedding" in flat and "summary" in flat
     assert flat["embed/embedding"].shape == (CFG.vocab_size, CFG.d_model)
     assert all(isinstance(v, np.ndarray) for v in flat.values())
@@ -133,7 +134,7 @@ def test_params_flat_round_trip(net):
     want = to_np(apply(other, f))
     before = to_np(apply(template, f))
     assert not np.allclose(want[1], before[1])  # different seeds, different outputs
-    rebuilt = model.flat_to_params(template, flat)
+    rebuilt = flat_to_params(template, flat)
     got = to_np(apply(rebuilt, f))
     np.testing.assert_array_equal(got[1], want[1])
     for head in HEADS:
@@ -143,15 +144,15 @@ def test_params_flat_round_trip(net):
     frames = [bytes(x) for x in protocol.params_frames(9, flat)]
     version, received = protocol.parse_params(frames)
     assert version == 9
-    got = to_np(apply(model.flat_to_params(template, received), f))
+    got = to_np(apply(flat_to_params(template, received), f))
     np.testing.assert_array_equal(got[1], want[1])
-    for name, arr in model.params_to_flat(rebuilt).items():
+    for name, arr in params_to_flat(rebuilt).items():
         np.testing.assert_array_equal(arr, flat[name])
 
 
 def _bad_flats() -> dict[str, dict[str, np.ndarray]]:
     _, params = model.create(CFG, 0)
-    flat = model.params_to_flat(params)
+    flat = params_to_flat(params)
     k = "blocks/0/mlp_in/kernel"
     return {
         "missing name": {n: v for n, v in flat.items() if n != "summary"},
@@ -169,7 +170,7 @@ def _bad_flats() -> dict[str, dict[str, np.ndarray]]:
 def test_flat_to_params_refuses(net, case):
     _, template, _ = net
     with pytest.raises(ValueError):
-        model.flat_to_params(template, _bad_flats()[case])
+        flat_to_params(template, _bad_flats()[case])
 
 
 def test_an_abstract_template_receives_snapshots_as_a_real_one_does(net):
@@ -180,14 +181,14 @@ def test_an_abstract_template_receives_snapshots_as_a_real_one_does(net):
         isinstance(leaf, jax.ShapeDtypeStruct) for leaf in jax.tree.leaves(abstract)
     )  # nothing computed
     _, other = model.create(CFG, 1)
-    flat = model.params_to_flat(other)
-    from_abstract, from_real = model.flat_to_params(abstract, flat), model.flat_to_params(template, flat)
+    flat = params_to_flat(other)
+    from_abstract, from_real = flat_to_params(abstract, flat), flat_to_params(template, flat)
     assert jax.tree.structure(from_abstract) == jax.tree.structure(from_real)
     f = random_features(4)
     np.testing.assert_array_equal(to_np(apply(from_abstract, f))[1], to_np(apply(from_real, f))[1])
     for bad in _bad_flats().values():
         with pytest.raises(ValueError, match="parameter"):
-            model.flat_to_params(abstract, bad)
+            flat_to_params(abstract, bad)
 
 
 def test_out_of_vocabulary_ids_are_refused_because_they_make_nan(net):
@@ -280,7 +281,7 @@ def test_policy_runner_samples_valid_actions_with_their_log_probs(net):
     with pytest.raises(ValueError):
         runner.load(1, {"summary": np.zeros(CFG.d_model, np.float32)})
     assert runner.version == -1 and runner.params is None
-    flat = model.params_to_flat(params)
+    flat = params_to_flat(params)
     runner.load(4, flat)
     assert runner.version == 4
     f = random_features(6)
@@ -323,6 +324,6 @@ def test_memory_is_read_and_its_masked_slots_are_not():
     assert not np.allclose(to_np(apply(params, remembered))[1], value, atol=1e-4)
     steps = {**f, "episode_step": np.full((N, 1), 0.75, np.float32)}
     assert not np.allclose(to_np(apply(params, steps))[1], value, atol=1e-4)
-    without = set(model.params_to_flat(model.create(CFG, 0)[1]))
+    without = set(params_to_flat(model.create(CFG, 0)[1]))
     assert not any(name.startswith(("hist_feat", "step_feat")) for name in without)
-    assert {"hist_feat/kernel", "step_feat/kernel"} <= set(model.params_to_flat(params))
+    assert {"hist_feat/kernel", "step_feat/kernel"} <= set(params_to_flat(params))

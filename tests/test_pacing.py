@@ -12,6 +12,7 @@ from actors.pacing import TokenBucket
 from actors.policy_runner import PolicyRunner
 from actors.slots import EnvSlots
 from common.config import ModelConfig
+from common.params_file import params_to_flat
 from common.policies.pointer import network as model
 from common.types import Observation, UIElement
 
@@ -82,7 +83,7 @@ def test_slots_wait_for_the_bucket_and_the_others_keep_stepping():
     actor = Actor(ActorConfig(num_envs=3, max_episode_rate=1.0), log=lambda *_: None)
     actor._pacer = TokenBucket(1.0, clock=clock)  # the real one, on a clock the test moves
     runner = PolicyRunner(cfg, seed=0)
-    runner.load(0, model.params_to_flat(model.create(cfg, 0)[1]))
+    runner.load(0, params_to_flat(model.create(cfg, 0)[1]))
     phones = [OneStepPhone() for _ in range(3)]
     slots = EnvSlots(phones, [0, 1, 2], False, actor.stats, log=lambda *_: None)
     for i in range(3):

@@ -19,8 +19,8 @@ import pytest
 
 from actors.envs.standin import StandInPhoneEnv
 from common.config import ModelConfig
+from common.params_file import params_to_flat
 from common.policies import PointerPolicy, make_policy
-from common.policies.pointer import network as model
 from tests.tiny_policy import KEYS, TinyPolicy
 
 CFG = ModelConfig(kind="tests.tiny_policy:TinyPolicy", max_elements=6)
@@ -37,7 +37,7 @@ def test_families_come_from_the_registry_by_kind():
 
 def _reference(params, features: dict[str, np.ndarray], button: np.ndarray):
     """float64 numpy: the tiny family's log pi(button), entropy and value, written out from its definition."""
-    flat = {k: np.asarray(v, np.float64) for k, v in model.params_to_flat(params).items()}
+    flat = {k: np.asarray(v, np.float64) for k, v in params_to_flat(params).items()}
     steps = np.broadcast_to(features["steps"][:, None, :], (*features["mask"].shape, 1))
     rows = np.concatenate([features["elements"], steps], -1)
     mask = features["mask"]
@@ -88,7 +88,7 @@ def test_a_second_family_trains_through_a_real_learner_and_actor(learner_process
         *("--publish-every", "2", "--log-every", "1", "--actor-timeout", "60", "--checkpoint-every", "6"),
     )
     assert learner.proc.wait(timeout=500) == 0, learner.log()
-    final = learner.observe.metrics()[-1]
+    final = learner.metrics()[-1]
     assert final["stopped"] == "update limit" and final["update"] == 12
     assert final["rejected"] == 0, final["rejected_by_reason"]
     assert final["episodes"] >= 8 and final["policy_version"] == 6

@@ -15,6 +15,7 @@ import pytest
 
 from actors.policy_runner import PolicyRunner
 from common.config import ModelConfig
+from common.params_file import params_to_flat
 from common.policies import PointerPolicy
 from common.policies.pointer import featurize, text_encoder
 from common.policies.pointer import network as model
@@ -46,7 +47,7 @@ def features(cfg: ModelConfig) -> dict[str, np.ndarray]:
 
 
 def encoder_leaves(params) -> dict[str, np.ndarray]:
-    return {k: v for k, v in model.params_to_flat(params).items() if k.startswith("text/encoder/")}
+    return {k: v for k, v in params_to_flat(params).items() if k.startswith("text/encoder/")}
 
 
 def test_the_policy_encodes_in_the_graph_exactly_as_the_cache_does(tiny):
@@ -77,7 +78,7 @@ def test_the_step_trains_the_encoder_at_its_own_rate(tiny):
     (the reference, a compile of its own) is built once instead of once per scale."""
     cfg = model_config(tiny, train_text_encoder=True)
     graphdef, params = model.create(cfg, 0)
-    before = model.params_to_flat(params)
+    before = params_to_flat(params)
     optimizer = make_optimizer(1e-2, 1.0)
     moved = {}
     for s in (1.0, 0.0, 0.5):
@@ -86,7 +87,7 @@ def test_the_step_trains_the_encoder_at_its_own_rate(tiny):
         p = jax.tree.map(lambda a: a.copy(), params)
         new, _, metrics, _ = step(p, optimizer.init(p), _batch(cfg))
         assert int(metrics["skipped_nonfinite"]) == 0  # empty label slots give finite gradients
-        moved[s] = {k: v - before[k] for k, v in model.params_to_flat(new).items()}
+        moved[s] = {k: v - before[k] for k, v in params_to_flat(new).items()}
     encoder = [k for k in before if k.startswith("text/encoder/")]
     assert encoder and np.abs(moved[1.0]["text/encoder/layers/0/query/kernel"]).max() > 0
     for scale in (0.0, 0.5):
@@ -100,7 +101,7 @@ def test_the_step_trains_the_encoder_at_its_own_rate(tiny):
 def test_an_actor_encodes_with_each_snapshots_encoder(tiny):
     cfg = model_config(tiny, train_text_encoder=True)
     _, params = model.create(cfg, 0)
-    flat = model.params_to_flat(params)
+    flat = params_to_flat(params)
     runner = PolicyRunner(cfg, seed=0)
     runner.load(1, flat)
     x = features(cfg)

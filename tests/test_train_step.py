@@ -7,6 +7,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from common.config import ModelConfig
+from common.params_file import params_to_flat
 from common.policies import PointerPolicy
 from common.policies.pointer import featurize
 from common.policies.pointer import network as model
@@ -33,14 +34,14 @@ def _setup(reward: float):
     batch.length[:] = 3
     batch.reward[:, -1] = reward
     batch.behavior_logp[:] = -1.0
-    before = jax.tree.map(np.array, model.params_to_flat(params))
+    before = jax.tree.map(np.array, params_to_flat(params))
     return step, params, opt_state, batch, before
 
 
 def test_finite_batch_updates_parameters():
     step, params, opt_state, batch, before = _setup(1.0)
     params, _, metrics, _ = step(params, opt_state, batch)
-    after = model.params_to_flat(params)
+    after = params_to_flat(params)
     assert int(metrics["skipped_nonfinite"]) == 0
     assert any(not np.array_equal(before[k], after[k]) for k in before)
 
@@ -49,7 +50,7 @@ def test_nonfinite_loss_is_skipped_and_parameters_stay():
     step, params, opt_state, batch, before = _setup(float("nan"))
     params, opt_state, metrics, _ = step(params, opt_state, batch)
     assert int(metrics["skipped_nonfinite"]) == 1
-    after = model.params_to_flat(params)
+    after = params_to_flat(params)
     assert all(np.array_equal(before[k], after[k]) for k in before)
     assert all(np.isfinite(np.asarray(x)).all() for x in jax.tree.leaves(opt_state))
 
@@ -112,7 +113,7 @@ def test_update_scale_shrinks_the_step_and_keeps_the_optimizer_state():
         step = a2c_step(graphdef, optimizer, update_scale=scale)
         start = jax.tree.map(jnp.array, params)  # the step donates its inputs
         new, state, *_ = step(start, optimizer.init(start), batch)
-        flat = model.params_to_flat(new)
+        flat = params_to_flat(new)
         out[scale] = ({k: np.asarray(flat[k]) - before[k] for k in before}, jax.tree.leaves(state))
     moved = [k for k in before if np.abs(out[1.0][0][k]).max() > 0]
     assert moved
@@ -133,7 +134,7 @@ def test_weight_decay_is_decoupled_and_real():
         optimizer = make_optimizer(lr, 1.0, weight_decay=decay)
         start = jax.tree.map(jnp.array, params)
         new, *_ = a2c_step(graphdef, optimizer)(start, optimizer.init(start), batch)
-        out[decay] = model.params_to_flat(new)
+        out[decay] = params_to_flat(new)
     for k in before:
         np.testing.assert_allclose(out[wd][k], out[0.0][k] - lr * wd * before[k], rtol=1e-5, atol=1e-7)
     assert any(np.abs(before[k]).max() > 0.1 for k in before)  # the check has something to see

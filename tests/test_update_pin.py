@@ -16,6 +16,7 @@ import numpy as np
 import pytest
 
 from common.config import ModelConfig
+from common.params_file import flat_to_params, params_to_flat
 from common.policies.pointer import network as model
 from tests.pinned_batch import pinned_batch, run_updates
 
@@ -32,7 +33,7 @@ PINNED = {
 
 def fingerprint(params) -> np.ndarray:
     """[4] float64: projections of all parameters (sorted by name) onto fixed random directions."""
-    flat = model.params_to_flat(jax.device_get(params))
+    flat = params_to_flat(jax.device_get(params))
     rng = np.random.default_rng(1234)
     out = np.zeros(4)
     for name in sorted(flat):
@@ -57,9 +58,9 @@ def test_fixed_batches_leave_the_pinned_parameters(algorithm: str, imitation: bo
 def test_the_fingerprint_sees_one_changed_parameter():
     """The pin is only as good as its fingerprint: one parameter nudged by 1e-3 moves it past the tolerance."""
     _, params = model.create(CFG, 0)
-    flat = model.params_to_flat(params)
+    flat = params_to_flat(params)
     base = fingerprint(params)
     name = sorted(flat)[len(flat) // 2]
     flat[name] = np.asarray(flat[name]) + 1e-3
-    nudged = fingerprint(model.flat_to_params(params, flat))
+    nudged = fingerprint(flat_to_params(params, flat))
     assert not np.allclose(nudged, base, rtol=2e-5)

@@ -24,8 +24,8 @@ from rich.table import Table
 from common import params_file
 from common.backbones.decoder.lora import split_trained
 from common.config import ModelConfig
+from common.params_file import params_to_flat
 from common.policies import make_policy
-from common.policies.pointer import network as model
 from common.policies.pointer import text_encoder
 from learner.training.checkpoint import Checkpointer, TrainState, rng_state
 from learner.training.train_step import make_optimizer
@@ -208,7 +208,7 @@ def evaluate(cfg: EvalConfig, console: Console | None = None) -> dict:
     else:
         restored = restore(cfg.checkpoint, cfg.update)
     # What actors receive: with LoRA adapters only they (and heads); the evaluator reads its own base.
-    flat = model.params_to_flat(split_trained(restored.state.params)[0])
+    flat = params_to_flat(split_trained(restored.state.params)[0])
     episodes = run_episodes(cfg, restored.model_cfg, flat, restored.state.policy_version, restored.max_steps)
     report = summarize(cfg, restored, episodes)
     console.print(table(report))

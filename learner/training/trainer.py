@@ -23,8 +23,8 @@ import numpy as np
 from flax import nnx
 
 from common.backbones.decoder.lora import split_trained
+from common.params_file import params_to_flat
 from common.policies import PointerPolicy, make_policy
-from common.policies.pointer import network as model
 from common.policies.pointer import text_encoder
 from learner.batch import Batch, example_batch
 from learner.config import LearnerConfig
@@ -226,7 +226,7 @@ class Trainer:
     def snapshot(self) -> dict[str, np.ndarray]:
         """The parameters as the host copy actors receive (gathered from every device and process): with
         LoRA adapters only what trains (adapters and heads; actors hold the frozen base themselves)."""
-        return model.params_to_flat(multihost.host_copy(split_trained(self.params)[0]))
+        return params_to_flat(multihost.host_copy(split_trained(self.params)[0]))
 
     def serving_copy(self) -> Any:
         """The parameters as the inference service acts with them: a copy on the same devices (the next

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 from flax import nnx
 
 from common.backbones import bert
@@ -188,7 +187,7 @@ def text_encoder_state(params: nnx.State) -> nnx.State | None:
 
 def abstract(cfg: ModelConfig) -> tuple[nnx.GraphDef, nnx.State]:
     """The policy's static graph and the names, shapes and dtypes of its parameters, computing none of
-    them: a template for flat_to_params. `create` runs every initializer op by op, each compiled on
+    them: a template for common.params_file.flat_to_params. `create` runs every initializer op by op, each compiled on
     first use (seconds on an idle CPU, most of a minute on a busy one); this only traces them."""
     return nnx.split(nnx.eval_shape(lambda: PhonePolicy(cfg, nnx.Rngs(0))))
 
@@ -219,58 +218,3 @@ def encode_text(graphdef: nnx.GraphDef, params: nnx.State, features: dict[str, j
     flat = {k: features[k].reshape((-1, *features[k].shape[len(lead) :])) for k in text_encoder.TEXT_KEYS}
     states = text_encoder.embed_features(text.encoder, flat, policy.cfg.max_instruction_tokens)
     return {**features, **{k: v.reshape((*lead, *v.shape[1:])) for k, v in states.items()}}
-
-
-def params_to_flat(params: nnx.State) -> dict[str, np.ndarray]:
-    """Parameter state -> {"blocks/0/attn/query/kernel": array}, the form snapshots travel in."""
-    flat: dict[str, np.ndarray] = {}
-
-    def walk(node, prefix: str) -> None:
-        if isinstance(node, dict):
-            for key in sorted(node, key=str):
-                walk(node[key], f"{prefix}/{key}" if prefix else str(key))
-        else:
-            # A private host copy: snapshots are sent zero-copy by a ZeroMQ I/O thread while the next
-            # train step may already reuse (donate) the device buffers.
-            flat[prefix] = np.array(node, copy=True)
-
-    walk(nnx.to_pure_dict(params), "")
-    return flat
-
-
-def flat_to_params(template: nnx.State, flat: dict[str, np.ndarray]) -> nnx.State:
-    """Inverse of params_to_flat, checked against the template's names, shapes and dtypes (the template
-    may be `abstract`: only its structure is used)."""
-    expected = _shapes(template)
-    if set(flat) != set(expected):
-        missing, extra = sorted(set(expected) - set(flat)), sorted(set(flat) - set(expected))
-        raise ValueError(f"parameter names differ: missing {missing[:5]}, unexpected {extra[:5]}")
-    for name, ref in expected.items():
-        got = flat[name]
-        if got.shape != ref.shape or got.dtype != ref.dtype:
-            raise ValueError(f"parameter {name}: got {got.dtype}{got.shape}, expected {ref.dtype}{ref.shape}")
-
-    def build(node, prefix: str):
-        if isinstance(node, dict):
-            return {k: build(v, f"{prefix}/{k}" if prefix else str(k)) for k, v in node.items()}
-        return jnp.asarray(flat[prefix])
-
-    state = jax.tree.map(lambda x: x, template)
-    nnx.replace_by_pure_dict(state, build(nnx.to_pure_dict(template), ""))
-    return state
-
-
-def _shapes(params: nnx.State) -> dict[str, jax.ShapeDtypeStruct]:
-    """{"blocks/0/attn/query/kernel": its shape and dtype}, the names params_to_flat gives, for arrays and
-    abstract values alike."""
-    shapes: dict[str, jax.ShapeDtypeStruct] = {}
-
-    def walk(node, prefix: str) -> None:
-        if isinstance(node, dict):
-            for key in node:
-                walk(node[key], f"{prefix}/{key}" if prefix else str(key))
-        else:
-            shapes[prefix] = jax.ShapeDtypeStruct(tuple(node.shape), np.dtype(node.dtype))
-
-    walk(nnx.to_pure_dict(params), "")
-    return shapes
