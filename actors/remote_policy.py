@@ -26,8 +26,7 @@ from common import protocol, wire
 from common.config import ModelConfig
 from common.net.curve import CurveClient
 from common.policies import make_policy
-from common.protocol.inference import Act
-from common.protocol.inference import Acted as ActedMsg
+from common.protocol.inference import Act, ActedReply
 from common.types import Action, Observation
 
 WAIT_SLICE_S = 0.25
@@ -102,7 +101,7 @@ class RemotePolicy:
     def close(self) -> None:
         self._drop_socket()
 
-    def _answer(self, sock: zmq.Socket, request: int, rows: int) -> ActedMsg | None:
+    def _answer(self, sock: zmq.Socket, request: int, rows: int) -> ActedReply | None:
         """The ACTED for `request`, or None after `timeout` s without one; ERROR raises InferenceRefused."""
         deadline = time.monotonic() + self.timeout
         while (left := deadline - time.monotonic()) > 0:
@@ -118,11 +117,11 @@ class RemotePolicy:
             if msg["kind"] != protocol.ACTED or msg.get("id") != request:
                 self.stats["late_answers"] += 1  # an answer to a request given up on
                 continue
-            return ActedMsg.from_msg(msg, self.spec, rows)
+            return ActedReply.from_msg(msg, self.spec, rows)
         self.stats["wait_s"] += self.timeout
         return None
 
-    def _acted(self, answer: ActedMsg) -> Acted:
+    def _acted(self, answer: ActedReply) -> Acted:
         self.version = answer.version
         arrays = answer.arrays
         names = list(self.spec.choice_arrays())

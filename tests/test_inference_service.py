@@ -25,7 +25,7 @@ from actors.remote_policy import InferenceRefused, RemotePolicy
 from common import protocol, wire
 from common.config import ModelConfig
 from common.policies import make_policy
-from common.protocol.inference import Act, Acted
+from common.protocol.inference import Act, ActedReply
 from learner.serving.inference import InferenceConfig, InferenceService
 
 CFG = ModelConfig(vocab_size=512, d_model=32, num_heads=4, num_layers=1, mlp_dim=64, text_encoder="none")
@@ -239,7 +239,7 @@ def test_the_remote_policy_ignores_late_answers_and_gives_up_on_silence():
     def serve() -> None:
         identity, frame = fake.recv_multipart()
         request = protocol.parse(frame)["id"]
-        for answer in (Acted(request - 1, 8, rows), Acted(request, 9, rows)):  # a stale one first
+        for answer in (ActedReply(request - 1, 8, rows), ActedReply(request, 9, rows)):  # a stale one first
             fake.send_multipart([identity, wire.encode(answer.to_msg())])
 
     server = threading.Thread(target=serve)

@@ -87,7 +87,7 @@ class Act:
 
 
 @dataclass(frozen=True)
-class Acted:
+class ActedReply:
     """ACTED (inference service -> actor): the rows' choices, in the order of the ACT's observations."""
 
     id: int
@@ -97,7 +97,7 @@ class Acted:
     """The family's choice arrays [n, ...] and ACTED_ARRAYS [n]."""
 
     @classmethod
-    def from_msg(cls, msg: dict[str, Any], spec: EpisodeSpec, rows: int) -> Acted:
+    def from_msg(cls, msg: dict[str, Any], spec: EpisodeSpec, rows: int) -> ActedReply:
         """Checked against what was asked: `rows` rows of the family's choices, in range, and finite
         float32 log-probs (<= 0), values and entropies (ProtocolError, `bad_field` / `bad_array`)."""
         request, version = require(msg, "id", int), require(msg, "version", int)

@@ -35,7 +35,7 @@ import zmq
 
 from common import protocol, wire
 from common.net.curve import CurveServer
-from common.protocol.inference import ACTED_ARRAYS, Act, Acted
+from common.protocol.inference import ACTED_ARRAYS, Act, ActedReply
 from learner.ingest.transport import send_or_count
 
 POLL_MS = 50
@@ -234,7 +234,7 @@ class InferenceService:
         start = 0
         for (identity, act), n in zip(batch, counts, strict=True):
             rows = {name: col[start : start + n] for name, col in columns.items()}
-            self._send([identity, wire.encode(Acted(act.id, version, rows).to_msg())])
+            self._send([identity, wire.encode(ActedReply(act.id, version, rows).to_msg())])
             start += n
 
     def _refuse(self, identity: bytes, code: str, reason: str, request: int | None = None) -> None:
