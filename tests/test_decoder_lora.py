@@ -10,8 +10,8 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from common.backbones.decoder.lora import ADAPTERS, BASE, PROJECTIONS, LoraConfig, merge_lora
-from common.backbones.decoder.weights import checkpoint_layout, load_folder, to_tensors
+from common.backbones.decoder.lora import ADAPTERS, BASE, PROJECTIONS, LoraConfig
+from common.backbones.decoder.weights import checkpoint_layout, load_folder, merge_lora, to_tensors
 from tests.decoder_reference import VARIANTS, left_padded_batch, write_hf_folder
 from tests.test_decoder_model import forward
 

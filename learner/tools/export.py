@@ -43,7 +43,7 @@ class ExportConfig:
 def load_source(source: str):
     """(Pretrained, merged Decoder) for any SOURCE the command takes."""
     from common.backbones.decoder import snapshot as decoder_snapshot
-    from common.backbones.decoder.lora import merge_lora
+    from common.backbones.decoder.weights import merge_lora
     from common.backbones.pretrained import load_pretrained
 
     path = Path(source)

@@ -1,17 +1,18 @@
-"""Low-rank adapters (LoRA, Hu et al. 2021) on the decoder's projections, and merging them back.
+"""Low-rank adapters (LoRA, Hu et al. 2021) on the decoder's projections.
 
 A projection with an adapter computes x @ W + b + (alpha / rank) * (x @ A) @ B, with W frozen and only A
 [d_in, rank] and B [rank, d_out] trained. B starts at zero, so a fresh adapter leaves the model's output
 exactly as the checkpoint's. The adapters are `nnx.LoRAParam` variables and the base weights plain
 `nnx.Param`s, so `nnx.state(model, ADAPTERS)` is all a LoRA train step updates and all a publisher needs to
-send (a few MB instead of the whole base), and `BASE` selects the frozen rest. `merge_lora` folds the
-adapters into W for export (one plain decoder that transformers or vLLM can serve).
+send (a few MB instead of the whole base), and `BASE` selects the frozen rest. Folding the adapters
+into W for export is `common/backbones/decoder/weights.py:merge_lora`, beside the decoder's weights (this
+module is below the decoder, which builds its projections from it).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -19,9 +20,6 @@ import numpy as np
 from flax import nnx
 
 from common.backbones.axes import names
-
-if TYPE_CHECKING:
-    from common.backbones.decoder.llama import Decoder
 
 PROJECTIONS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 """The projections of a decoder block that can carry an adapter (Hugging Face / PEFT names)."""
@@ -122,25 +120,3 @@ class Projection(nnx.Module):
         if self.lora_a is not None:
             y = y + ((x @ self.lora_a[...]) @ self.lora_b[...]) * jnp.asarray(self.scale, y.dtype)
         return y
-
-
-def merge_lora(model: Decoder) -> Decoder:
-    """A new Decoder without adapters whose kernels are W + (alpha / rank) * A @ B (summed in float32, then
-    stored in the parameter dtype): the same outputs as `model`, as a plain checkpoint. A model without
-    adapters is returned as is."""
-    if model.lora is None:
-        return model
-    plain = nnx.eval_shape(lambda: type(model)(model.cfg, rngs=nnx.Rngs(0), param_dtype=model.param_dtype))
-    graphdef, abstract = nnx.split(plain)
-    base = {path: v.get_value() for path, v in nnx.to_flat_state(nnx.state(model, BASE))}
-    adapters = {path: v.get_value() for path, v in nnx.to_flat_state(nnx.state(model, ADAPTERS))}
-    merged = []
-    for path, variable in nnx.to_flat_state(abstract):
-        value = base[path]
-        a = adapters.get((*path[:-1], "lora_a")) if path[-1] == "kernel" else None
-        if a is not None:
-            b = adapters[(*path[:-1], "lora_b")]
-            delta = (a.astype(jnp.float32) @ b.astype(jnp.float32)) * model.lora.scale
-            value = (value.astype(jnp.float32) + delta).astype(value.dtype)
-        merged.append((path, variable.replace(value)))
-    return nnx.merge(graphdef, nnx.from_flat_state(merged))

@@ -1,5 +1,6 @@
 """Hugging Face tensor names <-> the decoder's parameters: building a Decoder from host tensors or a
-checkpoint folder (optionally straight onto a device mesh), and the tensors of an export.
+checkpoint folder (optionally straight onto a device mesh), and the tensors of an export (`merge_lora` folds
+LoRA adapters into the kernels first).
 
 One table (`checkpoint_layout`) maps each parameter path to its stored name and shape, and serves every
 direction: `from_tensors` (host tensors: the GGUF reader's), `load_folder` (model.safetensors or a sharded
@@ -27,7 +28,7 @@ from common.backbones.axes import block_reader, partition_specs
 from common.backbones.checkpoint import LazyTensorSource, TensorSource, read_tensors, weights_name
 from common.backbones.decoder.config import DecoderConfig
 from common.backbones.decoder.llama import Decoder
-from common.backbones.decoder.lora import ADAPTERS, LoraConfig, merge_lora
+from common.backbones.decoder.lora import ADAPTERS, BASE, LoraConfig
 
 Path_ = tuple[str | int, ...]
 
@@ -115,6 +116,28 @@ def load_folder(
         return cfg, _build(cfg, source, param_dtype, lora, None, seed)
     with LazyTensorSource(folder) as lazy:
         return cfg, _build(cfg, lazy, param_dtype, lora, mesh, seed)
+
+
+def merge_lora(model: Decoder) -> Decoder:
+    """A new Decoder without adapters whose kernels are W + (alpha / rank) * A @ B (summed in float32, then
+    stored in the parameter dtype): the same outputs as `model`, as a plain checkpoint. A model without
+    adapters is returned as is."""
+    if model.lora is None:
+        return model
+    plain = nnx.eval_shape(lambda: type(model)(model.cfg, rngs=nnx.Rngs(0), param_dtype=model.param_dtype))
+    graphdef, abstract = nnx.split(plain)
+    base = {path: v.get_value() for path, v in nnx.to_flat_state(nnx.state(model, BASE))}
+    adapters = {path: v.get_value() for path, v in nnx.to_flat_state(nnx.state(model, ADAPTERS))}
+    merged = []
+    for path, variable in nnx.to_flat_state(abstract):
+        value = base[path]
+        a = adapters.get((*path[:-1], "lora_a")) if path[-1] == "kernel" else None
+        if a is not None:
+            b = adapters[(*path[:-1], "lora_b")]
+            delta = (a.astype(jnp.float32) @ b.astype(jnp.float32)) * model.lora.scale
+            value = (value.astype(jnp.float32) + delta).astype(value.dtype)
+        merged.append((path, variable.replace(value)))
+    return nnx.merge(graphdef, nnx.from_flat_state(merged))
 
 
 def to_tensors(model: Decoder) -> dict[str, np.ndarray]:
