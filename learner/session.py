@@ -241,6 +241,7 @@ class Session:
             "episodes": s.totals["episodes"],
             "success_rate": s.success_rate(),
             "success_by_task": s.tasks.values(),
+            **s.recent_by_task(),  # the success_rate window by task, for the console's columns
             "policy_version": self.trainer.version,
             "policy_lag_mean": s.lag_mean,
             "policy_lag_max": s.lag_max,

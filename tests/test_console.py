@@ -6,23 +6,40 @@ import io
 import re
 from collections import Counter
 
+import numpy as np
 import pytest
 from rich.console import Console
 
 from actors.actor import status_line
-from learner.observe.console import Progress, next_checkpoint, pick_live, print_line, render
+from common.protocol import Episode
+from learner.observe.console import Progress, next_checkpoint, pick_live, print_line, render, success_columns
 from learner.observe.metrics import interval
+from learner.observe.run_stats import RunStats
 
 FAMILIES = {
     f"{app}.{n}": rate for app, rate in [("app", 0.9), ("notes", 0.5), ("clock", 0.2)] for n in range(3)
 }
 
 
+def window(rates: dict[str, float], n: int = 10) -> dict[str, dict[str, int]]:
+    """The record's success_rate window by task: `n` episodes of each task, succeeding at its rate."""
+    return {
+        "recent_episodes_by_task": dict.fromkeys(rates, n),
+        "recent_successes_by_task": {task: round(rate * n) for task, rate in rates.items()},
+    }
+
+
+def episode(task: str, success: bool) -> Episode:
+    steps = {"policy_version": np.zeros(3, np.int32), "reward": np.zeros(3, np.float32)}
+    return Episode(task, success, False, {}, steps)
+
+
 def record(wall: float, update: int, env_steps: int, **fields) -> dict:
-    """A metrics record as learner/loop.py's record() builds it (the fields the console reads)."""
+    """A metrics record as learner/session.py's Session.record builds it (the fields the console reads)."""
     return {
         "run_id": "3f2a9c1b7d4e", "wall": wall, "update": update, "phase": "rl", "env_steps": env_steps,
         "episodes": env_steps // 8, "success_rate": 0.62, "success_by_task": dict(FAMILIES),
+        **window(FAMILIES),
         "policy_version": update // 2, "policy_lag_mean": 1.5, "policy_lag_max": 5, "actors": 2,
         "replay_size": 2048, "rejected": 3, "duplicates": 4, "dropped_replies": {"full": 2, "gone": 5},
         "dropped_episodes": 12, "time/train_s": 0.0, **fields,
@@ -81,7 +98,7 @@ def test_next_checkpoint():
 
 
 def test_few_tasks_are_shown_by_name():
-    few = record(1.0, 0, 0, success_by_task={"open_app": 0.75, "toggle": 0.25})
+    few = record(1.0, 0, 0, **window({"open_app": 0.75, "toggle": 0.25}, n=4))
     out = text(render(few, {}, 0))
     assert re.search(r"open_app\s+0\.75", out) and re.search(r"toggle\s+0\.25", out), out
 
@@ -103,12 +120,46 @@ def test_lines_mode_prints_the_progress_line():
 
 def test_print_line_keeps_the_documented_format():
     console = Console(file=io.StringIO(), width=300)
-    print_line(console, record(12.34, 5, 96, phase="warmup", success_by_task={"open_app": 0.5}))
-    print_line(console, record(87.2, 189, 96, success_by_task={"open_app": 0.5}))
+    print_line(console, record(12.34, 5, 96, phase="warmup", **window({"open_app": 0.5})))
+    print_line(console, record(87.2, 189, 96, **window({"open_app": 0.5})))
     assert console.file.getvalue().splitlines() == [
         "  12.3s warmup upd     5 v2    eps     12 success 0.62 lag 1.5 actors 2 replay 2048 rej 3 | open_app 0.50",
         "  87.2s rl     upd   189 v94   eps     12 success 0.62 lag 1.5 actors 2 replay 2048 rej 3 | open_app 0.50",
     ]  # the phase in a column of its own
+
+
+def test_the_family_columns_and_the_headline_share_one_window():
+    """A warm-up of 300 failures, then 100 episodes: the headline is those 100, and each family column is
+    the success of that family's episodes among the same 100 (not a mean of per-template windows that
+    reach back into the warm-up), so the headline is the columns' mean weighted by their episodes."""
+    stats = RunStats()
+    templates = [f"{app}.{k}" for app, n in [("app", 4), ("browser", 3), ("clock", 3)] for k in range(n)]
+    warmup = [(templates[i % len(templates)], False) for i in range(300)]
+    last = [(f"app.{i % 4}", i < 30) for i in range(40)] + [(f"browser.{i % 3}", i < 15) for i in range(30)]
+    last += [(f"clock.{i % 3}", False) for i in range(30)]
+    stats.on_episodes([episode(task, ok) for task, ok in warmup + last], newest_version=0)
+    m = record(
+        9.0, 1, 8000, success_rate=stats.success_rate(), success_by_task=stats.tasks.values(),
+        **stats.recent_by_task(),
+    )  # fmt: skip
+    assert success_columns(m) == {"app": 30 / 40, "browser": 15 / 30, "clock": 0.0}
+    in_window = {
+        f: [ok for task, ok in last if task.startswith(f + ".")] for f in ("app", "browser", "clock")
+    }
+    assert success_columns(m) == {f: sum(oks) / len(oks) for f, oks in in_window.items()}
+    assert m["success_rate"] == pytest.approx(0.45)
+    weights = {f: len(oks) for f, oks in in_window.items()}
+    weighted = sum(success_columns(m)[f] * n for f, n in weights.items()) / sum(weights.values())
+    assert weighted == pytest.approx(m["success_rate"])
+    per_template = [v for task, v in m["success_by_task"].items() if task.startswith("app.")]
+    assert sum(per_template) / len(per_template) < success_columns(m)["app"]  # what the line showed before
+    console = Console(file=io.StringIO(), width=300)
+    print_line(console, m)
+    assert (
+        console.file.getvalue()
+        .rstrip()
+        .endswith("success 0.45 lag 1.5 actors 2 replay 2048 rej 3 | app 0.75 browser 0.50 clock 0.00")
+    )
 
 
 def test_auto_is_live_on_a_terminal_only():

@@ -4,6 +4,14 @@ The loop builds a metrics record every --log-every seconds; `Progress.show` take
 rich `Live` panel is redrawn in place (actors, throughput, replay, lag, success per task family, rejects and
 drops, the next checkpoint), and the learner's other messages, printed through the same console, scroll
 above it. Logs, pipes and CI get the one-line form instead, which tools and people grep.
+
+One window for every success number: the headline (`success`, the record's success_rate) is the last
+100 episodes (learner/observe/run_stats.py SUCCESS_WINDOW), and the columns per task or family (after the
+`|` of the line, "success by task" in the panel) are the success of that task's or family's episodes among
+those same 100 (the record's recent_episodes_by_task and recent_successes_by_task). So the headline is the
+columns' mean weighted by their episodes, and a family below it is one the policy solves less often.
+(The record's success_by_task, each template's own last 100 episodes, reaches back further for rare
+templates: it is what the instruction critic judges by, and what the dashboards plot per task.)
 """
 
 from __future__ import annotations
@@ -21,7 +29,8 @@ from learner.observe.metrics import interval
 
 ConsoleMode = Literal["auto", "live", "lines"]
 MAX_TASKS = 6
-"""With more task templates than this (SimPhone's), success is shown per family (the name before the first dot)."""
+"""With more task templates than this in the window (SimPhone's), success is shown per family (the name
+before the first dot)."""
 
 
 def is_tty(console: Console) -> bool:
@@ -36,20 +45,29 @@ def pick_live(mode: ConsoleMode, console: Console) -> bool:
     return mode == "live" or (mode == "auto" and is_tty(console))
 
 
-def by_family(by_task: dict[str, float]) -> dict[str, float]:
-    """Success per task, or with many templates the mean per family (prefix before the first dot)."""
-    if len(by_task) <= MAX_TASKS:
-        return by_task
-    families: dict[str, list[float]] = {}
-    for name, rate in by_task.items():
-        families.setdefault(name.split(".")[0], []).append(rate)
-    return {k: sum(v) / len(v) for k, v in families.items()}
+def by_family(episodes: dict[str, int], successes: dict[str, int]) -> dict[str, float]:
+    """Success per task among the headline's window, or with many templates per family (the prefix before
+    the first dot): a group's successes over its episodes in that window, so that the columns and the
+    headline describe the same episodes. `episodes` and `successes` are counts per task (the record's
+    recent_episodes_by_task and recent_successes_by_task)."""
+    many = len(episodes) > MAX_TASKS
+    counts: dict[str, list[int]] = {}
+    for task, n in episodes.items():
+        group = counts.setdefault(task.split(".")[0] if many else task, [0, 0])
+        group[0] += successes.get(task, 0)
+        group[1] += n
+    return {name: won / n for name, (won, n) in counts.items() if n}
+
+
+def success_columns(m: dict[str, Any]) -> dict[str, float]:
+    """The per-task or per-family success columns of record `m` (see `by_family`)."""
+    return by_family(m["recent_episodes_by_task"], m["recent_successes_by_task"])
 
 
 def print_line(console: Console, m: dict[str, Any]) -> None:
     """The one-line progress form (its format is stable: logs and tests grep it). The phase ("warmup" or
     "rl") comes first: a benchmark's numbers mean different things in each."""
-    tasks = " ".join(f"{k} {v:.2f}" for k, v in by_family(m["success_by_task"]).items())
+    tasks = " ".join(f"{k} {v:.2f}" for k, v in success_columns(m).items())
     console.print(
         f"{m['wall']:6.1f}s {m['phase']:<6} upd {m['update']:5d} v{m['policy_version']:<4d} eps {m['episodes']:6d} "
         f"success {m['success_rate']:.2f} lag {m['policy_lag_mean']:.1f} actors {m['actors']} "
@@ -106,7 +124,7 @@ def render(m: dict[str, Any], rates: dict[str, float], checkpoint_every: int) ->
         "", "",
     )  # fmt: skip
     tasks = Table.grid(padding=(0, 2))
-    families = by_family(m["success_by_task"])
+    families = success_columns(m)
     columns = 4
     for _ in range(columns):
         tasks.add_column()

@@ -47,6 +47,9 @@ class RunStats:
         """episodes, env_steps, behavior_version_max, imitation_updates, skipped_nonfinite,
         instruction_filtered, episodes_at_rl_start (set once reinforcement learning starts)."""
         self.recent_success: deque[bool] = deque(maxlen=SUCCESS_WINDOW)
+        self.recent_tasks: deque[str] = deque(maxlen=SUCCESS_WINDOW)
+        """The tasks of the same last SUCCESS_WINDOW episodes, in step with `recent_success`: what the
+        console's per-family columns are computed over, so they and the headline share one window."""
         self.tasks = InstructionCritic(window=SUCCESS_WINDOW, counts=self.totals)
         """Recent success per task, for the success_by_task metric. It is also the instruction-level
         critic the session asks for the filter (--instruction-filter): the decision is the critic's, and it
@@ -66,6 +69,7 @@ class RunStats:
         for ep in episodes:
             self.arrival_lag.add(newest_version - ep.steps["policy_version"])
             self.recent_success.append(ep.success)
+            self.recent_tasks.append(ep.task)
             self.tasks.observe(ep.task, ep.success)
             self.totals["episodes"] += 1
             self.totals["env_steps"] += ep.length
@@ -80,6 +84,20 @@ class RunStats:
 
     def success_rate(self) -> float:
         return float(np.mean(self.recent_success)) if self.recent_success else 0.0
+
+    def recent_by_task(self) -> dict[str, dict[str, int]]:
+        """The success_rate window split by task, as two record fields: how many of the last SUCCESS_WINDOW
+        episodes each task had (recent_episodes_by_task) and how many of those succeeded
+        (recent_successes_by_task). Counts rather than rates, so any grouping of tasks (the console's
+        families) gets the exact success of its episodes in that window."""
+        episodes: Counter[str] = Counter(self.recent_tasks)
+        successes: Counter[str] = Counter(
+            t for t, ok in zip(self.recent_tasks, self.recent_success, strict=True) if ok
+        )
+        return {
+            "recent_episodes_by_task": dict(sorted(episodes.items())),
+            "recent_successes_by_task": {t: successes[t] for t in sorted(episodes)},
+        }
 
     def success_reached(self, target: float) -> bool:
         """The last SUCCESS_WINDOW episodes all came after the warm-up and succeeded at least `target`."""
