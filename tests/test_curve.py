@@ -43,7 +43,7 @@ class Client:
             if keys is not None:
                 keys.apply(sock)
         self.sub.setsockopt(zmq.SUBSCRIBE, b"")
-        self.dealer.connect(learner.ingest.server)
+        self.dealer.connect(learner.ingest)
         self.sub.connect(learner.params)
 
     def request(self, msg: dict, timeout: float) -> list[bytes] | None:
@@ -133,7 +133,7 @@ def test_only_authorized_actors_can_send_or_receive_and_relays_and_real_actors_u
 
         deadline = time.monotonic() + REPLY_S
         while time.monotonic() < deadline:
-            lines = learner.observe.metrics()
+            lines = learner.metrics()
             if lines and lines[-1]["rejected_by_reason"].get("auth_failed", 0) >= 2:
                 break
             time.sleep(0.2)
@@ -144,7 +144,7 @@ def test_only_authorized_actors_can_send_or_receive_and_relays_and_real_actors_u
         # A real actor with its keys trains through CURVE (this was a test of its own, with a learner
         # of its own: the same keys, the default batch size and publishing, which it does not depend on).
         out = subprocess.run(
-            [sys.executable, "-m", "actors", "--ingest-port", str(learner.ingest.server.rsplit(":", 1)[1]),
+            [sys.executable, "-m", "actors", "--ingest-port", str(learner.ingest.rsplit(":", 1)[1]),
              "--params-port", str(params_port), "--env", "standin", "--num-envs", "2", "--max-episodes", "6",
              "--curve-secret-key", str(k / "actor-0.key_secret"), "--curve-server-key", str(k / "learner.key")],
             cwd=ROOT, env=ACTOR_ENV, capture_output=True, text=True, timeout=START_S,

@@ -46,7 +46,7 @@ def _run(learner_process, *args: str, timeout: float):
     learner = learner_process(*args, *PATIENT)
     rc = learner.proc.wait(timeout=timeout)
     assert rc == 0, learner.log()
-    return learner, learner.observe.metrics()
+    return learner, learner.metrics()
 
 
 def _assert_two_actors_delivered_and_stopped(learner, metrics: list[dict], remote: bool = False) -> None:

@@ -799,7 +799,7 @@ def test_an_actor_that_never_reads_costs_only_its_own_replies(learner_process, f
     slow.dealer = slow.ctx.socket(zmq.DEALER)
     slow.dealer.setsockopt(zmq.LINGER, 0)
     slow.dealer.setsockopt(zmq.RCVHWM, 1)  # it buffers (almost) nothing on its side either
-    slow.dealer.connect(learner.ingest.server)
+    slow.dealer.connect(learner.ingest)
     slow.hello()
     good.hello()
     # The slow actor asks for the ~1.3 MB snapshot 300 times and reads nothing: its TCP buffers and the

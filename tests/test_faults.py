@@ -61,7 +61,7 @@ def wait_for(predicate, timeout: float, what: str, every: float = 0.2):
 
 
 def ports_of(learner) -> tuple[int, int]:
-    return int(learner.ingest.server.rsplit(":", 1)[1]), int(learner.params.rsplit(":", 1)[1])
+    return int(learner.ingest.rsplit(":", 1)[1]), int(learner.params.rsplit(":", 1)[1])
 
 
 class ActorProcess:
@@ -116,14 +116,14 @@ def start_actor(tmp_path):
 
 def latest(learner, run_id: str | None = None) -> dict:
     """The newest metrics line (of one learner process when run_id is given); {} before the first."""
-    lines = [m for m in learner.observe.metrics() if run_id is None or m["run_id"] == run_id]
+    lines = [m for m in learner.metrics() if run_id is None or m["run_id"] == run_id]
     return lines[-1] if lines else {}
 
 
 def final_metrics(learner) -> dict:
     """Stop the learner (SIGTERM) and return the metrics line it writes on the way out."""
     assert learner.stop() == 0, learner.log()[-4000:]
-    last = learner.observe.metrics()[-1]
+    last = learner.metrics()[-1]
     assert "stopped" in last, last
     return last
 
@@ -241,9 +241,9 @@ def test_actor_frozen_past_the_timeout_rejoins_and_loses_nothing(learner_process
     actor.proc.send_signal(signal.SIGSTOP)
     frozen_at = time.monotonic()
     try:
-        seen = len(learner.observe.metrics())
+        seen = len(learner.metrics())
         forgotten = wait_for(
-            lambda: next((m for m in learner.observe.metrics()[seen:] if m["actors"] == 0), None),
+            lambda: next((m for m in learner.metrics()[seen:] if m["actors"] == 0), None),
             60,
             "the actor forgotten",
         )
@@ -283,10 +283,10 @@ def test_killed_actor_is_forgotten_and_a_new_one_streams(learner_process, start_
     a = start_actor(ingest, params, "--seed", "3", "--inference", "remote")
     wait_for(lambda: latest(learner).get("episodes", 0) >= 100, START_S, "episodes from actor A")
     a.kill()  # SIGKILL while it streams: mid-episode, and likely mid-send
-    seen = len(learner.observe.metrics())
+    seen = len(learner.metrics())
     # Forgotten after --actor-timeout; from then on the learner has stored all it will of A's.
     gone = wait_for(
-        lambda: next((m for m in learner.observe.metrics()[seen:] if m["actors"] == 0), None),
+        lambda: next((m for m in learner.metrics()[seen:] if m["actors"] == 0), None),
         60,
         "A forgotten",
     )
@@ -433,7 +433,7 @@ def test_insert_slack_bounds_what_the_learner_stores_ahead_of_training(learner_p
         # Training has caught up with what the actor before stored (the tap is open): a closed tap in the
         # metrics from here on is this actor's doing.
         wait_for(lambda: latest(learner).get("accepting"), START_S, "an open tap")
-        mark = len(learner.observe.metrics())
+        mark = len(learner.metrics())
         actor = start_actor(
             *ports_of(learner), "--seed", "7", "--when-blocked", when_blocked, "--max-pending-episodes", "8",
             "--max-batch-episodes", str(MAX_BATCH), "--max-episodes", str(episodes), "--flush-timeout", "120", *STEADY_ACTOR,
@@ -444,7 +444,7 @@ def test_insert_slack_bounds_what_the_learner_stores_ahead_of_training(learner_p
         assert stats.get("episodes_unacked_at_exit", 0) == 0, (when_blocked, stats)
         phases.append((when_blocked, stats, mark))
     final = final_metrics(learner)
-    lines = learner.observe.metrics()
+    lines = learner.metrics()
     acked = sum(stats["episodes_acked"] for _, stats, _ in phases)
     assert final["episodes"] == acked and final["duplicates"] == 0, (final, phases)
     assert final["rejected"] == 0, final["rejected_by_reason"]
@@ -504,7 +504,7 @@ def test_insert_slack_below_the_batch_size_does_not_wedge_the_learner(learner_pr
     # With one-episode batches and credit 1, a slack of 20 alone would close the tap at about 22 stored
     # episodes, fewer than a batch; the tap stays open until the learner can train, and it does.
     wait_for(lambda: latest(learner)["update"] >= 1, START_S, "the first update", every=0.5)
-    closed = [m for m in learner.observe.metrics() if m.get("accepting") is False]
+    closed = [m for m in learner.metrics() if m.get("accepting") is False]
     assert all(m["episodes"] >= 32 for m in closed), closed[:1]
 
 

@@ -43,7 +43,7 @@ def wait_for(predicate, timeout: float, what: str) -> None:
 def test_signal_stops_learner_and_its_actors(learner_process, sig):
     learner = learner_process("--local-actors", "1", "--envs-per-actor", "2", "--log-every", "0.5")
     wait_for(
-        lambda: any(m["episodes"] > 0 for m in learner.observe.metrics()),
+        lambda: any(m["episodes"] > 0 for m in learner.metrics()),
         START_S,
         "episodes from the local actor",
     )
@@ -51,14 +51,14 @@ def test_signal_stops_learner_and_its_actors(learner_process, sig):
     learner.proc.send_signal(sig)
     # The learner may still be compiling its train step (not interruptible), then it stops its actor.
     assert learner.proc.wait(timeout=START_S) == 0, learner.log()
-    assert learner.observe.metrics()[-1]["stopped"] == sig.name
+    assert learner.metrics()[-1]["stopped"] == sig.name
     assert actor_children(learner.proc.pid) == []
 
 
 def test_time_limit_exits_zero(learner_process):
     learner = learner_process("--time-limit", "3", "--log-every", "0.5")
     assert learner.proc.wait(timeout=START_S) == 0, learner.log()
-    final = learner.observe.metrics()[-1]
+    final = learner.metrics()[-1]
     assert final["stopped"] == "time limit"
     # Start-up and the compile (not interruptible) come first: the time limit is checked once they are
     # done, so the run lasts at least 3 s, and on a busy machine much longer than that.

@@ -121,7 +121,7 @@ class TimedActor:
 
 def test_actors_are_answered_on_time_while_the_learner_compiles_and_trains(learner_process):
     learner = learner_process(*HEAVY, "--actor-timeout", str(ACTOR_TIMEOUT_S))
-    actor = TimedActor(learner.ingest.server)
+    actor = TimedActor(learner.ingest)
     try:
         actor.hello(timeout_s=DEADLINE_S)  # the learner is compiling by now, or soon
         deadline = time.monotonic() + DEADLINE_S

@@ -410,7 +410,7 @@ def test_training_on_two_fake_devices_through_the_real_server(adb_server, device
     tasks.write_text(json.dumps(TASKS))
     cmd = [
         sys.executable, "-m", "actors", "--host", "127.0.0.1",
-        "--ingest-port", learner.ingest.server.rsplit(":", 1)[1], "--params-port", learner.params.rsplit(":", 1)[1],
+        "--ingest-port", learner.ingest.rsplit(":", 1)[1], "--params-port", learner.params.rsplit(":", 1)[1],
         "--backend", "adb", "--tasks", str(tasks), "--adb.port", str(adb_server.port),
         "--adb.serials", first.serial, second.serial, "--adb.settle-interval", "0", "--adb.settle-max", "0.5",
         "--adb.command-timeout", "5", "--adb.reset-timeout", "10", "--max-episodes", "8",
@@ -442,11 +442,11 @@ def test_training_on_two_fake_devices_through_the_real_server(adb_server, device
     assert len(first.phone.commands) > 10 and len(second.phone.commands) > 10  # both devices were driven
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline:
-        metrics = learner.observe.metrics()
+        metrics = learner.metrics()
         if metrics and metrics[-1].get("episodes", 0) >= stats["episodes_acked"]:
             break
         time.sleep(0.5)
-    assert learner.observe.metrics()[-1]["episodes"] >= stats["episodes_acked"], learner.observe.metrics()[
+    assert learner.metrics()[-1]["episodes"] >= stats["episodes_acked"], learner.metrics()[
         -1:
     ]
     assert learner.stop() == 0, learner.log()[-4000:]

@@ -459,11 +459,11 @@ def test_every_flag_in_the_manifests_is_in_the_cli_help(objects):
 
 def test_the_manifest_commands_parse_with_the_cli(objects):
     learner = tyro.cli(LearnerConfig, args=_learner(objects)[1])  # its checks: ports, CURVE with --bind
-    assert learner.ingest.transport.curve_secret_key is not None and not learner.ingest.transport.insecure
+    assert learner.transport.curve_secret_key is not None and not learner.transport.insecure
     assert learner.durability() == "fsync"  # what the claim is for: the log survives the pod
     actor = tyro.cli(ActorConfig, args=_actor(objects)[1])
     assert actor.env == "adb" and actor.curve_secret_key and actor.curve_server_key
     assert (actor.ingest_port, actor.params_port) == (
-        learner.ingest.transport.ingest_port,
-        learner.ingest.transport.params_port,
+        learner.transport.ingest_port,
+        learner.transport.params_port,
     )

@@ -108,7 +108,7 @@ def test_a_running_learner_serves_its_metrics_records(learner_process):
     time.sleep(1.0)  # a record after the compile
     scraped = {k: v for k, v in samples(get(port, "/metrics")[1]).items() if not k[0].endswith("_created")}
     wall = scraped[("distrl_wall", ())]
-    record = next(m for m in learner.observe.metrics() if m["wall"] == wall)
+    record = next(m for m in learner.metrics() if m["wall"] == wall)
     assert scraped == expected_samples({k: v for k, v in record.items() if v is not None})
     assert record["phase"] and scraped[("distrl_update_total", ())] == record["update"]
     assert learner.stop() == 0

@@ -20,9 +20,11 @@ from common import protocol, wire
 from common.config import ModelConfig
 from common.policies.pointer import featurize
 from learner.ingest import durable_inserter
-from learner.ingest.server import IngestServer
+from learner.ingest.registry import ActorRegistry
+from learner.ingest.transport import Transport
 from learner.ingest.wal import WriteAheadLog
 from learner.replay.prioritized import PrioritizedReplay, initial_priority_terms, oldest_version
+from learner.setup.ingest import ingest_server
 
 MODEL = ModelConfig(vocab_size=64, max_instruction_tokens=4, max_elements=5, max_element_tokens=2,
                     d_model=8, num_heads=2, num_layers=1, mlp_dim=8)  # fmt: skip
@@ -38,8 +40,8 @@ class _Learner:
         if replay_state is not None:
             self.replay.load_state_dict(*replay_state)
         self.logged: list[str] = []
-        self.server = IngestServer(
-            "127.0.0.1", 0, 0,
+        self.server = ingest_server(
+            Transport("127.0.0.1", 0, 0), ActorRegistry(),
             welcome_fields={"model": MODEL.to_dict(), "max_steps": MAX_STEPS},
             episode_spec=featurize.episode_spec(MODEL, 0), max_steps=MAX_STEPS,
             on_episodes=self._store, credit=CREDIT, heartbeat_every=60.0,
@@ -194,14 +196,14 @@ def test_a_full_disk_stops_acknowledging_and_writing_again_resumes(
     learner = world.learner(durability)
     actor = world.actor(learner)
     assert actor.send()["kind"] == protocol.ACK
-    stored = len(learner.replay.prioritized)
+    stored = len(learner.replay)
     size = sum(p.stat().st_size for _, p in learner.server.wal.segments())
     file_size_limit(size + 10)  # the disk is "full": no further record fits
     refused = actor.send()
     assert refused["kind"] == protocol.ERROR and refused["code"] == "unavailable"
     assert refused["seq"] == actor.seq  # the actor keeps that batch (actors/actor.py KEEP_ON_ERROR)
     assert learner.server.rejected["unavailable"] == 1
-    assert len(learner.replay.prioritized) == stored and not learner.server.ledger.stored("inst-a", actor.seq)
+    assert len(learner.replay) == stored and not learner.server.ledger.stored("inst-a", actor.seq)
     assert learner.server.storage_error
     grant = learner.server.ledger.grant("inst-a", open_=True)
     assert grant == actor.grant, "grants must not grow while nothing can be stored"
@@ -213,7 +215,7 @@ def test_a_full_disk_stops_acknowledging_and_writing_again_resumes(
     ack = actor.resend()
     assert ack["kind"] == protocol.ACK and ack["accepted"] == 2 and not ack["duplicate"]
     assert learner.server.storage_error == "" and "again" in learner.logged[-1]
-    assert len(learner.replay.prioritized) == stored + 2
+    assert len(learner.replay) == stored + 2
     # What the log holds is exactly what was acknowledged: a restart recovers both batches once.
     restarted = world.learner(durability)
     assert restarted.recovered["batches"] == 2 and restarted.server.wal.stats["corrupt_records"] == 0
