@@ -15,6 +15,7 @@ import tyro
 
 from actors.envs.adb.config import AdbConfig
 from common.config import EmulatorModelConfig
+from common.net.curve import CurveClient, CurveError
 from common.net.ports import INGEST_PORT, PARAMS_PORT
 from common.protocol import MAX_EPISODES_PER_BATCH
 
@@ -143,3 +144,15 @@ class ActorConfig:
 
 def _flag(name: str) -> str:
     return "--" + name.replace("_", "-")
+
+
+def curve_client(cfg: ActorConfig) -> CurveClient | None:
+    """The actor's CURVE keys, or None; a missing or unusable key file stops the actor with its name."""
+    if bool(cfg.curve_secret_key) != bool(cfg.curve_server_key):
+        raise SystemExit("--curve-secret-key and --curve-server-key go together")
+    if not cfg.curve_secret_key:
+        return None
+    try:
+        return CurveClient(Path(cfg.curve_secret_key), Path(cfg.curve_server_key))
+    except CurveError as e:
+        raise SystemExit(f"CURVE: {e}") from e

@@ -10,11 +10,13 @@ import gymnasium as gym
 import numpy as np
 import pytest
 
-from actors.actor import Actor, _World
+from actors.actor import Actor
 from actors.config import ActorConfig
 from actors.envs.faults import DeviceCrash
 from actors.policy_runner import PolicyRunner
+from actors.rounds import Rounds
 from actors.slots import EnvSlots
+from actors.world import World
 from common.config import ModelConfig
 from common.params_file import params_to_flat
 from common.policies.pointer import network as model
@@ -69,7 +71,7 @@ def run_until_fault(fault_at: int) -> tuple[Actor, FaultingPhone, PolicyRunner]:
     phone = FaultingPhone(fault_at)
     slots = EnvSlots([phone], [0], False, actor.stats, log=lambda *_: None)
     slots.reset(0)
-    world = _World(CFG, 50, runner, slots, [None], runner.policy.episode_spec())
+    world = World(CFG, 50, runner, slots, [None], runner.policy.episode_spec(), Rounds(slots))
     for _ in range(fault_at + 3):  # the reset, the steps, the fault; the next reset comes with the fault
         actor._step(world)
         if actor.stats["device_crash"]:

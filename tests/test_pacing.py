@@ -6,11 +6,13 @@ from __future__ import annotations
 import gymnasium as gym
 import pytest
 
-from actors.actor import Actor, _World
+from actors.actor import Actor
 from actors.config import ActorConfig
 from actors.pacing import TokenBucket
 from actors.policy_runner import PolicyRunner
+from actors.rounds import Rounds
 from actors.slots import EnvSlots
+from actors.world import World
 from common.config import ModelConfig
 from common.params_file import params_to_flat
 from common.policies.pointer import network as model
@@ -81,24 +83,25 @@ def test_slots_wait_for_the_bucket_and_the_others_keep_stepping():
     cfg = ModelConfig(vocab_size=512, d_model=16, num_heads=2, num_layers=1, mlp_dim=32)
     clock = Clock()
     actor = Actor(ActorConfig(num_envs=3, max_episode_rate=1.0), log=lambda *_: None)
-    actor._pacer = TokenBucket(1.0, clock=clock)  # the real one, on a clock the test moves
+    pacer = TokenBucket(1.0, clock=clock)  # the real one, on a clock the test moves
     runner = PolicyRunner(cfg, seed=0)
     runner.load(0, params_to_flat(model.create(cfg, 0)[1]))
     phones = [OneStepPhone() for _ in range(3)]
     slots = EnvSlots(phones, [0, 1, 2], False, actor.stats, log=lambda *_: None)
     for i in range(3):
         slots.reset(i)  # every slot's first episode starts at once
-    world = _World(cfg, 5, runner, slots, [None] * 3, runner.policy.episode_spec())
+    world = World(cfg, 5, runner, slots, [None] * 3, runner.policy.episode_spec(), Rounds(slots, pacer))
+    rounds = world.rounds
     actor._step(world)  # the first resets are collected
     actor._step(world)  # one step each: three episodes end, and their slots wait for a token
-    assert actor.stats["episodes_finished"] == 3 and list(world.waiting) == [0, 1, 2]
-    assert actor._release(world)  # the bucket starts with one token: slot 0 starts again
-    assert [p.resets for p in phones] == [2, 1, 1] and list(world.waiting) == [1, 2]
-    assert actor._release(world) and list(world.waiting) == [1, 2]  # no token: the others still wait
+    assert actor.stats["episodes_finished"] == 3 and list(rounds.waiting) == [0, 1, 2]
+    assert rounds.release()  # the bucket starts with one token: slot 0 starts again
+    assert [p.resets for p in phones] == [2, 1, 1] and list(rounds.waiting) == [1, 2]
+    assert rounds.release() and list(rounds.waiting) == [1, 2]  # no token: the others still wait
     actor._step(world)  # slot 0's new episode (reset collected) ...
     actor._step(world)  # ... steps and ends: it queues behind the others
-    assert actor.stats["episodes_finished"] == 4 and list(world.waiting) == [1, 2, 0]
-    assert not actor._release(world)  # every slot waits: nothing to step
+    assert actor.stats["episodes_finished"] == 4 and list(rounds.waiting) == [1, 2, 0]
+    assert not rounds.release()  # every slot waits: nothing to step
     clock.now += 1.0
-    assert actor._release(world)  # one token: the slot that waited longest starts
-    assert [p.resets for p in phones] == [2, 2, 1] and list(world.waiting) == [2, 0]
+    assert rounds.release()  # one token: the slot that waited longest starts
+    assert [p.resets for p in phones] == [2, 2, 1] and list(rounds.waiting) == [2, 0]

@@ -165,6 +165,6 @@ def test_actor_heartbeats_while_its_policy_compiles():
 
     actor = Actor(ActorConfig(heartbeat_every=0.2), log=lambda *_: None)
     runner = SlowRunner()
-    actor._compile_ahead(conn, runner, batch=5)
+    actor.inference.prepare(conn, runner, 5, lambda: actor._take_in(conn, runner))
     assert conn.sent.count("HEARTBEAT") >= 3
     assert runner.shapes == {k: (5, *shape) for k, (shape, _) in feature_spec(ModelConfig()).items()}
