@@ -386,9 +386,9 @@ def _slope_mb_per_min(samples: list[tuple[float, float]]) -> float | None:
     return float(np.polyfit(t, y, 1)[0] * 60)
 
 
-def _close_tap(server) -> None:
-    """Stop the grants from growing, as the learner's rate limit does when training is behind."""
-    server.gate = lambda: False  # the rate limit, asked at every grant
+def _closed_tap() -> bool:
+    """The learner's rate limit, asked at every grant, when training is behind: the grants stop growing."""
+    return False
 
 
 def _flood_process(mode: str, connections: int, warmup_s: float, duration_s: float) -> dict:
@@ -405,9 +405,11 @@ def _flood_process(mode: str, connections: int, warmup_s: float, duration_s: flo
 
 def _flood(mode: str, connections: int, warmup_s: float, duration_s: float) -> dict:
     """One row: a real IngestServer in this process's main thread, the actors in worker processes."""
-    from learner.ingest.server import IngestServer
+    from learner.ingest.registry import ActorRegistry
+    from learner.ingest.transport import Transport
     from learner.ingest.wal import WriteAheadLog
     from learner.replay.prioritized import PrioritizedReplay, oldest_version
+    from learner.setup.ingest import ingest_server
 
     cfg = ModelConfig()
     log_dir = tempfile.TemporaryDirectory(prefix="ingest-wal-") if mode in DURABILITY else None
@@ -425,22 +427,20 @@ def _flood(mode: str, connections: int, warmup_s: float, duration_s: float) -> d
             stored["steps"] += ep.length
 
     rss_before = _rss_mb()
-    server = IngestServer(
-        "127.0.0.1",
-        0,
-        0,
+    server = ingest_server(
+        Transport("127.0.0.1", 0, 0),
+        ActorRegistry(),
         welcome_fields={"model": cfg.to_dict(), "max_steps": MAX_STEPS},
         episode_spec=featurize.episode_spec(cfg, text_vocab_size=0),
         max_steps=MAX_STEPS,
         on_episodes=on_episodes,
         credit=CREDIT,
         wal=wal,
+        gate=_closed_tap if mode == "ignore credit, tap closed" else None,
     )
     workers: list[_Worker] = []
     try:
         server.publish(0, {"w": np.zeros(4, np.float32)})
-        if mode == "ignore credit, tap closed":
-            _close_tap(server)
         endpoint = f"tcp://127.0.0.1:{server.ingest_port}"
         nproc = max(1, math.ceil(connections / SOCKETS_PER_PROCESS))
         for p in range(nproc):

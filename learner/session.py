@@ -23,6 +23,7 @@ from learner.observe.run_stats import RunStats
 from learner.replay.file import snapshot
 from learner.replay.prioritized import PrioritizedReplay, ReplaySample, oldest_origin
 from learner.schedule import Schedule
+from learner.serving.inference import InferenceService
 from learner.serving.snapshots import WallSnapshots
 from learner.tools.export import SNAPSHOT_NAME
 from learner.training import multihost
@@ -65,6 +66,8 @@ class Session:
     server: IngestServer
     outputs: RunOutputs
     actors: LocalActors | None = None
+    inference: InferenceService | None = None
+    """The inference service remote actors act through (learner/serving/inference.py); None without."""
     prefill_pending: bool = False
     """The demonstrations still have to join the replay (they do as reinforcement learning starts)."""
     saved_update: int = 0
@@ -107,7 +110,7 @@ class Session:
         this one keeps serving; every process publishes at the same point, so its collectives line up."""
         t0 = time.monotonic()
         version = self.trainer.new_version()
-        publish_version(self.server, self.trainer, version, serve)
+        publish_version(self.server, self.inference, self.trainer, version, serve)
         self.stats.timing["publish_s"] += time.monotonic() - t0
 
     def end_round(self, serve: Callable[[], None] | None = None) -> None:
@@ -263,7 +266,7 @@ class Session:
             **({f"wal/{k}": v for k, v in server.wal.stats.items()} if server.wal is not None else {}),
             "accepting": server.accepting,
             "metrics_lines_dropped": self.outputs.writer.dropped,
-            **(server.inference.metrics() if server.inference is not None else {}),
+            **(self.inference.metrics() if self.inference is not None else {}),
             "dropped_episodes": replay.counts["evicted_fifo"] + replay.counts["dropped_stale"],
             **{f"replay/{k}": v for k, v in replay.stats().items()},
             **{f"train/{k}": v for k, v in s.train_metrics.items()},
@@ -285,7 +288,7 @@ class Session:
         """Between updates: a remote actor found the inference service behind the newest version (its
         publishes came while nobody asked), so it gets that version's parameters now; the next publish may
         never come while training waits for that actor's data."""
-        service = self.server.inference
+        service = self.inference
         if service is not None and service.behind():
             service.publish(self.trainer.version, self.trainer.serving_copy())
 
@@ -317,18 +320,22 @@ class Session:
         self.outputs.close(last)
         if self.actors is not None:
             self.actors.stop()
+        if self.inference is not None:
+            self.inference.close()  # before the ingest's sockets: it shares their ZeroMQ context
         self.server.close()
         return last
 
 
 def publish_version(
-    server: IngestServer, trainer: Trainer, version: int, serve: Callable[[], None] | None
+    server: IngestServer,
+    service: InferenceService | None,
+    trainer: Trainer,
+    version: int,
+    serve: Callable[[], None] | None,
 ) -> None:
     """The trainer's parameters as `version`: their snapshot to every actor and, with an inference service
     that remote actors use, a device copy to act with (both taken between updates, on a helper thread while
     `serve` runs)."""
-
-    service = server.inference
     copy = service is not None and service.wants_params()  # not while no remote actor asks
 
     def take() -> tuple[dict[str, np.ndarray], Any]:

@@ -16,7 +16,9 @@ from hypothesis.extra import numpy as npst
 from common import protocol, wire
 from common.config import ModelConfig
 from common.policies.pointer import featurize
-from learner.ingest.server import IngestServer
+from learner.ingest.registry import ActorRegistry
+from learner.ingest.transport import Transport
+from learner.setup.ingest import ingest_server
 from tests.test_fake_actor import make_episode
 
 pytestmark = [pytest.mark.timeout(600), pytest.mark.long]
@@ -32,11 +34,11 @@ class RunningIngest:
 
     def __init__(self):
         self.stored: list[protocol.Episode] = []
-        self.server = IngestServer(
-            "127.0.0.1", 0, 0,
+        self.server = ingest_server(
+            Transport("127.0.0.1", 0, 0), ActorRegistry(actor_timeout=3600),
             welcome_fields={"model": MODEL.to_dict(), "max_steps": MAX_STEPS},
             episode_spec=featurize.episode_spec(MODEL, 0), max_steps=MAX_STEPS,
-            on_episodes=lambda eps, _record: self.stored.extend(eps), credit=1_000_000, actor_timeout=3600,
+            on_episodes=lambda eps, _record: self.stored.extend(eps), credit=1_000_000,
         )  # fmt: skip
         self.server.publish(0, {"w": np.zeros(3, np.float32)})
         self.crashed: BaseException | None = None

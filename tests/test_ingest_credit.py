@@ -17,8 +17,11 @@ from benchmarks.ingest import random_episode
 from common import protocol, wire
 from common.config import ModelConfig
 from common.policies.pointer import featurize
+from learner.ingest.registry import ActorRegistry
 from learner.ingest.server import IngestServer
+from learner.ingest.transport import Transport
 from learner.ingest.wal import WriteAheadLog
+from learner.setup.ingest import ingest_server
 
 MODEL = ModelConfig(vocab_size=64, max_instruction_tokens=4, max_elements=5, max_element_tokens=2,
                     d_model=8, num_heads=2, num_layers=1, mlp_dim=8)  # fmt: skip
@@ -29,8 +32,8 @@ CREDIT = 4
 def _server(durability: str, wal_dir) -> tuple[IngestServer, list]:
     stored: list[protocol.Episode] = []
     wal = WriteAheadLog(wal_dir, durability) if durability != "none" else None
-    server = IngestServer(
-        "127.0.0.1", 0, 0,
+    server = ingest_server(
+        Transport("127.0.0.1", 0, 0), ActorRegistry(),
         welcome_fields={"model": MODEL.to_dict(), "max_steps": MAX_STEPS},
         episode_spec=featurize.episode_spec(MODEL, 0), max_steps=MAX_STEPS,
         on_episodes=lambda eps, _record: stored.extend(eps), credit=CREDIT, heartbeat_every=60.0, wal=wal, log=lambda _: None,

@@ -16,7 +16,10 @@ import zmq
 from common import protocol, wire
 from common.config import ModelConfig
 from common.policies.pointer import featurize
+from learner.ingest.registry import ActorRegistry
 from learner.ingest.server import IngestServer
+from learner.ingest.transport import Transport
+from learner.setup.ingest import ingest_server
 
 MODEL = ModelConfig(vocab_size=64, max_instruction_tokens=4, max_elements=5, max_element_tokens=2,
                     d_model=8, num_heads=2, num_layers=1, mlp_dim=8)  # fmt: skip
@@ -24,11 +27,11 @@ TIMEOUT_S = 0.5
 
 
 def _server() -> IngestServer:
-    server = IngestServer(
-        "127.0.0.1", 0, 0,
+    server = ingest_server(
+        Transport("127.0.0.1", 0, 0), ActorRegistry(actor_timeout=TIMEOUT_S),
         welcome_fields={"model": MODEL.to_dict(), "max_steps": 4},
         episode_spec=featurize.episode_spec(MODEL, 0), max_steps=4,
-        on_episodes=lambda *_: None, actor_timeout=TIMEOUT_S, heartbeat_every=60.0,
+        on_episodes=lambda *_: None, heartbeat_every=60.0,
     )  # fmt: skip
     server.publish(0, {"w": np.zeros(3, np.float32)})
     return server

@@ -10,7 +10,9 @@ import zmq
 from common import protocol, wire
 from common.config import ModelConfig
 from common.policies.pointer import featurize
-from learner.ingest.server import IngestServer
+from learner.ingest.registry import ActorRegistry
+from learner.ingest.transport import Transport
+from learner.setup.ingest import ingest_server
 
 MODEL = ModelConfig(vocab_size=64, max_instruction_tokens=4, max_elements=5, max_element_tokens=2,
                     d_model=8, num_heads=2, num_layers=1, mlp_dim=8)  # fmt: skip
@@ -18,8 +20,8 @@ MODEL = ModelConfig(vocab_size=64, max_instruction_tokens=4, max_elements=5, max
 
 @pytest.mark.parametrize("text_vocab_size", [0, 30522])
 def test_welcome_carries_the_word_piece_bound(text_vocab_size):
-    server = IngestServer(
-        "127.0.0.1", 0, 0, welcome_fields={"model": MODEL.to_dict(), "max_steps": 4},
+    server = ingest_server(
+        Transport("127.0.0.1", 0, 0), ActorRegistry(), welcome_fields={"model": MODEL.to_dict(), "max_steps": 4},
         episode_spec=featurize.episode_spec(MODEL, 0), max_steps=4,
         on_episodes=lambda *_: None, text_vocab_size=text_vocab_size,
     )  # fmt: skip

@@ -332,13 +332,10 @@ def test_the_learner_refuses_older_peers_and_broken_packing(ingest):
 
 
 def test_the_learner_refuses_welcome_fields_it_cannot_send():
-    from learner.ingest.server import IngestServer
+    from learner.ingest.server import RunWelcome
 
-    with pytest.raises(TypeError):
-        IngestServer(
-            "127.0.0.1", 0, 0, welcome_fields={"model": MODEL.to_dict(), "max_steps": 4, "colour": "red"},
-            episode_spec=featurize.episode_spec(MODEL, 0), max_steps=4, on_episodes=lambda *_: None,
-        )  # fmt: skip
+    with pytest.raises(TypeError):  # when the ingest is built (learner/setup/ingest.py), before any HELLO
+        RunWelcome("run", 1.0, {"model": MODEL, "max_steps": 4, "colour": "red"})
 
 
 # ---- the actor's connection: typed replies, malformed ones counted, one heartbeat cadence ---------------

@@ -56,7 +56,7 @@ def test_opening_writes_the_run_files_and_publishes(session, tmp_path):
 
 
 def test_publishing_copies_parameters_for_the_inference_service_only_while_actors_use_it(session):
-    service = session.server.inference
+    service = session.inference
     assert service is not None and service._params is None  # opened: the first version is published...
     held = service._newest
     assert held is not None and held[1] is not None  # ...with its copy

@@ -353,8 +353,7 @@ def _inserter(wal: WriteAheadLog, stored: list) -> DurableInserter:
         wal,
         lambda eps, _record: stored.extend(eps),
         None,
-        lambda _: 8,
-        lambda: None,
+        lambda: True,
         print,
     )
 

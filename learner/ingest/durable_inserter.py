@@ -57,8 +57,9 @@ class DurableInserter:
     """Appends, group-commits, stores and answers TRAJ batches, and refuses them all (`unavailable`, the
     actor keeps them) while the log cannot be written. `wal` None (`--durability none`): stored at once.
 
-    `grant(instance)` is the grant an ACK carries; `on_writable` runs when the log works again after a
-    failure (the IngestServer then tells every actor its grant at once)."""
+    It also says how far each actor may send (`grant`): grants grow only while the log can be written and
+    `gate`, the learner's rate limit, allows it. The gate is asked per grant (not per poll), so a poll that
+    takes in many batches cannot hand out credit past the limit."""
 
     def __init__(
         self,
@@ -66,17 +67,24 @@ class DurableInserter:
         wal: WriteAheadLog | None,
         on_episodes: Store,
         transport: Transport,
-        grant: Callable[[str], int],
-        on_writable: Callable[[], None],
+        gate: Callable[[], bool],
         log: Callable[[str], None],
     ):
         self.ledger, self.wal, self.on_episodes = ledger, wal, on_episodes
-        self.transport, self.grant, self.on_writable, self.log = transport, grant, on_writable, log
+        self.transport, self.gate, self.log = transport, gate, log
         self.storage_error = ""
         """Why the log cannot be written now ("" while it can): TRAJ batches are refused `unavailable`."""
         self._retry_at = 0.0
         self._pending: dict[tuple[str, int], _Pending] = {}
         """Batches of this loop turn waiting for the group's fsync, by (instance, seq)."""
+
+    def open(self) -> bool:
+        """Whether grants may grow: the rate limit allows it and the log can be written."""
+        return not self.storage_error and self.gate()
+
+    def grant(self, instance: str) -> int:
+        """The highest seq `instance` may send now (what ACK, WELCOME and HEARTBEAT carry)."""
+        return self.ledger.grant(instance, self.open())
 
     def resent_while_pending(self, instance: str, seq: int, identity: bytes) -> bool:
         """A batch sent again (on a new connection) before its group was synced: answer it with the group."""
@@ -164,10 +172,11 @@ class DurableInserter:
         self._retry_at = time.monotonic() + STORAGE_RETRY_S
 
     def _storage_works(self) -> None:
+        """The log works again: grants may grow, and the IngestServer tells every actor its grant at the
+        end of this poll (`IngestServer._check_gate`)."""
         if self.storage_error:
             self.storage_error = ""
             self.log("learner: the log can be written again; acknowledging trajectories")
-            self.on_writable()
 
     def recover(self, start_lsn: int, newest_version: int, validate: Validate) -> Counter:
         """After a restart: open the log and settle its batches from `start_lsn` on (the log position the

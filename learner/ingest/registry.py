@@ -39,7 +39,7 @@ class ActorRegistry:
     """The welcomed actors by `actor_id`: registered by HELLO, looked up (and marked alive) by every
     later message, forgotten after `actor_timeout` seconds of silence."""
 
-    def __init__(self, actor_timeout: float):
+    def __init__(self, actor_timeout: float = 15.0):
         self.actor_timeout = actor_timeout
         self.actors: dict[int, ActorInfo] = {}
         """By actor_id (changed in place only: the IngestServer shares this dict)."""

@@ -9,18 +9,14 @@ are settled, and the grants). All socket work happens on the caller's thread (`p
 
 from __future__ import annotations
 
-import sys
 import time
-import uuid
 from collections import Counter
-from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
 from common import protocol
-from common.config import ModelConfig
-from common.net.curve import CurveServer
 from common.protocol import Episode, ProtocolError
 from learner.ingest.delivery import DeliveryLedger
 from learner.ingest.durable_inserter import DurableInserter
@@ -28,9 +24,8 @@ from learner.ingest.publisher import ParamPublisher
 from learner.ingest.registry import ActorInfo, ActorRegistry
 from learner.ingest.transport import Transport
 from learner.ingest.wal import WriteAheadLog
-from learner.serving.inference import InferenceService
 
-__all__ = ["ActorInfo", "EpisodeCheck", "IngestServer"]
+__all__ = ["ActorInfo", "EpisodeCheck", "IngestServer", "RunWelcome"]
 
 
 @dataclass(frozen=True)
@@ -48,72 +43,65 @@ class EpisodeCheck:
         return traj.validate(self.spec, self.max_steps, newest_version)
 
 
+@dataclass(frozen=True)
+class RunWelcome:
+    """What every actor's WELCOME carries alike: the run's id, the heartbeat cadence and the run-wide
+    fields. Checked once when built (a key WELCOME does not have is a TypeError here, not at the first
+    HELLO)."""
+
+    run_id: str
+    """New for every learner process: a different one tells an actor the learner restarted."""
+    heartbeat_every: float
+    """Seconds between the learner's unsolicited HEARTBEATs."""
+    fields: dict[str, Any]
+    """`model` (a ModelConfig), `max_steps`, and optionally `mode`, `text_vocab_size` (the text encoder's
+    WordPiece vocabulary) and `inference_port` (the inference service's port, 0 without one)."""
+
+    def __post_init__(self) -> None:
+        self.welcome(1, 0, 0, 0)
+
+    def welcome(self, actor_id: int, policy_version: int, acked_upto: int, grant: int) -> protocol.Welcome:
+        return protocol.Welcome(
+            self.run_id, actor_id, policy_version, acked_upto, grant, self.heartbeat_every, **self.fields
+        )
+
+
 class IngestServer:
-    """The ingest ROUTER and params PUB (bound in the constructor), and how each message is answered:
-    HELLO registers the actor and gets a WELCOME; TRAJ is checked (`check`) and settled by the durable
-    inserter (stored then ACK, or refused for good then ERROR); PARAM_REQ gets the newest snapshot;
-    HEARTBEAT gets one back. A refused message gets an ERROR and is counted in `rejected` by code, so a
-    malformed message costs that message, never the learner. Which batches are settled and how far each
-    actor may send lives in `ledger` (learner/ingest/delivery.py); `gate` is the learner's rate limit on the
-    grants it hands out."""
+    """The ingest ROUTER and params PUB (`transport`, bound before it is handed in), and how each message
+    is answered: HELLO registers the actor and gets a WELCOME; TRAJ is checked (`check`) and settled by
+    the durable inserter (stored then ACK, or refused for good then ERROR); PARAM_REQ gets the newest
+    snapshot; HEARTBEAT gets one back. A refused message gets an ERROR and is counted in `rejected` by
+    code, so a malformed message costs that message, never the learner. Which batches are settled and how
+    far each actor may send lives in `ledger` (learner/ingest/delivery.py); the inserter hands out the
+    grants, asking the learner's rate limit. Every part comes built (learner/setup/ingest.py composes
+    them)."""
 
     def __init__(
         self,
-        bind: str,
-        ingest_port: int,
-        params_port: int,
-        welcome_fields: dict,
-        episode_spec: protocol.EpisodeSpec,
-        max_steps: int,
-        on_episodes: Callable[[list[Episode], int], None],
-        actor_timeout: float = 15.0,
-        credit: int = 8,
-        heartbeat_every: float = 1.0,
-        curve: CurveServer | None = None,
-        text_vocab_size: int = 0,
-        wal: WriteAheadLog | None = None,
-        log: Callable[[str], None] | None = None,
+        transport: Transport,
+        registry: ActorRegistry,
+        ledger: DeliveryLedger,
+        inserter: DurableInserter,
+        params: ParamPublisher,
+        check: EpisodeCheck,
+        welcome: RunWelcome,
     ):
-        self._run_fields = {**welcome_fields, "model": ModelConfig.from_dict(welcome_fields["model"])}
-        """The run-wide WELCOME fields (`welcome_fields`: `model` as a dict, `max_steps`, optionally `mode`)."""
-        protocol.Welcome("", 1, 0, 0, 0, heartbeat_every, **self._run_fields)  # a wrong key fails here, once
-        self.check = EpisodeCheck(episode_spec, max_steps)
-        self.text_vocab_size = text_vocab_size
-        """The text encoder's WordPiece vocabulary, told to actors in WELCOME (0 without one)."""
-        self.transport = Transport(bind, ingest_port, params_port, curve)
-        self.ingest_port, self.params_port = self.transport.ingest_port, self.transport.params_port
-        self.rejected: Counter[str] = self.transport.rejected
+        self.transport, self.registry, self.ledger, self.inserter = transport, registry, ledger, inserter
+        self.params, self.check, self.welcome = params, check, welcome
+        self.ingest_port, self.params_port = transport.ingest_port, transport.params_port
+        self.rejected: Counter[str] = transport.rejected
         """Refused messages by reason."""
-        self.drops: Counter[str] = self.transport.drops
+        self.drops: Counter[str] = transport.drops
         """Replies that could not be sent, by reason."""
-        self.params = ParamPublisher(self.transport)
-        self.registry = ActorRegistry(actor_timeout)
-        self.actors: dict[int, ActorInfo] = self.registry.actors
-        self.run_id = uuid.uuid4().hex[:12]
-        self.heartbeat_every = heartbeat_every
-        self.ledger = DeliveryLedger(credit)
-        self.wal = wal
+        self.actors: dict[int, ActorInfo] = registry.actors
+        self.run_id = welcome.run_id
+        self.wal: WriteAheadLog | None = inserter.wal
         """The write-ahead log every new batch is appended to before it is stored (None: `--durability none`)."""
-        self.inserter = DurableInserter(
-            self.ledger,
-            wal,
-            on_episodes,
-            self.transport,
-            grant=self._grant,
-            on_writable=self.heartbeat,  # grants grow again: tell the actors now
-            log=log or (lambda line: print(line, file=sys.stderr, flush=True)),
-        )
-        self.gate: Callable[[], bool] = lambda: True
-        """The learner's rate limit, asked at every grant: False while it is behind, so grants stop growing
-        and actors wait. Asked per grant (not per poll), so a poll that takes in many batches cannot
-        hand out credit past the limit."""
         self.accepting = True
-        """The gate's answer at the end of the last poll (for the metrics)."""
+        """Whether grants could grow at the end of the last poll (for the metrics)."""
         self.duplicates = 0
         """TRAJ batches received again after they were settled (acknowledged again, stored once)."""
         self._last_beat = time.monotonic()
-        self.inference: InferenceService | None = None
-        """The inference service (learner/serving/inference.py), when the run has one: its port goes in WELCOME."""
 
     @property
     def storage_error(self) -> str:
@@ -139,7 +127,7 @@ class IngestServer:
         if handled < max_messages:  # everything that arrived is read: silence now is the actor's own
             self.registry.forget_silent()
         self._check_gate()
-        if time.monotonic() - self._last_beat >= self.heartbeat_every:
+        if time.monotonic() - self._last_beat >= self.welcome.heartbeat_every:
             self.heartbeat()
         return handled
 
@@ -180,7 +168,7 @@ class IngestServer:
         if self.ledger.is_duplicate(actor.instance, traj.seq):
             self.duplicates += 1
             self.transport.send(
-                identity, protocol.Ack(traj.seq, 0, True, self._grant(actor.instance)).to_msg()
+                identity, protocol.Ack(traj.seq, 0, True, self.inserter.grant(actor.instance)).to_msg()
             )
             return
         try:
@@ -198,29 +186,14 @@ class IngestServer:
     def _hello(self, identity: bytes, hello: protocol.Hello) -> None:
         acked_upto = self.ledger.join(hello.instance, hello.first_unacked)
         actor = self.registry.register(identity, hello)
-        welcome = protocol.Welcome(
-            run_id=self.run_id,
-            actor_id=actor.actor_id,
-            policy_version=self.params.version,
-            acked_upto=acked_upto,
-            grant=self._grant(hello.instance),
-            heartbeat_every=self.heartbeat_every,
-            text_vocab_size=self.text_vocab_size,
-            inference_port=self.inference.port if self.inference is not None else 0,
-            **self._run_fields,
-        )
+        grant = self.inserter.grant(hello.instance)
+        welcome = self.welcome.welcome(actor.actor_id, self.params.version, acked_upto, grant)
         self.transport.send(identity, welcome.to_msg())
 
-    def _open(self) -> bool:
-        """Whether grants may grow: the rate limit allows it and the log can be written."""
-        return not self.inserter.storage_error and self.gate()
-
-    def _grant(self, instance: str) -> int:
-        return self.ledger.grant(instance, self._open())
-
     def _check_gate(self) -> None:
-        """When the gate has opened again, tell every actor its new grant at once, not at the next beat."""
-        was, self.accepting = self.accepting, self._open()
+        """When grants may grow again (the rate limit allows it and the log can be written), tell every
+        actor its new grant at once, not at the next beat."""
+        was, self.accepting = self.accepting, self.inserter.open()
         if self.accepting and not was:
             self.heartbeat()
 
@@ -231,7 +204,9 @@ class IngestServer:
             self.transport.send(actor.identity, self._beat(actor))
 
     def _beat(self, actor: ActorInfo) -> dict:
-        return protocol.Heartbeat(self.run_id, self.params.version, self._grant(actor.instance)).to_msg()
+        return protocol.Heartbeat(
+            self.run_id, self.params.version, self.inserter.grant(actor.instance)
+        ).to_msg()
 
     def connected_envs(self) -> int:
         """Environments of the actors connected now (from their HELLO): a sync round waits for this many."""
@@ -248,8 +223,6 @@ class IngestServer:
         return self.inserter.recover(start_lsn, newest_version, self.check.episodes)
 
     def close(self) -> None:
-        if self.inference is not None:
-            self.inference.close()
         self.inserter.commit()
         if self.wal is not None:
             self.wal.close()

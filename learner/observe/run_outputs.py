@@ -79,16 +79,18 @@ def reachable_host(bind: str) -> str:
     return socket.gethostname() if bind in ALL_INTERFACES else bind
 
 
-def write_endpoints(run_dir: Path, server: IngestServer, bind: str, status: StatusServer | None) -> None:
-    """run_dir/endpoints.json: the ports the ingest (and the inference service, and the HTTP status
-    endpoint) bound (0 picks free ones) and `host`, where actors reach them (`reachable_host`), written
-    atomically so a reader never sees half a file."""
+def write_endpoints(
+    run_dir: Path, server: IngestServer, bind: str, status: StatusServer | None, inference_port: int = 0
+) -> None:
+    """run_dir/endpoints.json: the ports the ingest (and the inference service, `inference_port` 0 without
+    one, and the HTTP status endpoint) bound (0 picks free ones) and `host`, where actors reach them
+    (`reachable_host`), written atomically so a reader never sees half a file."""
     endpoints = {
         "ingest_port": server.ingest_port, "params_port": server.params_port, "bind": bind,
         "host": reachable_host(bind),
     }  # fmt: skip
-    if server.inference is not None:
-        endpoints["inference_port"] = server.inference.port
+    if inference_port:
+        endpoints["inference_port"] = inference_port
     if status is not None:
         endpoints["metrics_port"] = status.port
     tmp = run_dir / "endpoints.json.tmp"

@@ -1,19 +1,31 @@
-"""The learner's ingest: the IngestServer (ROUTER and PUB bound, CURVE when configured), its
-write-ahead log (--durability), the ReplayInserter it stores with, the rate limit's gate, and the
-inference service beside it."""
+"""The learner's ingest, composed: the bound sockets (CURVE when configured), the actor registry, the
+delivery ledger, the durable inserter with its write-ahead log (--durability) and the rate limit's gate,
+the snapshot publisher, handed to the IngestServer built; and the inference service beside it, which is
+the session's (it shares the sockets' ZeroMQ context and asks the registry who is an actor)."""
 
 from __future__ import annotations
 
+import sys
+import uuid
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import zmq
 from rich.console import Console
 
+from common import protocol
+from common.config import ModelConfig
 from common.net.curve import CurveError, CurveServer
 from common.policies import make_policy
 from common.policies.pointer import text_encoder
 from learner.config import LearnerConfig
-from learner.ingest.server import IngestServer
+from learner.ingest.delivery import DeliveryLedger
+from learner.ingest.durable_inserter import DurableInserter, Store
+from learner.ingest.publisher import ParamPublisher
+from learner.ingest.registry import ActorRegistry
+from learner.ingest.server import EpisodeCheck, IngestServer, RunWelcome
+from learner.ingest.transport import Transport
 from learner.ingest.wal import WriteAheadLog
 from learner.inserter import ReplayInserter
 from learner.serving.inference import InferenceConfig, InferenceService
@@ -31,47 +43,94 @@ def curve_server(cfg: LearnerConfig) -> CurveServer | None:
         raise SystemExit(f"CURVE: {e}") from e
 
 
-def open_ingest(
-    cfg: LearnerConfig, run_dir: Path, inserter: ReplayInserter, curve: CurveServer | None, console: Console
+def ingest_server(
+    transport: Transport,
+    registry: ActorRegistry,
+    *,
+    welcome_fields: dict[str, Any],
+    episode_spec: protocol.EpisodeSpec,
+    max_steps: int,
+    on_episodes: Store,
+    credit: int = 8,
+    heartbeat_every: float = 1.0,
+    text_vocab_size: int = 0,
+    inference_port: int = 0,
+    wal: WriteAheadLog | None = None,
+    gate: Callable[[], bool] | None = None,
+    log: Callable[[str], None] | None = None,
 ) -> IngestServer:
-    """Bind the ingest and params sockets (ports in use raise here); settled batches go to `inserter`,
-    and with --insert-slack its `accepts` gates the actors' credit."""
+    """The IngestServer on a bound `transport`, its parts built here: `welcome_fields` are the run-wide
+    WELCOME fields (`model` as a dict, `max_steps`, optionally `mode`; a key WELCOME lacks is a TypeError);
+    settled episodes go to `on_episodes`, each new batch through `wal` first when given; `gate` is the
+    learner's rate limit on the grants (None: always open); `log` takes the storage errors' lines
+    (None: stderr)."""
+    model = ModelConfig.from_dict(welcome_fields["model"])
+    fields = {**welcome_fields, "model": model, "text_vocab_size": text_vocab_size}
+    welcome = RunWelcome(uuid.uuid4().hex[:12], heartbeat_every, {**fields, "inference_port": inference_port})
+    ledger = DeliveryLedger(credit)
+    inserter = DurableInserter(ledger, wal, on_episodes, transport, gate or (lambda: True), log or _to_stderr)
+    check = EpisodeCheck(episode_spec, max_steps)
+    return IngestServer(transport, registry, ledger, inserter, ParamPublisher(transport), check, welcome)
+
+
+def open_ingest(
+    cfg: LearnerConfig,
+    run_dir: Path,
+    inserter: ReplayInserter,
+    graphdef: Any,
+    curve: CurveServer | None,
+    console: Console,
+) -> tuple[IngestServer, InferenceService | None]:
+    """Bind the ingest and params sockets (ports in use raise here), then the inference service
+    (`open_inference`); settled batches go to `inserter`, and with --insert-slack its `accepts` gates
+    the actors' credit. On a failure what was bound is closed again."""
     net = cfg.transport
     durability = cfg.durability()
     wal = WriteAheadLog(run_dir / "wal", durability) if durability != "none" else None
-    server = IngestServer(
-        net.bind,
-        net.ingest_port,
-        net.params_port,
-        welcome_fields={"model": cfg.model.to_dict(), "max_steps": cfg.max_steps, "mode": cfg.mode},
-        episode_spec=make_policy(cfg.model).episode_spec(),
-        text_vocab_size=text_encoder.vocab_size(cfg.model),
-        max_steps=cfg.max_steps,
-        on_episodes=inserter,
-        actor_timeout=net.actor_timeout,
-        credit=net.actor_credit,
-        curve=curve,
-        wal=wal,
-        log=lambda line: console.print(line, markup=False, highlight=False),
-    )
-    if cfg.insert_slack():
-        server.gate = inserter.accepts
-    return server
+    transport = Transport(net.bind, net.ingest_port, net.params_port, curve)
+    registry = ActorRegistry(net.actor_timeout)
+    inference = None
+    try:
+        inference = open_inference(cfg, transport.ctx, registry, graphdef, curve)
+        server = ingest_server(
+            transport,
+            registry,
+            welcome_fields={"model": cfg.model.to_dict(), "max_steps": cfg.max_steps, "mode": cfg.mode},
+            episode_spec=make_policy(cfg.model).episode_spec(),
+            max_steps=cfg.max_steps,
+            on_episodes=inserter,
+            credit=net.actor_credit,
+            text_vocab_size=text_encoder.vocab_size(cfg.model),
+            inference_port=inference.port if inference is not None else 0,
+            wal=wal,
+            gate=inserter.accepts if cfg.insert_slack() else None,
+            log=lambda line: console.print(line, markup=False, highlight=False),
+        )
+    except BaseException:
+        if inference is not None:
+            inference.close()
+        if wal is not None:
+            wal.close()
+        transport.close()
+        raise
+    return server, inference
 
 
-def open_inference(cfg: LearnerConfig, server: IngestServer, graphdef, curve: CurveServer | None) -> None:
-    """Bind and start the inference service beside the ingest (`server.inference`), unless
-    --inference-port -1 or the learner has several processes (its parameters are sharded across them).
-    The service gets a policy family object of its own: host-side state such as the pointer family's
-    text-encoder cache is then never shared with the trainer's thread."""
+def open_inference(
+    cfg: LearnerConfig, ctx: zmq.Context, registry: ActorRegistry, graphdef: Any, curve: CurveServer | None
+) -> InferenceService | None:
+    """Bind and start the inference service on the ingest's context `ctx` (its CURVE authenticator
+    included), unless --inference-port -1 or the learner has several processes (its parameters are
+    sharded across them): None then. The service gets a policy family object of its own: host-side state
+    such as the pointer family's text-encoder cache is then never shared with the trainer's thread."""
     net = cfg.transport
     if net.inference_port < 0 or cfg.multihost.num_processes > 1:
-        return
+        return None
     port = "*" if net.inference_port == 0 else str(net.inference_port)
     batching = InferenceConfig(net.inference_max_rows, net.inference_deadline_ms, cfg.seed)
     try:
         service = InferenceService(
-            make_policy(cfg.model), graphdef, server.transport.ctx, f"tcp://{net.bind}:{port}", server.actors.__contains__,
+            make_policy(cfg.model), graphdef, ctx, f"tcp://{net.bind}:{port}", registry.actors.__contains__,
             batching, curve,
         )  # fmt: skip
     except zmq.ZMQError as e:
@@ -79,4 +138,8 @@ def open_inference(cfg: LearnerConfig, server: IngestServer, graphdef, curve: Cu
             f"cannot bind the inference service to tcp://{net.bind}:{port}: {e}. Pick another port with "
             "--inference-port (0 picks a free one, -1 turns the service off)."
         ) from e
-    server.inference = service.start()
+    return service.start()
+
+
+def _to_stderr(line: str) -> None:
+    print(line, file=sys.stderr, flush=True)

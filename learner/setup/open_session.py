@@ -10,7 +10,7 @@ The order, stated once:
 4. the demonstrations (learner/setup/demos.py); a run resuming past its warm-up needs none, and which
    checkpoint it resumes from is known before it is read;
 5. run statistics, the schedule and the ReplayInserter -> the ingest (learner/setup/ingest.py: sockets
-   bound, the write-ahead log opened);
+   bound, the write-ahead log opened) and the inference service beside it;
 6. the resume (learner/setup/resume.py): training state, replay, delivery ledger, the write-ahead log's batches;
 7. outputs (learner/observe/run_outputs.py): metrics.jsonl, dashboards, the console panel, config.json;
    endpoints.json once the ports are known;
@@ -44,7 +44,7 @@ from learner.replay.prioritized import PrioritizedReplay, oldest_origin
 from learner.schedule import Schedule
 from learner.session import Session, publish_version
 from learner.setup.demos import demonstrations
-from learner.setup.ingest import curve_server, open_inference, open_ingest
+from learner.setup.ingest import curve_server, open_ingest
 from learner.setup.resume import resume
 from learner.setup.training_state import Training, build_training
 from learner.training import multihost
@@ -76,9 +76,8 @@ def open_session(cfg: LearnerConfig, console: Console) -> Session:
     if not schedule.in_warmup(resume_update or 0):
         stats.mark_rl_start()  # no warm-up (or past it): every episode counts towards the success target
     inserter = ReplayInserter(replay, schedule, stats, cfg.loss.gamma, lambda: trainer.version)
-    server = open_ingest(cfg, run_dir, inserter, curve, console)
+    server, inference = open_ingest(cfg, run_dir, inserter, trainer.graphdef, curve, console)
     try:
-        open_inference(cfg, server, trainer.graphdef, curve)
         saved_lsn = resume(cfg, rank, checkpointer, trainer, replay, server, console)  # 6
         session = Session(
             cfg=cfg,
@@ -92,6 +91,7 @@ def open_session(cfg: LearnerConfig, console: Console) -> Session:
             stats=stats,
             schedule=schedule,
             server=server,
+            inference=inference,
             outputs=RunOutputs(cfg, run_dir, rank, console),  # 7
             prefill_pending=prefill,
             saved_update=trainer.update,
@@ -102,6 +102,8 @@ def open_session(cfg: LearnerConfig, console: Console) -> Session:
         )
         _go_live(session, training)  # 8
     except BaseException:
+        if inference is not None:
+            inference.close()
         server.close()
         raise
     return session
@@ -123,9 +125,10 @@ def _go_live(session: Session, training: Training) -> None:
     """endpoints.json, the current version published (version 0, or the resumed one), the endpoints on
     the console, then the local actors."""
     cfg, server, run_dir, rank = session.cfg, session.server, session.run_dir, session.rank
-    write_endpoints(run_dir, server, cfg.transport.bind, session.outputs.status)
-    publish_version(server, training.trainer, training.trainer.version, None)
-    _announce(cfg, server, training, rank, run_dir, session.console)
+    inference_port = session.inference.port if session.inference is not None else 0
+    write_endpoints(run_dir, server, cfg.transport.bind, session.outputs.status, inference_port)
+    publish_version(server, session.inference, training.trainer, training.trainer.version, None)
+    _announce(cfg, server, inference_port, training, rank, run_dir, session.console)
     if (status := session.outputs.status) is not None:
         session.console.print(
             f"learner: metrics http://{cfg.transport.bind}:{status.port}/metrics, health /livez /readyz"
@@ -149,13 +152,20 @@ def _joined_config(cfg: LearnerConfig) -> LearnerConfig:
 
 
 def _announce(
-    cfg: LearnerConfig, server: IngestServer, training: Training, rank: int, run_dir: Path, console: Console
+    cfg: LearnerConfig,
+    server: IngestServer,
+    inference_port: int,
+    training: Training,
+    rank: int,
+    run_dir: Path,
+    console: Console,
 ) -> None:
-    """The learner's endpoints on the console, and a warning for a port adb uses on this machine."""
+    """The learner's endpoints on the console (`inference_port` 0: no inference service), and a warning
+    for a port adb uses on this machine."""
     bind = cfg.transport.bind
     console.print(
         f"learner: ingest tcp://{bind}:{server.ingest_port}, params tcp://{bind}:{server.params_port}, "
-        + (f"inference tcp://{bind}:{server.inference.port}, " if server.inference is not None else "")
+        + (f"inference tcp://{bind}:{inference_port}, " if inference_port else "")
         + f"run dir {run_dir}, mesh {dict(training.mesh.shape)} ({cfg.mesh.param_sharding} parameters)"
         + (f", process {rank} of {jax.process_count()}" if jax.process_count() > 1 else "")
     )
