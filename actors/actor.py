@@ -4,10 +4,10 @@ handshake -> ask for the newest parameters -> repeat:
     take in replies and snapshots (swap to a newer version at once; settle ACKs, raise the grant)
     featurize the ready environments' observations -> one jitted call samples their actions -> step them
     (inline, or each on its own thread for real devices: actors/slots.py)
-    finished episodes go to the outbox; send the batches the learner's grant allows; heartbeat
+    finished episodes go to the outbox; send the parcels the learner's grant allows; heartbeat
 
 Nothing is lost on a reconnect: the environments, the episodes in progress and every unacknowledged
-batch survive it (actors/outbox.py), and the batches are sent again under the same `seq`.
+parcel survive it (actors/outbox.py), and the parcels are sent again under the same `seq`.
 
 The parts: the session with the learner, joining and joining again (actors/membership.py); the policy,
 here or on the learner's inference service (actors/local_inference.py, actors/remote_inference.py); one
@@ -46,7 +46,7 @@ class Actor:
     """One actor process: its environments, its policy, and its side of the protocol with one learner.
 
     It holds the configuration (checked by ActorConfig itself), the counters it reports (`stats`), its
-    random `instance` (the id under which the learner numbers its batches, across reconnects), the
+    random `instance` (the id under which the learner numbers its parcels, across reconnects), the
     `outbox` of finished episodes not yet acknowledged, its `membership` in the learner's run, its
     `inference` (local or remote) and its `stepper`. `run` owns the sockets (a LearnerConnection) and the
     `World` (environments and policy runner, built on the first WELCOME): it joins, loops (take in
@@ -218,7 +218,7 @@ class Actor:
                 conn.wait(rounds.wait_ms())
             else:
                 self._step(world)
-            self.membership.send(conn, self.outbox.take_batches())
+            self.membership.send(conn, self.outbox.take_parcels())
             conn.heartbeat_if_due(cfg.heartbeat_every)
             now = time.monotonic()
             if now - last_status >= cfg.status_every:
@@ -250,7 +250,7 @@ class Actor:
                 if welcome is None:
                     break
                 self._join(conn, welcome, world)
-            membership.send(conn, self.outbox.take_batches())
+            membership.send(conn, self.outbox.take_parcels())
             conn.wait(100)
             self._take_in(conn, world.runner, world)
             conn.heartbeat_if_due(cfg.heartbeat_every)

@@ -1,6 +1,6 @@
 """The actor's place in a learner's run: joining it (HELLO -> WELCOME), taking in its replies, noticing when
 the session broke (a silent learner, an overdue ACK, a learner that forgot us or restarted) and sending
-the outbox's batches. The actor then joins again on a fresh socket and re-sends what is unacknowledged."""
+the outbox's parcels. The actor then joins again on a fresh socket and re-sends what is unacknowledged."""
 
 from __future__ import annotations
 
@@ -10,11 +10,11 @@ from collections.abc import Callable
 
 from actors.config import ActorConfig
 from actors.connection import LearnerConnection, Snapshot
-from actors.outbox import Batch, Outbox
+from actors.outbox import Outbox, Parcel
 from common import protocol
 
 KEEP_ON_ERROR = frozenset({"no_credit", "not_welcomed", "unavailable"})
-"""ERROR codes after which a refused batch is kept and sent again (after a new grant or handshake)."""
+"""ERROR codes after which a refused parcel is kept and sent again (after a new grant or handshake)."""
 
 
 class Membership:
@@ -62,9 +62,9 @@ class Membership:
         if not self.rejoin and self.outbox.overdue(self.cfg.ack_timeout):
             self.rejoin = f"no ACK for {self.cfg.ack_timeout:.0f}s"
 
-    def send(self, conn: LearnerConnection, batches: list[Batch]) -> None:
-        for batch in batches:
-            if conn.send(protocol.Traj(conn.actor_id, batch.seq, batch.episodes).to_msg()):
+    def send(self, conn: LearnerConnection, parcels: list[Parcel]) -> None:
+        for parcel in parcels:
+            if conn.send(protocol.Traj(conn.actor_id, parcel.seq, parcel.episodes).to_msg()):
                 self.stats["batches_sent"] += 1
             else:  # kept in the outbox: sent again when its ACK is overdue
                 self.stats["send_queue_full"] += 1
@@ -96,7 +96,7 @@ class Membership:
         if code == "unavailable" and seq is not None:
             self.outbox.on_unavailable(seq)
         if seq is not None and seq in self.outbox.unacked and code not in KEEP_ON_ERROR:
-            # The learner will never take this batch (it is malformed): drop it, counted, not re-sent forever.
+            # The learner will never take this parcel (it is malformed): drop it, counted, not re-sent forever.
             self.stats["episodes_refused"] += len(self.outbox.unacked.pop(seq).episodes)
         if not again:
             self.log(f"actor: learner refused a message: {code}: {error.reason}")

@@ -1,7 +1,7 @@
 """Finished episodes on their way to the learner: kept until acknowledged, re-sent when in doubt.
 
-Episodes wait in `pending` until the learner's grant lets a batch go (credit-based flow control:
-docs/PROTOCOL.md §2); a sent batch stays in `unacked` under its `seq` until the learner's ACK, and is
+Episodes wait in `pending` until the learner's grant lets a parcel go (credit-based flow control:
+docs/PROTOCOL.md §2); a sent parcel stays in `unacked` under its `seq` until the learner's ACK, and is
 sent again, same `seq`, after a reconnect or when its ACK is overdue. The learner stores a `seq` once,
 so a re-send is never counted twice. `pending` is bounded: when the learner is behind and it fills,
 the actor either waits (stops stepping its environments) or discards the oldest pending episodes,
@@ -18,8 +18,10 @@ from typing import Any
 
 
 @dataclass
-class Batch:
-    """One TRAJ's worth of episodes under its seq, kept until the learner acknowledges that seq."""
+class Parcel:
+    """A batch of finished episodes on its way to the learner: one TRAJ's worth under its seq (what
+    docs/PROTOCOL.md calls a batch; the counters keep that word, batches_*), kept until the learner
+    acknowledges that seq. Not learner/batch.py:Batch, the learner's training batch."""
 
     seq: int
     episodes: list[dict[str, Any]]
@@ -32,32 +34,32 @@ class Outbox:
     """The actor's side of acknowledged delivery: every finished episode from the moment it is recorded
     until the learner has stored it.
 
-    It holds the `pending` episodes (bounded by `max_pending`, waiting for credit), the sent batches in
-    `unacked` by seq, the next seq and the learner's `grant`. It numbers batches and decides what may go
-    (`take_batches`), what to send again after a reconnect (`to_resend`), when an ACK is `overdue`, and,
+    It holds the `pending` episodes (bounded by `max_pending`, waiting for credit), the sent parcels in
+    `unacked` by seq, the next seq and the learner's `grant`. It numbers parcels and decides what may go
+    (`take_parcels`), what to send again after a reconnect (`to_resend`), when an ACK is `overdue`, and,
     when the learner lags, whether the actor waits (`blocked`) or discards its oldest pending episodes
     (`--when-blocked`). It never touches a socket: the actor sends what it hands out and feeds back the
     WELCOME, ACK and grants it receives; its counts go into the actor's `stats`."""
 
-    def __init__(self, max_pending: int, max_batch: int, when_blocked: str, stats: Counter):
+    def __init__(self, max_pending: int, max_parcel: int, when_blocked: str, stats: Counter):
         if when_blocked not in ("wait", "discard"):
             raise ValueError(f'when_blocked must be "wait" or "discard", got {when_blocked!r}')
         self.max_pending = max_pending
-        self.max_batch = max_batch
+        self.max_parcel = max_parcel
         self.when_blocked = when_blocked
         self.stats = stats
         self.pending: deque[dict[str, Any]] = deque()
-        self.unacked: OrderedDict[int, Batch] = OrderedDict()
+        self.unacked: OrderedDict[int, Parcel] = OrderedDict()
         self.next_seq = 1
         self.grant = 0
         """The highest seq the learner lets this actor send."""
         self.unavailable: set[int] = set()
-        """Sent batches the learner refused `unavailable` (it could not store them then): sent again at the
+        """Sent parcels the learner refused `unavailable` (it could not store them then): sent again at the
         learner's next HEARTBEAT (every second, and at once when its storage works again)."""
         self.storage_down = False
-        """The learner refused a batch `unavailable` and has acknowledged none since."""
+        """The learner refused a parcel `unavailable` and has acknowledged none since."""
         self.on_settled: Callable[[int, int, str], None] | None = None
-        """Called with (seq, episodes, "ack" | "duplicate" | "welcome") for each batch the learner has
+        """Called with (seq, episodes, "ack" | "duplicate" | "welcome") for each parcel the learner has
         (actors/ack_log.py)."""
 
     # ---- state -------------------------------------------------------------------------------------
@@ -81,15 +83,15 @@ class Outbox:
             self.pending.popleft()
             self.stats["episodes_discarded_backlog"] += 1
 
-    def take_batches(self) -> list[Batch]:
-        """New batches the grant allows, moved to `unacked`; the caller sends them."""
+    def take_parcels(self) -> list[Parcel]:
+        """New parcels the grant allows, moved to `unacked`; the caller sends them."""
         out = []
         while self.pending and self.next_seq <= self.grant:
-            n = min(self.max_batch, len(self.pending))
-            batch = Batch(self.next_seq, [self.pending.popleft() for _ in range(n)], time.monotonic())
-            self.unacked[batch.seq] = batch
+            n = min(self.max_parcel, len(self.pending))
+            parcel = Parcel(self.next_seq, [self.pending.popleft() for _ in range(n)], time.monotonic())
+            self.unacked[parcel.seq] = parcel
             self.next_seq += 1
-            out.append(batch)
+            out.append(parcel)
         return out
 
     def on_grant(self, grant: int, authoritative: bool = False) -> None:
@@ -99,20 +101,20 @@ class Outbox:
     def on_ack(self, seq: int, accepted: int, duplicate: bool) -> None:
         self.unavailable.discard(seq)
         self.storage_down = False
-        batch = self.unacked.pop(seq, None)
-        if batch is None:
-            self.stats["acks_unexpected"] += 1  # an ACK for a batch already settled (a re-send's twin)
+        parcel = self.unacked.pop(seq, None)
+        if parcel is None:
+            self.stats["acks_unexpected"] += 1  # an ACK for a parcel already settled (a re-send's twin)
             return
-        self.stats["episodes_acked"] += len(batch.episodes)
+        self.stats["episodes_acked"] += len(parcel.episodes)
         if self.on_settled is not None:
-            self.on_settled(seq, len(batch.episodes), "duplicate" if duplicate else "ack")
+            self.on_settled(seq, len(parcel.episodes), "duplicate" if duplicate else "ack")
         if duplicate:
             self.stats["batches_acked_as_duplicate"] += 1
-        elif accepted != len(batch.episodes):
+        elif accepted != len(parcel.episodes):
             self.stats["acks_count_mismatch"] += 1
 
     def on_welcome(self, acked_upto: int, grant: int) -> None:
-        """The learner stores everything up to `acked_upto`: forget those batches."""
+        """The learner stores everything up to `acked_upto`: forget those parcels."""
         for seq in [s for s in self.unacked if s <= acked_upto]:
             episodes = len(self.unacked.pop(seq).episodes)
             self.stats["episodes_acked"] += episodes
@@ -121,34 +123,34 @@ class Outbox:
         self.on_grant(grant, authoritative=True)
 
     def overdue(self, ack_timeout: float) -> bool:
-        """True when the oldest unacknowledged batch has waited longer than ack_timeout for its ACK."""
+        """True when the oldest unacknowledged parcel has waited longer than ack_timeout for its ACK."""
         oldest = next(iter(self.unacked.values()), None)
         return oldest is not None and time.monotonic() - oldest.sent_at > ack_timeout
 
     def on_unavailable(self, seq: int) -> None:
-        """The learner could not store batch `seq` now: keep it for `to_retry`."""
+        """The learner could not store parcel `seq` now: keep it for `to_retry`."""
         self.storage_down = True
         if seq in self.unacked:
             self.unavailable.add(seq)
             self.stats["batches_refused_unavailable"] += 1
 
-    def to_retry(self) -> list[Batch]:
-        """The batches refused `unavailable`, oldest first, to send again now (on the learner's HEARTBEAT:
+    def to_retry(self) -> list[Parcel]:
+        """The parcels refused `unavailable`, oldest first, to send again now (on the learner's HEARTBEAT:
         its storage may work again), each once until it is refused again."""
-        batches = [self.unacked[s] for s in sorted(self.unavailable) if s in self.unacked]
+        parcels = [self.unacked[s] for s in sorted(self.unavailable) if s in self.unacked]
         self.unavailable.clear()
         now = time.monotonic()
-        for batch in batches:
-            batch.sent_at = now
-        self.stats["batches_retried"] += len(batches)
-        return batches
+        for parcel in parcels:
+            parcel.sent_at = now
+        self.stats["batches_retried"] += len(parcels)
+        return parcels
 
-    def to_resend(self) -> list[Batch]:
-        """Every unacknowledged batch, oldest first, to send again (after a new handshake)."""
+    def to_resend(self) -> list[Parcel]:
+        """Every unacknowledged parcel, oldest first, to send again (after a new handshake)."""
         self.unavailable.clear()
         now = time.monotonic()
-        for batch in self.unacked.values():
-            batch.sent_at = now
+        for parcel in self.unacked.values():
+            parcel.sent_at = now
         self.stats["batches_resent"] += len(self.unacked)
         return list(self.unacked.values())
 

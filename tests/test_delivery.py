@@ -88,12 +88,12 @@ def _episodes(n: int, version: int = 5) -> list[dict]:
 
 def test_outbox_sends_only_what_the_grant_allows_and_keeps_it_until_acked():
     stats = Counter()
-    box = Outbox(max_pending=100, max_batch=2, when_blocked="wait", stats=stats)
+    box = Outbox(max_pending=100, max_parcel=2, when_blocked="wait", stats=stats)
     box.add(_episodes(5))
-    assert box.take_batches() == []  # no grant yet
+    assert box.take_parcels() == []  # no grant yet
     box.on_grant(2)
-    batches = box.take_batches()
-    assert [(b.seq, len(b.episodes)) for b in batches] == [(1, 2), (2, 2)]
+    parcels = box.take_parcels()
+    assert [(b.seq, len(b.episodes)) for b in parcels] == [(1, 2), (2, 2)]
     assert len(box.pending) == 1 and box.held() == 5 and box.first_unacked == 1
     box.on_ack(1, accepted=2, duplicate=False)
     box.on_grant(1)  # a stale, lower grant never lowers it
@@ -103,15 +103,15 @@ def test_outbox_sends_only_what_the_grant_allows_and_keeps_it_until_acked():
     assert stats["episodes_acked"] == 4 and stats["batches_acked_as_duplicate"] == 1
     assert stats["acks_unexpected"] == 1
     box.on_grant(5)
-    assert [b.seq for b in box.take_batches()] == [3] and box.held() == 1
+    assert [b.seq for b in box.take_parcels()] == [3] and box.held() == 1
 
 
 def test_outbox_resends_everything_unacked_in_order_and_forgets_what_the_learner_holds():
     stats = Counter()
-    box = Outbox(max_pending=100, max_batch=1, when_blocked="wait", stats=stats)
+    box = Outbox(max_pending=100, max_parcel=1, when_blocked="wait", stats=stats)
     box.on_grant(10)
     box.add(_episodes(4))
-    box.take_batches()
+    box.take_parcels()
     assert not box.overdue(ack_timeout=60)
     assert box.overdue(ack_timeout=-1)
     box.on_welcome(acked_upto=2, grant=4)  # a new learner: its grant replaces ours, even when lower
@@ -122,24 +122,24 @@ def test_outbox_resends_everything_unacked_in_order_and_forgets_what_the_learner
 
 def test_outbox_when_blocked_waits_or_discards_the_oldest():
     stats = Counter()
-    wait = Outbox(max_pending=3, max_batch=8, when_blocked="wait", stats=stats)
+    wait = Outbox(max_pending=3, max_parcel=8, when_blocked="wait", stats=stats)
     wait.add(_episodes(2))
     assert not wait.blocked()
     wait.add(_episodes(2))
     assert wait.blocked() and len(wait.pending) == 4  # nothing dropped: the actor stops stepping
-    drop = Outbox(max_pending=3, max_batch=8, when_blocked="discard", stats=stats)
+    drop = Outbox(max_pending=3, max_parcel=8, when_blocked="discard", stats=stats)
     drop.add(_episodes(5))
     assert not drop.blocked() and [e["i"] for e in drop.pending] == [2, 3, 4]
     assert stats["episodes_discarded_backlog"] == 2
     with pytest.raises(ValueError):
-        Outbox(max_pending=3, max_batch=8, when_blocked="never", stats=stats)
+        Outbox(max_pending=3, max_parcel=8, when_blocked="never", stats=stats)
 
 
 def test_outbox_relabels_versions_a_restarted_learner_has_not_published():
-    box = Outbox(max_pending=10, max_batch=1, when_blocked="wait", stats=Counter())
+    box = Outbox(max_pending=10, max_parcel=1, when_blocked="wait", stats=Counter())
     box.add([{"policy_version": np.array([3, 7, 9], np.int32)}, {"policy_version": np.array([1], np.int32)}])
     box.on_grant(1)
-    box.take_batches()
+    box.take_parcels()
     assert box.relabel_versions(5) == 2
     held = [*box.pending, *box.unacked[1].episodes]
     assert [e["policy_version"].tolist() for e in held] == [[1], [3, 5, 5]]
