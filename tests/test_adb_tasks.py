@@ -19,9 +19,9 @@ from actors.envs.adb.tasks import (
     focused_components,
     load_device_templates,
     run_setup,
-    sample_task,
 )
 from actors.envs.faults import DeviceCommandFailed, DeviceHang
+from actors.envs.simphone.tasks import sample
 from common.types import Observation, UIElement
 from tests.fake_adb import FakeAdbServer, FakePhone, Screen, make_png
 
@@ -77,9 +77,9 @@ def test_stock_suite_loads_and_samples():
     assert load_device_templates(SUITES_DIR) == templates
     rng = np.random.default_rng(0)
     for split in ("train", "test"):
-        tasks = [sample_task(templates, split, rng) for _ in range(60)]
+        tasks = [sample(templates, split, rng, bind) for _ in range(60)]
         assert all("{" not in t.instruction and t.setup and t.max_steps > 0 for t in tasks)
-    assert "clock.open_alarms" not in {sample_task(templates, "train", rng).template.id for _ in range(200)}
+    assert "clock.open_alarms" not in {sample(templates, "train", rng, bind).template.id for _ in range(200)}
 
 
 def test_sampling_is_deterministic_and_uses_split_values(tmp_path):
@@ -94,14 +94,14 @@ def test_sampling_is_deterministic_and_uses_split_values(tmp_path):
         template(id="b", split="test"),
     )
     templates = load_device_templates(path)
-    draw = [sample_task(templates, "train", np.random.default_rng(7)).instruction for _ in range(3)]
+    draw = [sample(templates, "train", np.random.default_rng(7), bind).instruction for _ in range(3)]
     assert len(set(draw)) == 1
-    train = {sample_task(templates, "train", np.random.default_rng(i)).instruction for i in range(40)}
+    train = {sample(templates, "train", np.random.default_rng(i), bind).instruction for i in range(40)}
     assert train == {"say x", "say y"}
-    test = {sample_task(templates, "test", np.random.default_rng(i)).template.id for i in range(40)}
+    test = {sample(templates, "test", np.random.default_rng(i), bind).template.id for i in range(40)}
     assert test == {"a", "b"}
     with pytest.raises(ValueError, match="split"):
-        sample_task(templates, "nope", np.random.default_rng(0))
+        sample(templates, "nope", np.random.default_rng(0), bind)
 
 
 def test_unknown_suite_lists_the_shipped_ones():

@@ -33,10 +33,11 @@ from actors.envs.adb.screen_state import (
     keyboard_may_show,
     ready_screen,
 )
-from actors.envs.adb.tasks import DeviceTask, load_device_templates, run_setup, sample_task
+from actors.envs.adb.tasks import DeviceTask, bind, load_device_templates, run_setup
 from actors.envs.adb.uixml import parse_dump
 from actors.envs.faults import DeviceBadOutput, DeviceCommandFailed, DeviceFault, DeviceHang
 from actors.envs.simphone.spaces import ActionSpace, ObservationSpace
+from actors.envs.simphone.tasks import sample
 from common.types import Action, ActionType, Observation, UIElement
 
 
@@ -106,7 +107,7 @@ class AdbPhoneEnv(gym.Env):
         else:
             ready_screen(self.device, self._left(deadline), self._count)
             self.device.check("input keyevent 3", self._left(deadline))
-        task = options.get("task") or sample_task(self.templates, self.split, self.np_random)
+        task = options.get("task") or sample(self.templates, self.split, self.np_random, bind)
         run_setup(
             task, self.device, timeout=self._left(deadline),
             load_snapshot=lambda name: self.pool.load_snapshot(self.serial, name),

@@ -35,18 +35,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-
 from actors.envs.adb.device import AdbDevice
 from actors.envs.faults import DeviceCommandFailed, DeviceFault, DeviceHang
 from actors.envs.simphone.tasks import (
-    SPLITS,
     VALUE_SETS,
     TaskFileError,
     TemplateFields,
     available,
     load_suite,
-    values_of,
 )
 from common.types import Observation
 
@@ -168,19 +164,6 @@ def _template(path: Path, suite: str, index: int, raw: Any) -> DeviceTemplate:
     except ValueError as e:
         raise TaskFileError(f"{where}: {e}") from e
     return template
-
-
-def sample_task(templates: list[DeviceTemplate], split: str, rng: np.random.Generator) -> DeviceTask:
-    """A uniformly chosen template of the split, with parameter values from that split."""
-    if split not in SPLITS:
-        raise ValueError(f"split must be one of {SPLITS}, got {split!r}")
-    pool = [t for t in templates if available(t, split)]
-    if not pool:
-        raise ValueError(f"no template is available for split {split!r}")
-    template = pool[int(rng.integers(len(pool)))]
-    drawn = values_of(split)
-    values = {name: v[drawn][int(rng.integers(len(v[drawn])))] for name, v in template.params.items()}
-    return bind(template, values)
 
 
 # ---- binding: placeholders, each rendered for where it lands ----

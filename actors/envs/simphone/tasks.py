@@ -222,8 +222,15 @@ def _template(path: Path, suite: str, index: int, raw: Any) -> Template:
     return template
 
 
-def sample(templates: list[Template], split: str, rng: np.random.Generator) -> Task:
-    """A uniformly chosen template of the split, with parameter values from that split."""
+def sample(
+    templates: list[T],
+    split: str,
+    rng: np.random.Generator,
+    binder: Callable[[T, dict[str, Any]], Any] | None = None,
+) -> Any:
+    """A uniformly chosen template of the split, with parameter values from that split, bound by `binder`:
+    this module's `bind` (a Task) unless given; devices pass actors/envs/adb/tasks.py:bind (a DeviceTask,
+    its set-up commands rendered for adb). The one task sampler of both environment kinds."""
     if split not in SPLITS:
         raise ValueError(f"split must be one of {SPLITS}, got {split!r}")
     pool = [t for t in templates if available(t, split)]
@@ -232,7 +239,7 @@ def sample(templates: list[Template], split: str, rng: np.random.Generator) -> T
     template = pool[int(rng.integers(len(pool)))]
     drawn = values_of(split)
     values = {name: v[drawn][int(rng.integers(len(v[drawn])))] for name, v in template.params.items()}
-    return bind(template, values)
+    return (bind if binder is None else binder)(template, values)
 
 
 def bind(template: Template, values: dict[str, Any]) -> Task:
