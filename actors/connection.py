@@ -3,8 +3,9 @@
 The handshake follows the ZeroMQ guide's "Lazy Pirate": send HELLO, wait, and on silence close the
 socket, back off and try again, so stale requests never pile up inside a DEALER's queue. `last_heard`
 tells the actor when the learner last said anything (it sends heartbeats), so a dead or restarted
-learner is noticed and the actor joins again ("Paranoid Pirate"). Replies come back parsed into
-common/protocol.py's dataclasses; a malformed one is logged and counted (`bad_replies`), never acted on.
+learner is noticed and the actor joins again ("Paranoid Pirate"). Replies come back parsed into the
+message dataclasses of common/protocol/messages.py; a malformed one is logged and counted (`bad_replies`),
+never acted on.
 """
 
 from __future__ import annotations
