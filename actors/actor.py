@@ -79,7 +79,7 @@ class Actor:
             if cfg.inference == "remote"
             else LocalInference(cfg, self.stats, log)
         )
-        """--inference remote: the learner's inference service acts (actors/remote_policy.py); no snapshots."""
+        """The policy: here, on the newest snapshot (--inference local), or on the learner's service."""
         self.stepper = Stepper(self.stats, self.inference.act)
 
     def request_stop(self, reason: str) -> None:

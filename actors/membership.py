@@ -96,7 +96,7 @@ class Membership:
         if code == "unavailable" and seq is not None:
             self.outbox.on_unavailable(seq)
         if seq is not None and seq in self.outbox.unacked and code not in KEEP_ON_ERROR:
-            # The learner will never take this parcel (it is malformed): drop it, counted, not re-sent forever.
+            # The learner will never take this parcel (malformed): drop it, counted, not re-sent forever.
             self.stats["episodes_refused"] += len(self.outbox.unacked.pop(seq).episodes)
         if not again:
             self.log(f"actor: learner refused a message: {code}: {error.reason}")
