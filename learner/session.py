@@ -24,8 +24,7 @@ from learner.replay.file import snapshot
 from learner.replay.prioritized import PrioritizedReplay, ReplaySample, oldest_origin
 from learner.schedule import Schedule
 from learner.serving.inference import InferenceService
-from learner.serving.snapshots import WallSnapshots
-from learner.tools.export import SNAPSHOT_NAME
+from learner.serving.snapshots import DECODER_SNAPSHOT, WallSnapshots
 from learner.training import multihost
 from learner.training.checkpoint import Checkpointer
 from learner.training.checkpoint_files import CheckpointFiles
@@ -150,7 +149,7 @@ class Session:
         self._last_save = time.monotonic()  # a failed save is tried again one interval later, not at once
         try:
             self.trainer.save(self.checkpointer, flat_dict(cfg))
-            self.trainer.write_decoder(self.run_dir / SNAPSHOT_NAME)
+            self.trainer.write_decoder(self.run_dir / DECODER_SNAPSHOT)
         except (OSError, ValueError, RuntimeError) as e:  # a full disk: orbax's files, now or the last's
             files.failed(update, e)
             return

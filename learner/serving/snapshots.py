@@ -1,4 +1,6 @@
-"""--snapshot-every: the parameters at fixed wall times, for benchmarks that evaluate policies greedily at
+"""The run folder's parameter snapshots: the decoder snapshot (`DECODER_SNAPSHOT`) and --snapshot-every's.
+
+--snapshot-every: the parameters at fixed wall times, for benchmarks that evaluate policies greedily at
 equal times across runs (a run's last checkpoint compares runs only at their end).
 
 RUN_DIR/snapshots/tNNNNN.safetensors (common/params_file.py, what `python -m actors eval --params` reads)
@@ -23,6 +25,9 @@ import numpy as np
 from common import params_file
 from common.config import ModelConfig
 
+DECODER_SNAPSHOT = "decoder.safetensors"
+"""RUN_DIR/decoder.safetensors: a pretrained decoder (the lm family) as trained, written at every checkpoint
+(Session.save, Trainer.write_decoder) and served from by `python -m learner export RUN_DIR OUT`."""
 INDEX = "index.jsonl"
 
 

@@ -21,9 +21,7 @@ from typing import Annotated, Literal
 import tyro
 
 from common.backbones.checkpoint import CheckpointError
-
-SNAPSHOT_NAME = "decoder.safetensors"
-"""The decoder snapshot's file name inside a run folder."""
+from learner.serving.snapshots import DECODER_SNAPSHOT
 
 
 @dataclass(frozen=True)
@@ -47,7 +45,7 @@ def load_source(source: str):
     from common.backbones.pretrained import load_pretrained
 
     path = Path(source)
-    snapshot = path / SNAPSHOT_NAME if path.is_dir() and (path / SNAPSHOT_NAME).is_file() else None
+    snapshot = path / DECODER_SNAPSHOT if path.is_dir() and (path / DECODER_SNAPSHOT).is_file() else None
     if path.is_file() and path.suffix == ".safetensors":
         snapshot = path
     if snapshot is None:
