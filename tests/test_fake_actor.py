@@ -608,10 +608,10 @@ BAD_CASES = [
         "bad_version",
         _frames({"v": 2, "kind": "HELLO", "actor": "x", "num_envs": 1, "instance": "i", "first_unacked": 1}),
     ),
-    (
-        "a version 3 actor's HELLO",
+    (  # (a version 3 pointer actor is served: tests/test_protocol_v3_peer.py)
+        "a version 5 actor's HELLO",
         "bad_version",
-        _frames({"v": 3, "kind": "HELLO", "actor": "x", "num_envs": 1, "instance": "i", "first_unacked": 1}),
+        _frames({"v": 5, "kind": "HELLO", "actor": "x", "num_envs": 1, "instance": "i", "first_unacked": 1}),
     ),
     (
         "protocol version true",

@@ -288,27 +288,28 @@ def test_a_duplicate_is_acknowledged_without_checking_its_episodes_again(ingest)
 
 
 def test_the_learner_refuses_older_peers_and_broken_packing(ingest):
-    """A version 2 or 3 HELLO or TRAJ gets `bad_version` (version 4 added shaped per-step arrays)."""
+    """A version 2 (or 5) HELLO or TRAJ gets `bad_version` (version 3 packed the episodes). Version 3 peers,
+    served or refused by the run's family: tests/test_protocol_v3_peer.py."""
     peer = Peer(ingest, "packing")
     try:
         rng = np.random.default_rng(5)
         episodes = [make_episode(MODEL.to_dict(), n, rng) for n in (2, 1)]
         old_hellos = [
             {"v": v, "kind": "HELLO", "actor": "old", "num_envs": 1, "instance": "old", "first_unacked": 1}
-            for v in (2, 3)
+            for v in (2,)
         ]
         old_traj = {"v": 2, "kind": "TRAJ", "actor_id": peer.actor_id, "seq": 1, "episodes": episodes}
-        v3_traj = {**protocol.Traj(peer.actor_id, 1, episodes).to_msg(), "v": 3}  # packed, as version 3 sent
         # each refused v4 batch has a seq of its own: a batch refused for good settles its seq
         v2_list = protocol.message("TRAJ", actor_id=peer.actor_id, seq=1, episodes=episodes)  # old episodes
         broken = protocol.Traj(peer.actor_id, 2, episodes).to_msg()
         broken["episodes"]["arrays"][1][3] += 8  # the second array out of place
         short = protocol.Traj(peer.actor_id, 3, episodes).to_msg()
         short["episodes"]["data"] = bytes(short["episodes"]["data"])[:-1]
+        five = {**old_hellos[0], "v": 5}  # a newer peer
         for msg, code in [
+            (five, "bad_version"),
             *((hello, "bad_version") for hello in old_hellos),
             (old_traj, "bad_version"),
-            (v3_traj, "bad_version"),
             (v2_list, "bad_field"),
             (broken, "bad_encoding"),
             (short, "bad_encoding"),
@@ -320,7 +321,7 @@ def test_the_learner_refuses_older_peers_and_broken_packing(ingest):
             )  # a refused v4 TRAJ names its batch
         ack = protocol.Ack.from_msg(ask(peer, protocol.Traj(peer.actor_id, 4, episodes).to_msg()))
         assert (ack.seq, ack.accepted, ack.duplicate) == (4, 2, False)
-        assert ingest.server.rejected == {"bad_version": 4, "bad_field": 1, "bad_encoding": 2}
+        assert ingest.server.rejected == {"bad_version": 3, "bad_field": 1, "bad_encoding": 2}
         for ep, want in zip(ingest.stored, episodes, strict=True):
             assert ep.length == len(want["reward"]) and ep.task == want["task"]
             for name in protocol.STEP_ARRAYS:

@@ -3,10 +3,12 @@
 `envelope`: the envelope (version, kinds), ProtocolError and the field checks every kind uses; `messages`:
 one frozen dataclass per single-frame kind; `episodes`: a TRAJ's episodes packed, unpacked and validated
 against a policy family's `EpisodeSpec`; `params`: the PARAMS snapshot frames; `inference`: the inference
-service's ACT and its reply (§12). Every public name of the first four is re-exported here, so importers
-write `protocol.Traj`, `protocol.validate_episodes`, `protocol.parse_params`.
+service's ACT and its reply (§12); `compat`: which peers of the previous version a learner serves, and its
+replies in their form. Every public name of the first four (and PEER_VERSIONS) is re-exported here, so
+importers write `protocol.Traj`, `protocol.validate_episodes`, `protocol.parse_params`.
 """
 
+from common.protocol.compat import PEER_VERSIONS
 from common.protocol.envelope import (
     ACK,
     ACT,
@@ -82,6 +84,7 @@ __all__ = [
     "OBS_PREFIX",
     "PARAMS",
     "PARAM_REQ",
+    "PEER_VERSIONS",
     "PROTOCOL_VERSION",
     "STEP_ARRAYS",
     "STEP_LOGP_DTYPE",

@@ -19,7 +19,8 @@ PROTOCOL_VERSION = 4
 4: per-step arrays with a row shape ([sum of T, *row shape]: e.g. generated token ids) and the behaviour
 policy's own per-step log-probabilities (`EpisodeSpec.choice_shapes`, `step_logps`, §6).
 The inference service's ACT and ACTED (common/protocol/inference.py, §12) came without a new version: they
-travel only on the service's own socket, which a learner without the service does not have."""
+travel only on the service's own socket, which a learner without the service does not have.
+A learner's ingest serves version 3 peers where their layout is unchanged (common/protocol/compat.py)."""
 
 HELLO, WELCOME, TRAJ, ACK = "HELLO", "WELCOME", "TRAJ", "ACK"
 PARAM_REQ, PARAMS, HEARTBEAT, ERROR = "PARAM_REQ", "PARAMS", "HEARTBEAT", "ERROR"
@@ -43,24 +44,25 @@ def message(kind: str, **fields: Any) -> dict[str, Any]:
     return {"v": PROTOCOL_VERSION, "kind": kind, **fields}
 
 
-def parse(data: bytes | memoryview) -> dict[str, Any]:
-    """Decode one single-frame message and check its envelope (map, version, known kind)."""
+def parse(data: bytes | memoryview, versions: tuple[int, ...] = (PROTOCOL_VERSION,)) -> dict[str, Any]:
+    """Decode one single-frame message and check its envelope (map, a version of `versions`, known kind).
+    Only the learner's ingest passes more than this side's own version (common/protocol/compat.py)."""
     try:
         msg = wire.decode(data)
     except wire.WireError as e:
         raise ProtocolError("bad_encoding", str(e)) from e
-    return check_envelope(msg)
+    return check_envelope(msg, versions)
 
 
-def check_envelope(msg: Any) -> dict[str, Any]:
-    """`msg` if it is a map with this side's `v` and a known `kind`; ProtocolError otherwise."""
+def check_envelope(msg: Any, versions: tuple[int, ...] = (PROTOCOL_VERSION,)) -> dict[str, Any]:
+    """`msg` if it is a map with a `v` of `versions` (this side's own unless told) and a known `kind`;
+    ProtocolError otherwise."""
     if not isinstance(msg, dict):
         raise ProtocolError("bad_envelope", f"a message must be a map, got {type(msg).__name__}")
     version = msg.get("v")
-    if type(version) is not int or version != PROTOCOL_VERSION:
-        raise ProtocolError(
-            "bad_version", f"protocol version {short(version)}, this side speaks {PROTOCOL_VERSION}"
-        )
+    if type(version) is not int or version not in versions:
+        speaks = " or ".join(map(str, sorted(versions)))
+        raise ProtocolError("bad_version", f"protocol version {short(version)}, this side speaks {speaks}")
     kind = msg.get("kind")
     if not isinstance(kind, str) or kind not in KINDS:
         raise ProtocolError("unknown_kind", f"unknown message kind {short(kind)}")

@@ -25,5 +25,6 @@ class ParamPublisher:
         self.transport.pub.send_multipart(self._frames, copy=False)
 
     def answer(self, identity: bytes) -> None:
-        """The newest snapshot as the reply to one actor's PARAM_REQ."""
-        self.transport.send_frames([identity, *self._frames])
+        """The newest snapshot as the reply to one actor's PARAM_REQ (or pushed to a version 3 actor, which
+        refuses the PUB's), in the protocol version it speaks."""
+        self.transport.send_frames([identity, *self.transport.peers.params(identity, self._frames)])

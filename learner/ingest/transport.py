@@ -14,6 +14,7 @@ from zmq.utils.monitor import parse_monitor_message
 from common import protocol, wire
 from common.net.curve import CurveServer
 from common.net.sockets import bind_tcp
+from learner.ingest.peer_versions import PeerVersions
 
 INGEST_QUEUE_MESSAGES = 32
 """ROUTER receive high-water mark, per actor connection (whole messages): at most this many messages of
@@ -52,6 +53,9 @@ class Transport:
 
     def __init__(self, bind: str, ingest_port: int, params_port: int, curve: CurveServer | None = None):
         self.ctx = zmq.Context()
+        self.peers = PeerVersions()
+        """The connections that speak the previous protocol version: replies to them are in it (the ingest
+        server gives it its run, so that it knows which versions it can serve)."""
         self.auth = curve.start(self.ctx) if curve is not None else None
         self.router = self.ctx.socket(zmq.ROUTER)
         self.router.setsockopt(zmq.LINGER, 0)
@@ -107,10 +111,11 @@ class Transport:
     def refuse(self, identity: bytes, code: str, reason: str, seq: int | None = None) -> None:
         """An ERROR with `code` (and the refused TRAJ's `seq`), counted in `rejected`."""
         self.rejected[code] += 1
-        self.send_frames([identity, protocol.error(code, reason, seq)])
+        self.send(identity, protocol.Error(code, reason, seq).to_msg())
 
     def send(self, identity: bytes, msg: dict) -> None:
-        self.send_frames([identity, wire.encode(msg)])
+        """One reply, in the protocol version the peer speaks (`peers`)."""
+        self.send_frames([identity, wire.encode(self.peers.reply(identity, msg))])
 
     def send_frames(self, frames: list) -> None:
         """Never blocks: a reply to an actor that does not read (its queue is full) or that is gone is
