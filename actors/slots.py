@@ -37,7 +37,8 @@ class Outcome:
     """step: (obs, reward, terminated, truncated, info); reset: (obs, info)."""
     fault: DeviceFault | None = None
     tag: Any = None
-    """What the caller attached to the step (features, choice, ... of the action taken)."""
+    """What the caller attached to the step (the actor's StepTag, actors/stepper.py: features, choice, ...
+    of the action taken), handed back untouched."""
 
 
 @dataclass
