@@ -15,9 +15,8 @@ from flax import nnx
 from common.backbones.decoder.lora import split_trained
 from common.config import ModelConfig
 from common.params_file import flat_to_params
-from common.policies import make_policy
+from common.policies import make_policy, resolved_config
 from common.policies.family import StagedAct
-from common.policies.pointer import text_encoder
 from common.types import Action, Observation
 
 
@@ -36,8 +35,9 @@ class Acted(NamedTuple):
 
 class PolicyRunner:
     def __init__(self, cfg: ModelConfig, seed: int, greedy: bool = False):
-        # The text encoder's folder and checksum are checked now (CheckpointError: not this learner's).
-        cfg = text_encoder.resolve(cfg)
+        # The family's files are checked now (the pointer policy's text encoder, its folder and checksum:
+        # CheckpointError when they are not this learner's).
+        cfg = resolved_config(cfg)
         self.cfg = cfg
         self.policy = make_policy(cfg)
         # Shapes only: the parameters always come from a snapshot (load), and building real ones first

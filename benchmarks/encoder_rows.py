@@ -24,9 +24,9 @@ from actors.envs.simphone.oracle import Oracle
 from actors.tools.demos import DemosConfig, load_demos, write_demos
 from benchmarks.report import best_seconds, compiled_gflop, matmul_gflops
 from common.config import ModelConfig
+from common.policies.family import Augmentation
 from common.policies.pointer import featurize, text_encoder
-from learner.augment import piece_table, rename_batch
-from learner.batch import collate
+from learner.batch import augmented, collate
 from learner.config import LearnerConfig
 from learner.training.mesh import make_mesh
 from learner.training.trainer import Trainer
@@ -66,18 +66,18 @@ def learner_rows(quick: bool) -> list[dict]:
             episodes[cfg.uses_text_encoder] = _demos(cfg, 64, steps)
         demos = episodes[cfg.uses_text_encoder]
         trainer = Trainer(dataclasses.replace(lcfg, model=cfg, batch_size=size), make_mesh(lcfg.mesh), 0)
-        table = piece_table(cfg.text_encoder) if pieces else None
+        augmentation = Augmentation(0.0, 0.5, pieces)
         seeds = itertools.count()
 
-        def update(trainer=trainer, table=table, seeds=seeds, size=size, demos=demos):
+        def update(trainer=trainer, augmentation=augmentation, seeds=seeds, size=size, demos=demos):
             seed = next(seeds)
             chosen = [demos[(seed * 5 + i) % len(demos)] for i in range(size)]
-            batch = rename_batch(collate(chosen, steps), 0.0, 0.5, trainer.cfg.model.vocab_size, seed, table)
+            batch = augmented(collate(chosen, steps), trainer.policy, augmentation, seed)
             trainer.step(batch, imitation=False)
 
         update()  # compile
-        if trainer.text is not None:
-            trainer.text.lookups = trainer.text.misses = 0
+        if trainer.policy.text is not None:
+            trainer.policy.text.lookups = trainer.policy.text.misses = 0
         seconds = best_seconds(
             update, 1 if size < batch_size else repeats, inner=1 if size < batch_size else 3
         )
@@ -87,10 +87,10 @@ def learner_rows(quick: bool) -> list[dict]:
             "ms_per_call": seconds * 1e3,
             "episodes_per_s": size / seconds,
         }
-        if trainer.text is not None:
-            row["cache_hit_rate"] = trainer.text.hit_rate()
+        if trainer.policy.text is not None:
+            row["cache_hit_rate"] = trainer.policy.text.hit_rate()
         if cfg.train_text_encoder:
-            batch = rename_batch(collate(demos[:size], steps), 0.0, 0.5, cfg.vocab_size, 0, table)
+            batch = augmented(collate(demos[:size], steps), trainer.policy, augmentation, 0)
             gflop = compiled_gflop(trainer._rl_step, trainer.params, trainer.opt_state, batch)
             row.update(gflop_per_update=gflop, vs_matmul=gflop / seconds / matmul_gflops(384, repeats))
         base = base or row

@@ -11,16 +11,14 @@ import time
 import jax
 
 from actors.envs.standin import StandInPhoneEnv
-from actors.policy_runner import PolicyRunner
+from actors.policy_runner import PolicyRunner, stack
 from benchmarks import data, encoder_rows
 from benchmarks.report import best_seconds, matmul_gflops
 from common.config import ModelConfig
 from common.params_file import params_to_flat
-from common.policies import PointerPolicy
-from common.policies.pointer import featurize
-from common.policies.pointer import network as model
-from learner.augment import rename_batch, rename_words
-from learner.batch import collate
+from common.policies import make_policy
+from common.policies.family import Augmentation
+from learner.batch import augmented, collate
 from learner.losses import LOSSES, LossParams
 from learner.training.train_step import make_optimizer, make_train_step
 
@@ -40,10 +38,11 @@ def run(quick: bool) -> list[dict]:
     cfg = ModelConfig()
     repeats = 3 if quick else 10
     steps, batch = 8, 32
-    graphdef, params = model.create(cfg, 0)
+    policy = make_policy(cfg)
+    graphdef, params = policy.create(0)
     optimizer = make_optimizer(1e-3, 1.0)
     opt_state = optimizer.init(params)
-    evaluate = PointerPolicy(cfg).evaluate
+    evaluate = policy.evaluate
     train_step = make_train_step(graphdef, optimizer, LOSSES["a2c"].rl, LossParams(), evaluate)
     batch_data = collate(data.episodes(cfg, batch, steps), steps)
     t0 = time.perf_counter()
@@ -76,7 +75,8 @@ def run(quick: bool) -> list[dict]:
     # A-RIDE with word renaming: the importance ratios need a second forward pass (no gradient) over the
     # observations the actors saw (Batch.acted_obs); its cost against the same step without it.
     aride_step = make_train_step(graphdef, optimizer, LOSSES["aride"].rl, LossParams(), evaluate)
-    renamed = rename_batch(batch_data, 0.0, 0.5, cfg.vocab_size, seed=0)
+    renaming = Augmentation(0.0, 0.5)  # the pointer policy's word renaming (its values only)
+    renamed = augmented(batch_data, policy, renaming, seed=0)
     plain_s, acted_s = (_step_seconds(aride_step, state, b, repeats) for b in (batch_data, renamed))
     for label, seconds in (("A-RIDE train step", plain_s), ("A-RIDE train step, renamed words", acted_s)):
         rows.append(
@@ -93,7 +93,7 @@ def run(quick: bool) -> list[dict]:
 
     def prepare():
         prepared = collate(episodes, steps)
-        rename_words(prepared.obs, 0.0, cfg.vocab_size, seed=0, typed_rate=0.5)
+        policy.augment(prepared.obs, renaming, seed=0)
 
     prep_s = best_seconds(prepare, repeats, inner=3)
     rows.append(
@@ -111,13 +111,13 @@ def run(quick: bool) -> list[dict]:
     runner.load(0, params_to_flat(state[0]))
     for n in (1, 16) if quick else (1, 16, 64):
         env = StandInPhoneEnv()
-        feats = featurize.stack([featurize.featurize(env.reset(seed=i)[0], cfg) for i in range(n)])
+        feats = stack([policy.featurize(env.reset(seed=i)[0]) for i in range(n)])
         t0 = time.perf_counter()
         runner.act(feats)
         compile_s = time.perf_counter() - t0
         act_s = best_seconds(lambda f=feats: runner.act(f), repeats, inner=10)
         obs = env.reset(seed=0)[0]
-        feat_s = best_seconds(lambda o=obs: featurize.featurize(o, cfg), repeats, inner=50)
+        feat_s = best_seconds(lambda o=obs: policy.featurize(o), repeats, inner=50)
         rows.append(
             {
                 "path": "actor batched inference",

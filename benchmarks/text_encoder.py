@@ -90,7 +90,7 @@ def _updates_per_s(cfg: ModelConfig, seen: list[dict], repeats: int, batch_size:
     batch = collate(episodes, steps)
     trainer.step(batch, False)  # compile
     rate = 1.0 / best_seconds(lambda: trainer.step(batch, False), repeats, inner=2 if repeats > 1 else 1)
-    inputs = batch._replace(obs=trainer.text.add(batch.obs)) if trainer.text else batch
+    inputs = trainer.with_inputs(batch)
     gflop = compiled_gflop(trainer._rl_step, trainer.params, trainer.opt_state, inputs)
     return {
         "batch_size": batch_size,

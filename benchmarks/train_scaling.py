@@ -111,23 +111,21 @@ def time_layout(cfg, devices, data_axis: int, model_axis: int, sharding: str, ba
     """One row: the sharded step on a data_axis x model_axis mesh over `devices`."""
     import jax
 
-    from common.policies import PointerPolicy
-    from common.policies.pointer import network as model
+    from common.policies import make_policy
     from learner.losses import LOSSES, LossParams
     from learner.training import mesh as M
     from learner.training.train_step import make_optimizer
 
     mesh = M.make_mesh(M.MeshConfig(data=data_axis, model=model_axis, param_sharding=sharding), devices)
     optimizer = make_optimizer(1e-3, 1.0)
-    graphdef, params = model.create(cfg, 0)
+    policy = make_policy(cfg)
+    graphdef, params = policy.create(0)
     n_params = M.count_params(params)
     specs = M.param_specs(params, mesh, sharding)
     params = M.shard_params(params, mesh, specs)
     opt_state = M.init_opt_state(optimizer, params, mesh, specs)
     loss = LOSSES["aride"].rl
-    step = M.make_sharded_train_step(
-        graphdef, optimizer, loss, LossParams(), PointerPolicy(cfg).evaluate, mesh, specs
-    )
+    step = M.make_sharded_train_step(graphdef, optimizer, loss, LossParams(), policy.evaluate, mesh, specs)
     placed = M.shard_batch(batch, mesh)
 
     t0 = time.perf_counter()

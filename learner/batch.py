@@ -8,16 +8,13 @@ out of every loss by `length`.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any, NamedTuple
 
 import numpy as np
 
-from common.policies.pointer.distribution import CHOICE_KEYS
+from common.policies.family import Augmentation, PolicyFamily, augments
 from common.protocol import BASE_STEP_ARRAYS, Episode
-
-POINTER_CHOICES: dict[str, tuple[tuple[int, ...], str]] = {name: ((), "<i4") for name in CHOICE_KEYS}
-"""The pointer family's Batch.choice arrays, name -> (row shape, dtype): one int32 per step each."""
 
 
 class Batch(NamedTuple):
@@ -50,7 +47,7 @@ class Batch(NamedTuple):
     """[B] bool: the instruction-level filter on the actor loss (all True when it is off)."""
     acted_obs: dict[str, Any] | None = None
     """The observations as the behaviour policy saw them, when `obs` was augmented after acting (word
-    renaming, learner/augment.py): the importance ratios are computed on these, so that rho = pi / mu is
+    renaming, common/policies/pointer/augment.py): the importance ratios are computed on these, so that rho = pi / mu is
     exactly 1 on-policy. None when `obs` is what the actor saw."""
 
 
@@ -86,12 +83,13 @@ def example_batch(
     batch_size: int,
     max_steps: int,
     acted_obs: bool = False,
-    choices: Mapping[str, tuple[tuple[int, ...], str]] = POINTER_CHOICES,
+    *,
+    choices: Mapping[str, tuple[tuple[int, ...], str]],
 ) -> Batch:
     """A Batch of the exact shapes and dtypes `collate` produces (all zeros), to compile ahead of data;
     `acted_obs` adds the un-augmented observations that a renaming learner passes (Batch.acted_obs);
     `choices` gives the family's Batch.choice arrays, name -> (row shape, dtype str)
-    (`EpisodeSpec.choice_arrays()`; the pointer policy's by default)."""
+    (`EpisodeSpec.choice_arrays()`)."""
     obs = {
         k: np.zeros((batch_size, max_steps + 1, *shape), np.dtype(dt))
         for k, (shape, dt) in feature_spec.items()
@@ -108,3 +106,15 @@ def example_batch(
         weights=np.ones(batch_size, np.float32),
         keep=np.ones(batch_size, bool),
     )
+
+
+def augmented(
+    batch: Batch, policy: PolicyFamily, augmentation: Augmentation, seed: int | Sequence[int]
+) -> Batch:
+    """`batch` with its observations augmented by the family (common/policies/family.py:Augments; the
+    pointer policy renames words), the originals kept as `acted_obs`: the behaviour policy saw those, so
+    the importance ratios are computed on them (learner/training/train_step.py). `batch` itself when the
+    family augments nothing under these settings."""
+    if not augments(policy, augmentation):
+        return batch
+    return batch._replace(obs=policy.augment(batch.obs, augmentation, seed), acted_obs=batch.obs)

@@ -25,6 +25,7 @@ from common.config import EmulatorModelConfig, ModelConfig
 from common.net.curve import is_loopback
 from common.net.ports import INGEST_PORT, PARAMS_PORT
 from common.policies import make_policy
+from common.policies.family import Augmentation
 from learner import recipes
 from learner.losses import ACTOR_WEIGHTINGS, DEFAULTS, LOSSES, ActorWeighting
 
@@ -300,10 +301,10 @@ class LossSettings:
     """Weight of the critic loss."""
     word_rename_rate: float = 0.0
     """Share of each training episode's distinct words renamed to random vocabulary ids, consistently
-    across its instruction and screens (learner/augment.py). Applies to warm-up and reinforcement-learning
-    batches. Off by default: renaming the words that say what to do costs more than it gains (BENCHMARKS.md;
-    with the text encoder too, 0.3 on issue 34's validation protocol);
-    --typed-word-rename-rate renames the values."""
+    across its instruction and screens (the pointer policy's, common/policies/pointer/augment.py).
+    Applies to warm-up and reinforcement-learning batches. Off by default: renaming the words that say
+    what to do costs more than it gains (BENCHMARKS.md; with the text encoder too, 0.3 on issue 34's
+    validation protocol); --typed-word-rename-rate renames the values."""
     typed_word_rename_rate: float = 0.5
     """The same for the words an episode types (instruction words found in a text field at some step), so
     the policy learns to type and tap values it has never seen by where they sit in the instruction. After
@@ -312,9 +313,10 @@ class LossSettings:
     rename_word_pieces: bool = True
     """With a text encoder: a renamed value (a word the episode types) also gets new WordPiece ids (random
     real pieces of the same kind, the same wherever the word stands in the episode's labels), so the
-    encoder's states do not give the value away either (learner/augment.py); other renamed words keep
-    their pieces. Off: the encoder still reads the original value under a renamed hashed id. Over three
-    seeds it raised greedy success on held-out values from 0.82 to 0.95 (BENCHMARKS.md, "Text encoder")."""
+    encoder's states do not give the value away either (common/policies/pointer/augment.py); other
+    renamed words keep their pieces. Off: the encoder still reads the original value under a renamed
+    hashed id. Over three seeds it raised greedy success on held-out values from 0.82 to 0.95
+    (BENCHMARKS.md, "Text encoder")."""
 
     def __post_init__(self) -> None:
         _check(
@@ -349,11 +351,11 @@ class LossSettings:
         ):
             _check(0.0 <= rate <= 1.0, f"{flag} must be in [0, 1], got {rate}")
 
-    @property
-    def renames_words(self) -> bool:
-        """Training batches are renamed (either rate above 0); the ratios then take a second forward pass
-        on the observations the actors saw (learner/training/train_step.py:forward)."""
-        return self.word_rename_rate > 0 or self.typed_word_rename_rate > 0
+    def augmentation(self) -> Augmentation:
+        """What these flags ask of the policy family's augmentation of training batches (the pointer
+        policy renames words; other families ignore them). An augmented batch's ratios take a second
+        forward pass on the observations the actors saw (the family's `evaluate`, its `acted_obs`)."""
+        return Augmentation(self.word_rename_rate, self.typed_word_rename_rate, self.rename_word_pieces)
 
 
 @dataclass(frozen=True)
@@ -595,11 +597,11 @@ class LearnerConfig:
         wanted = im.warmup_updates > 0 or im.prefill_demos or im.demo_update_every > 0
         return wanted and (im.demos is not None or (self.local.env == "simphone" and im.warmup_demos > 0))
 
-    def renames_words(self) -> bool:
-        """Training batches are renamed (learner/augment.py): either rate above 0, for the pointer policy,
-        whose hashed word ids renaming rewrites (other families' observations are left as actors saw
-        them)."""
-        return self.loss.renames_words and self.model.kind == "pointer"
+    def augmentation(self) -> Augmentation:
+        """What the loss flags ask of the family's augmentation of training batches (word renaming for the
+        pointer policy, common/policies/pointer/augment.py); whether it applies is the family's to say
+        (common/policies/family.py:augments)."""
+        return self.loss.augmentation()
 
     def entropy(self) -> float:
         """--entropy-coef, or its default: 0.001 after demonstrations, 0.01 from scratch."""

@@ -33,8 +33,7 @@ import time
 
 from rich.console import Console
 
-from learner.augment import piece_table, rename_batch
-from learner.batch import Batch, collate
+from learner.batch import Batch, augmented, collate
 from learner.config import LearnerConfig
 from learner.session import Session
 from learner.setup.open_session import open_session
@@ -110,7 +109,7 @@ def _train(s: Session, stop: _Stop) -> str:
 def _update(s: Session, imitation: bool) -> None:
     """One update: a batch of demonstrations (imitation) or from the replay, the jitted step, and the
     sampled trajectories' new priorities (DPER); a non-finite update is skipped and counted. The batch is
-    drawn here (Session.draw_demos / draw_replay); a helper thread collates, renames and trains on it
+    drawn here (Session.draw_demos / draw_replay); a helper thread collates, augments and trains on it
     while this one keeps serving."""
     t0 = time.monotonic()
     draw = s.draw_demos() if imitation else s.draw_replay()
@@ -119,23 +118,18 @@ def _update(s: Session, imitation: bool) -> None:
         batch = collate(draw.episodes, s.cfg.max_steps, draw.weights)
         if draw.keep is not None:
             batch = batch._replace(keep=draw.keep)
-        return s.trainer.step(_renamed(s, batch), imitation)
+        return s.trainer.step(_augmented(s, batch), imitation)
 
     result = run_while_serving(update, lambda: _serve_while_busy(s, log=False), "train")
     s.finish_update(result, draw, time.monotonic() - t0)
 
 
-def _renamed(s: Session, batch: Batch) -> Batch:
-    """Word renaming (learner/augment.py), seeded per (update, process): a resumed run renames exactly as
+def _augmented(s: Session, batch: Batch) -> Batch:
+    """The family's augmentation of training observations (the pointer policy renames words:
+    common/policies/pointer/augment.py), seeded per (update, process): a resumed run augments exactly as
     an uninterrupted one."""
-    if not s.cfg.renames_words():
-        return batch
-    loss, model = s.cfg.loss, s.cfg.model
     seed = [s.cfg.seed, s.trainer.update, s.rank]
-    pieces = piece_table(model.text_encoder) if loss.rename_word_pieces and model.uses_text_encoder else None
-    return rename_batch(
-        batch, loss.word_rename_rate, loss.typed_word_rename_rate, model.vocab_size, seed, pieces
-    )
+    return augmented(batch, s.trainer.policy, s.cfg.augmentation(), seed)
 
 
 def _serve_while_busy(s: Session, log: bool = True) -> None:

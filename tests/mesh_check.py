@@ -56,7 +56,9 @@ def loss_args(loss: str, cfg: ModelConfig = TINY) -> tuple:
 def random_batch(cfg: ModelConfig, seed: int) -> Batch:
     """example_batch's shapes filled with random valid values (chosen arguments point at valid slots)."""
     rng = np.random.default_rng(seed)
-    b = example_batch(featurize.feature_spec(cfg), BATCH, MAX_STEPS)
+    b = example_batch(
+        featurize.feature_spec(cfg), BATCH, MAX_STEPS, choices=featurize.episode_spec(cfg, 0).choice_arrays()
+    )
     obs = b.obs
     obs["instr_tokens"][:] = rng.integers(0, cfg.vocab_size, obs["instr_tokens"].shape)
     obs["instr_mask"][:] = rng.random(obs["instr_mask"].shape) < 0.7
@@ -264,7 +266,13 @@ def check_errors() -> dict:
         "data4_model4": lambda: M.make_mesh(M.MeshConfig(data=4, model=4)),
         "bad_mode": lambda: M.MeshConfig(param_sharding="tensor"),
         "batch6_on_data4": lambda: M.shard_batch(
-            example_batch(featurize.feature_spec(TINY), 6, MAX_STEPS), M.make_mesh(M.MeshConfig(data=4))
+            example_batch(
+                featurize.feature_spec(TINY),
+                6,
+                MAX_STEPS,
+                choices=featurize.episode_spec(TINY, 0).choice_arrays(),
+            ),
+            M.make_mesh(M.MeshConfig(data=4)),
         ),
     }
     for name, fn in cases.items():

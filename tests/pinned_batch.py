@@ -18,7 +18,12 @@ def pinned_batch(cfg: ModelConfig, seed: int, batch_size: int = 4, max_steps: in
     """A batch of random but valid episodes: random observations and masks, choices inside the masks,
     behaviour log-probs, rewards, lengths, terminal flags and replay weights."""
     rng = np.random.default_rng(seed)
-    batch = example_batch(featurize.feature_spec(cfg), batch_size, max_steps)
+    batch = example_batch(
+        featurize.feature_spec(cfg),
+        batch_size,
+        max_steps,
+        choices=featurize.episode_spec(cfg, 0).choice_arrays(),
+    )
     for v in batch.obs.values():
         if v.dtype == bool:
             v[...] = rng.random(v.shape) < 0.7

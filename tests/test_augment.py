@@ -1,4 +1,4 @@
-"""Word renaming (learner/augment.py): consistent within an episode, independent across episodes, at the
+"""Word renaming (common/policies/pointer/augment.py): consistent within an episode, independent across episodes, at the
 asked rate, and reproducible from its seed."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ import pytest
 
 from actors.tools.demos import DemosConfig, load_demos, write_demos
 from common.config import ModelConfig
-from learner.augment import (
+from common.policies.pointer.augment import (
     KEEP,
     NUMBER,
     NUMBER_CONT,

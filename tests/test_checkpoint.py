@@ -25,7 +25,9 @@ CFG = ModelConfig(vocab_size=256, d_model=16, num_heads=2, num_layers=1, mlp_dim
 
 
 def _batch(rng: np.random.Generator) -> dict:
-    batch = example_batch(featurize.feature_spec(CFG), 4, 3)
+    batch = example_batch(
+        featurize.feature_spec(CFG), 4, 3, choices=featurize.episode_spec(CFG, 0).choice_arrays()
+    )
     batch.obs["instr_tokens"][:] = rng.integers(1, 256, batch.obs["instr_tokens"].shape)
     batch.obs["instr_mask"][:] = True
     batch.obs["elem_mask"][..., :3] = True

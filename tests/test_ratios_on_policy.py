@@ -1,6 +1,6 @@
 """Importance ratios are exactly 1 on-policy, whatever augmentation the learner applies after acting.
 
-The learner renames words in its training batches (learner/augment.py); the behaviour log-probs were
+The learner renames words in its training batches (common/policies/pointer/augment.py); the behaviour log-probs were
 computed by the actor on the original words. If pi were evaluated on the renamed observations, rho would
 differ from 1 at zero policy lag and clipping at 1 would make that error one-sided. The update therefore
 computes the ratios on `Batch.acted_obs` (common/policies/pointer/family.py: PointerPolicy.evaluate).
@@ -15,7 +15,8 @@ import pytest
 
 from common.config import ModelConfig
 from common.policies import PointerPolicy
-from learner.augment import rename_batch
+from common.policies.family import Augmentation
+from learner.batch import augmented
 from learner.losses import LOSSES, LossParams
 from learner.losses.aride import importance_ratios
 from learner.losses.shared import step_mask
@@ -48,7 +49,7 @@ def _real(batch, x) -> np.ndarray:
 @pytest.mark.parametrize("rates", [(0.5, 0.5), (0.0, 1.0), (1.0, 0.0)])
 def test_every_ratio_is_one_at_zero_lag_with_renaming_on(rates):
     graphdef, params, batch = _on_policy_batch(1)
-    renamed = rename_batch(batch, *rates, CFG.vocab_size, seed=[0, 3, 0])
+    renamed = augmented(batch, POLICY, Augmentation(*rates), seed=[0, 3, 0])
     assert any(not np.array_equal(renamed.obs[k], batch.obs[k]) for k in batch.obs), "renaming did nothing"
     logp, _, _, ratio_logp = forward(graphdef, params, renamed)
     rho = _real(batch, importance_ratios(ratio_logp, renamed.behavior_logp, renamed.length))
@@ -64,7 +65,7 @@ def test_the_update_sees_unit_ratios_on_policy(algorithm):
     graphdef, params, batch = _on_policy_batch(2)
     optimizer = make_optimizer(1e-3, 1.0)
     step = make_train_step(graphdef, optimizer, LOSSES[algorithm].rl, LossParams(), POLICY.evaluate)
-    renamed = rename_batch(batch, 0.5, 0.5, CFG.vocab_size, seed=[0, 5, 0])
+    renamed = augmented(batch, POLICY, Augmentation(0.5, 0.5), seed=[0, 5, 0])
     _, _, metrics, priorities = step(jax.tree.map(jnp.copy, params), optimizer.init(params), renamed)
     assert float(metrics["rho_mean"]) == pytest.approx(1.0, abs=1e-5)
     if algorithm == "aride":
@@ -76,6 +77,6 @@ def test_the_update_sees_unit_ratios_on_policy(algorithm):
 def test_no_renaming_needs_no_second_pass():
     """Without renaming the batch carries no acted_obs and the ratios use the trained-on log-probs."""
     graphdef, params, batch = _on_policy_batch(3)
-    assert rename_batch(batch, 0.0, 0.0, CFG.vocab_size, seed=0) is batch
+    assert augmented(batch, POLICY, Augmentation(0.0, 0.0), seed=[0]) is batch
     logp, _, _, ratio_logp = forward(graphdef, params, batch)
     assert ratio_logp is logp or np.array_equal(np.asarray(ratio_logp), np.asarray(logp))

@@ -23,7 +23,7 @@ from learner.batch import example_batch
 from learner.config import LearnerConfig, MeshConfig
 from learner.losses import LOSSES, LossParams
 from learner.training.mesh import make_mesh
-from learner.training.train_step import is_text_encoder, make_optimizer, make_train_step
+from learner.training.train_step import make_optimizer, make_train_step, path_names
 from learner.training.trainer import Trainer
 from tests.test_bert_encoder import random_tensors, write_checkpoint
 from tests.test_text_encoder import TINY, model_config, observation, write_tokenizer
@@ -65,7 +65,7 @@ def test_the_policy_encodes_in_the_graph_exactly_as_the_cache_does(tiny):
 
 def _batch(cfg: ModelConfig):
     spec = featurize.feature_spec(cfg)
-    batch = example_batch(spec, 2, 2)
+    batch = example_batch(spec, 2, 2, choices=PointerPolicy(cfg).episode_spec().choice_arrays())
     x = features(cfg)
     obs = {k: np.broadcast_to(x[k][:, None], v.shape).copy() for k, v in batch.obs.items()}
     return batch._replace(obs=obs, length=np.full(2, 2, np.int32), weights=np.ones(2, np.float32))
@@ -82,8 +82,16 @@ def test_the_step_trains_the_encoder_at_its_own_rate(tiny):
     optimizer = make_optimizer(1e-2, 1.0)
     moved = {}
     for s in (1.0, 0.0, 0.5):
-        imitation, evaluate = LOSSES["a2c"].imitation, PointerPolicy(cfg).evaluate
-        step = make_train_step(graphdef, optimizer, imitation, LossParams(), evaluate, encoder_update_scale=s)
+        imitation, policy = LOSSES["a2c"].imitation, PointerPolicy(cfg)
+        step = make_train_step(
+            graphdef,
+            optimizer,
+            imitation,
+            LossParams(),
+            policy.evaluate,
+            encoder_update_scale=s,
+            scaled_param=policy.scaled_param,
+        )
         p = jax.tree.map(lambda a: a.copy(), params)
         new, _, metrics, _ = step(p, optimizer.init(p), _batch(cfg))
         assert int(metrics["skipped_nonfinite"]) == 0  # empty label slots give finite gradients
@@ -120,9 +128,9 @@ def test_an_actor_encodes_with_each_snapshots_encoder(tiny):
 def test_frozen_encoders_stay_out_of_the_parameters(tiny):
     _, params = model.create(model_config(tiny), 0)
     assert not encoder_leaves(params) and model.text_encoder_state(params) is None
-    key = jax.tree_util.DictKey
-    assert is_text_encoder((key("text"), key("encoder"), key("layers")))
-    assert not is_text_encoder((key("text"), key("words"), key("kernel")))
+    key, scaled = jax.tree_util.DictKey, PointerPolicy(model_config(tiny)).scaled_param
+    assert scaled(path_names((key("text"), key("encoder"), key("layers"))))
+    assert not scaled(path_names((key("text"), key("words"), key("kernel"))))
     with pytest.raises(ValueError, match=r"--model\.train-text-encoder needs a text encoder"):
         ModelConfig(train_text_encoder=True)
     with pytest.raises(ValueError, match="must be true or false"):

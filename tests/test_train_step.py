@@ -28,7 +28,9 @@ def _setup(reward: float):
     optimizer = make_optimizer(1e-2, 1.0)
     opt_state = optimizer.init(params)
     step = a2c_step(graphdef, optimizer)
-    batch = example_batch(featurize.feature_spec(CFG), 4, 3)
+    batch = example_batch(
+        featurize.feature_spec(CFG), 4, 3, choices=featurize.episode_spec(CFG, 0).choice_arrays()
+    )
     batch.obs["instr_mask"][..., 0] = True
     batch.obs["elem_mask"][..., 0] = True
     batch.length[:] = 3

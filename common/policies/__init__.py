@@ -11,10 +11,18 @@ import importlib
 
 from common.config import ModelConfig
 from common.policies.evaluation import Evaluation
-from common.policies.family import Acted, PolicyFamily
+from common.policies.family import Acted, PolicyFamily, ResolvesConfig
 from common.policies.pointer.family import PointerPolicy
 
-__all__ = ["BUILT_IN", "Acted", "Evaluation", "PointerPolicy", "PolicyFamily", "make_policy"]
+__all__ = [
+    "BUILT_IN",
+    "Acted",
+    "Evaluation",
+    "PointerPolicy",
+    "PolicyFamily",
+    "make_policy",
+    "resolved_config",
+]
 
 
 def _lm(cfg: ModelConfig) -> PolicyFamily:
@@ -41,3 +49,10 @@ def make_policy(cfg: ModelConfig) -> PolicyFamily:
     except (ImportError, AttributeError) as e:
         raise ValueError(f"--model.kind {kind}: cannot import it ({e})") from e
     return family(cfg)
+
+
+def resolved_config(cfg: ModelConfig) -> ModelConfig:
+    """`cfg` completed from the files its family reads (`ResolvesConfig`: the pointer policy's text
+    encoder, its folder and checksum checked); `cfg` itself for a family that reads none."""
+    policy = make_policy(cfg)
+    return policy.resolved_config() if isinstance(policy, ResolvesConfig) else cfg

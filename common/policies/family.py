@@ -8,11 +8,18 @@ see only the `Evaluation`; the actor's loop sees only choices as dicts of small 
 
 Families are picked by `--model.kind` (common/policies/__init__.py): a built-in name, or `module:Class`
 for a family that lives in the user's own code (docs/POLICIES.md walks through one).
+
+Optional hooks let a family add to what the framework does around it without the framework knowing the
+family: its config completed from its files (`ResolvesConfig`), host-side inputs of the learner's update
+(`HostInputs`), augmentation of training batches (`Augments`), parameters at their own learning rate
+(`ScaledParams`), demonstrations from an oracle (`RecordsDemos`). The functions at the end of this module
+(and `resolved_config` in the registry) apply them, and do nothing for a family without them.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import dataclasses
+from collections.abc import Callable, Sequence
 from typing import Any, NamedTuple, Protocol, runtime_checkable
 
 import numpy as np
@@ -23,6 +30,10 @@ from common.types import Action, Observation
 
 Spec = dict[str, tuple[tuple[int, ...], str]]
 """Array name -> (shape of one row, dtype string), e.g. {"elem_mask": ((24,), "|b1")}."""
+Arrays = dict[str, Any]
+"""Arrays by name with leading batch axes (a batch's observations: [B, T + 1, ...] each)."""
+HostStep = Callable[[Arrays, Arrays | None], tuple[Arrays, Arrays | None]]
+"""(observations, acted observations or None) -> the same with what the update reads added."""
 
 
 class Acted(NamedTuple):
@@ -96,3 +107,77 @@ class StagedAct(Protocol):
         self, graphdef: Any, params: Any, inputs: dict[str, Any], prefilled: Any, key: Any, greedy: bool
     ) -> Acted:
         """The second stage: the choices, as `act` gives them."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Augmentation:
+    """What the learner's flags ask of a family's augmentation of training observations after acting
+    (--word-rename-rate, --typed-word-rename-rate, --rename-word-pieces); a family that augments nothing
+    (no `Augments` hook) ignores it."""
+
+    word_rate: float = 0.0
+    """Share of each episode's distinct words renamed."""
+    typed_word_rate: float = 0.0
+    """The same for the words an episode types (its values)."""
+    word_pieces: bool = True
+    """A renamed value also gets new pieces of the family's text encoder (when it has one)."""
+
+
+@runtime_checkable
+class ResolvesConfig(Protocol):
+    """A family whose config is completed from files it reads, and checked against them, before an actor
+    or the learner builds anything (the pointer policy: its text encoder's width and checksum)."""
+
+    def resolved_config(self) -> ModelConfig:
+        """This family's config with what its files say filled in (common.backbones.CheckpointError when
+        they are missing, damaged, or not the ones the config names)."""
+
+
+@runtime_checkable
+class HostInputs(Protocol):
+    """A family whose update reads inputs computed on the learner's host before each step (the pointer
+    policy's frozen text encoder: its cached states)."""
+
+    def host_inputs(self) -> HostStep | None:
+        """The host-side step, built now (it may load what it needs: the learner calls this once, when
+        it builds its training state); None when this run has nothing to add."""
+
+
+@runtime_checkable
+class Augments(Protocol):
+    """A family whose learner augments training observations after acting (the pointer policy renames
+    words). The update then also reads the observations as acted on (Batch.acted_obs): `evaluate`'s
+    `acted_obs`, for the importance ratios."""
+
+    def augments(self, augmentation: Augmentation) -> bool:
+        """Whether `augment` changes observations under these settings (the learner compiles its update
+        with acted observations when it does)."""
+
+    def augment(self, obs: Arrays, augmentation: Augmentation, seed: int | Sequence[int]) -> Arrays:
+        """A copy of a batch's observations (leading episode axis), augmented; the same `seed` gives the
+        same result (a resumed run augments exactly as an uninterrupted one)."""
+
+
+@runtime_checkable
+class ScaledParams(Protocol):
+    """A family with parameters trained at their own, smaller learning rate (--text-encoder-lr-scale: the
+    pointer policy's fine-tuned text encoder)."""
+
+    def scaled_param(self, path: tuple[str, ...]) -> bool:
+        """Whether the parameter at this tree path (names, e.g. ("text", "encoder", "layers", ...)) takes
+        the scaled learning rate."""
+
+
+def host_inputs(policy: PolicyFamily) -> HostStep | None:
+    """The family's host-side step before each update (`HostInputs`), or None."""
+    return policy.host_inputs() if isinstance(policy, HostInputs) else None
+
+
+def augments(policy: PolicyFamily, augmentation: Augmentation) -> bool:
+    """Whether the family augments training observations under these settings (`Augments`)."""
+    return isinstance(policy, Augments) and policy.augments(augmentation)
+
+
+def scaled_param(policy: PolicyFamily) -> Callable[[tuple[str, ...]], bool] | None:
+    """Which parameter paths take the scaled learning rate (`ScaledParams`); None: no parameter does."""
+    return policy.scaled_param if isinstance(policy, ScaledParams) else None

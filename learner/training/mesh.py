@@ -271,6 +271,7 @@ def make_sharded_train_step(
     *,
     update_scale: float = 1.0,
     encoder_update_scale: float = 1.0,
+    scaled_param: Callable[[tuple[str, ...]], bool] | None = None,
 ) -> Callable[[Any, Any, Batch], tuple[Any, Any, dict, Any]]:
     """step(params, opt_state, batch) -> (params, opt_state, metrics, priority terms), as
     learner.training.train_step's step.
@@ -278,7 +279,7 @@ def make_sharded_train_step(
     One jax.jit over learner.training.train_step.make_train_step's step (the same loss and update; its own jit is
     inlined as a nested call), with in_shardings (params and optimizer state per `param_shardings`, the
     batch over 'data') and out_shardings (the same for params and state; metrics replicated).
-    `loss_fn`, `loss_params`, `evaluate`, `update_scale` and `encoder_update_scale` are passed to
+    `loss_fn`, `loss_params`, `evaluate`, `update_scale`, `encoder_update_scale` and `scaled_param` are passed to
     make_train_step as they are, so every loss is sharded the same way; metrics (scalars) and the [B] replay
     priority terms come back replicated on every device. params and opt_state are donated. `param_shardings`: PartitionSpec or NamedSharding leaves, e.g.
     from `param_specs`. Inputs placed with `shard_params`, `init_opt_state` and `shard_batch` are used in
@@ -292,6 +293,7 @@ def make_sharded_train_step(
         evaluate,
         update_scale=update_scale,
         encoder_update_scale=encoder_update_scale,
+        scaled_param=scaled_param,
     )
     params_sh = named_shardings(param_shardings, mesh)
     opt_sh = opt_state_shardings(optimizer, split_trained(params_sh)[0], mesh)

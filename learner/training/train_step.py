@@ -3,7 +3,6 @@
 
 from __future__ import annotations
 
-import itertools
 from collections.abc import Callable
 from typing import Any
 
@@ -43,10 +42,9 @@ def make_optimizer(
     )
 
 
-def is_text_encoder(path: tuple) -> bool:
-    """Whether a parameter's tree path lies in the fine-tuned text encoder (`text/encoder/...`)."""
-    names = [str(getattr(k, "key", getattr(k, "name", k))) for k in path]
-    return any(a == "text" and b == "encoder" for a, b in itertools.pairwise(names))
+def path_names(path: tuple) -> tuple[str, ...]:
+    """A jax key path into the parameters as names, e.g. ("text", "encoder", "layers", "0", ...)."""
+    return tuple(str(getattr(k, "key", getattr(k, "name", k))) for k in path)
 
 
 def make_train_step(
@@ -57,6 +55,7 @@ def make_train_step(
     evaluate: Callable[..., Evaluation],
     update_scale: float = 1.0,
     encoder_update_scale: float = 1.0,
+    scaled_param: Callable[[tuple[str, ...]], bool] | None = None,
 ) -> Callable[[Any, Any, Batch], tuple[Any, Any, dict, PriorityTerms | None]]:
     """Returns jitted step(params, opt_state, batch) -> (params, opt_state, metrics, priority terms);
     params are donated.
@@ -65,9 +64,11 @@ def make_train_step(
     one of a `Loss`'s functions (learner/losses: reinforcement learning or imitation) with its numbers
     `loss_params`. `update_scale` multiplies the optimizer's update before it is applied (the learning
     rate of this step only: reinforcement-learning and imitation updates share one Adam state but may step
-    apart). `encoder_update_scale` further multiplies the update of a fine-tuned text encoder's parameters
-    (`text/encoder/...`): its own, smaller learning rate. When the parameters hold LoRA adapters, only the
-    adapters are differentiated and updated, and `opt_state` covers them alone (`split_trained`).
+    apart). `encoder_update_scale` further multiplies the update of the parameters the family's
+    `scaled_param` names (common/policies/family.py:ScaledParams; the pointer policy's fine-tuned text
+    encoder, `text/encoder/...`; None: no parameter): their own, smaller learning rate. When the
+    parameters hold LoRA adapters, only the adapters are differentiated and updated, and `opt_state`
+    covers them alone (`split_trained`).
     """
 
     def objective(trained, frozen, batch: Batch):
@@ -82,9 +83,9 @@ def make_train_step(
         updates, new_opt_state = optimizer.update(grads, opt_state, trained)
         if update_scale != 1.0:
             updates = jax.tree.map(lambda u: u * update_scale, updates)
-        if encoder_update_scale != 1.0:
+        if encoder_update_scale != 1.0 and scaled_param is not None:
             updates = jax.tree_util.tree_map_with_path(
-                lambda path, u: u * encoder_update_scale if is_text_encoder(path) else u, updates
+                lambda path, u: u * encoder_update_scale if scaled_param(path_names(path)) else u, updates
             )
         new_params = optax.apply_updates(trained, updates)
         new_params = new_params if frozen is None else nnx.merge_state(new_params, frozen)

@@ -24,8 +24,8 @@ from flax import nnx
 
 from common.backbones.decoder.lora import split_trained
 from common.params_file import params_to_flat
-from common.policies import PointerPolicy, make_policy
-from common.policies.pointer import text_encoder
+from common.policies import make_policy
+from common.policies.family import augments, host_inputs, scaled_param
 from learner.batch import Batch, example_batch
 from learner.config import LearnerConfig
 from learner.losses import LossParams, PriorityTerms, get_loss
@@ -133,6 +133,7 @@ class Trainer:
             mesh=mesh,
             param_shardings=specs,
             encoder_update_scale=opt.text_encoder_lr_scale,
+            scaled_param=scaled_param(self.policy),
         )
         self._rl_step = step(loss.rl, update_scale=opt.rl_lr_scale)
         self._imitation_step = step(loss.imitation)
@@ -144,11 +145,10 @@ class Trainer:
         """The inference service's copy of a frozen base (`serving_copy`), made once."""
         # Process I's demonstration draws: process 0's stream jumped I times (so a restored state stays right).
         self.demo_rng = _jumped(np.random.default_rng(cfg.seed), rank)
-        self.text = self.policy.text if isinstance(self.policy, PointerPolicy) else None
-        """The pointer policy's frozen text encoder and its cache: its states are added to each batch on
-        the host (and to the acted observations of a renamed batch, sharing what renaming left alone).
-        None without an encoder, with a fine-tuned one (which the policy runs inside the step), and for
-        other families (whose `inputs` does their host-side work)."""
+        self.host_inputs = host_inputs(self.policy)
+        """The family's host-side step before each update (common/policies/family.py:HostInputs; the
+        pointer policy's frozen text encoder adds its cached states), applied to the observations and to
+        the acted ones of an augmented batch; None for a family or run without one."""
 
     def compile(self, imitation: bool, serve: Callable[[], None] | None = None) -> float:
         """Compile the update(s) ahead of data on a helper thread, calling `serve()` meanwhile
@@ -162,7 +162,11 @@ class Trainer:
         example = jax.tree.map(
             lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=sharding),
             example_batch(
-                self.policy.input_spec(), cfg.batch_size, cfg.max_steps, cfg.renames_words(), choices
+                self.policy.input_spec(),
+                cfg.batch_size,
+                cfg.max_steps,
+                augments(self.policy, cfg.augmentation()),
+                choices=choices,
             ),
         )
         # Imitation updates read no acted observations (see `step`).
@@ -203,19 +207,12 @@ class Trainer:
         return StepResult({k: float(v) for k, v in metrics.items()}, priorities, skipped)
 
     def with_inputs(self, batch: Batch) -> Batch:
-        """`batch` with what the update reads besides the features: the pointer policy's frozen encoder
-        states (the one host-side input any family has today), added to the observations and to the
-        acted ones of a renamed batch; unchanged otherwise."""
-        if self.text is None:
+        """`batch` with what the update reads besides the features (`host_inputs`: the pointer policy's
+        frozen encoder states), added to the observations and to the acted ones of an augmented batch;
+        unchanged otherwise."""
+        if self.host_inputs is None:
             return batch
-        obs = self.text.add(batch.obs)
-        # Word renaming (learner/augment.py) may give renamed words new WordPiece ids; where it did
-        # not, the acted observations take the very same encoder states instead of being looked up again.
-        acted = batch.acted_obs
-        if acted is not None and _same_text(acted, batch.obs):
-            acted = {**acted, **{k: obs[k] for k in text_encoder.EMBEDDING_KEYS}}
-        elif acted is not None:
-            acted = self.text.add(acted)
+        obs, acted = self.host_inputs(batch.obs, batch.acted_obs)
         return batch._replace(obs=obs, acted_obs=acted)
 
     def new_version(self) -> int:
@@ -293,11 +290,6 @@ def loss_params(cfg: LearnerConfig) -> LossParams:
         vmpo_kl_coef=loss.vmpo_kl_coef,
         off_policy_correction=loss.off_policy_correction,
     )
-
-
-def _same_text(a: dict[str, np.ndarray], b: dict[str, np.ndarray]) -> bool:
-    """The two observations share their WordPiece arrays (renaming left them alone)."""
-    return all(a[k] is b[k] for k in text_encoder.TEXT_KEYS)
 
 
 def _jumped(rng: np.random.Generator, times: int) -> np.random.Generator:

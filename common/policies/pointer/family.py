@@ -6,6 +6,8 @@ a factorized action distribution (common/policies/pointer/distribution.py) and o
 from __future__ import annotations
 
 import dataclasses
+import functools
+import itertools
 from collections.abc import Sequence
 from typing import Any
 
@@ -14,8 +16,8 @@ import numpy as np
 
 from common.config import ModelConfig
 from common.policies.evaluation import Evaluation
-from common.policies.family import Acted
-from common.policies.pointer import distribution, featurize, text_encoder
+from common.policies.family import Acted, Arrays, Augmentation, HostStep
+from common.policies.pointer import augment, distribution, featurize, text_encoder
 from common.policies.pointer import network as model
 from common.types import Action, ActionType, Observation, SwipeDirection
 
@@ -26,6 +28,11 @@ class PointerPolicy:
     def __init__(self, cfg: ModelConfig):
         self.cfg = cfg
         self._text: text_encoder.TextEmbedder | None = None
+
+    def resolved_config(self) -> ModelConfig:
+        """The text encoder's width and checksum filled in from its folder, after checking it
+        (text_encoder.resolve); without an encoder, both cleared."""
+        return text_encoder.resolve(self.cfg)
 
     def episode_spec(self):
         return featurize.episode_spec(self.cfg, text_encoder.vocab_size(self.cfg))
@@ -60,6 +67,33 @@ class PointerPolicy:
         frozen = self.cfg.uses_text_encoder and not self.cfg.train_text_encoder
         return featurize.input_spec(self.cfg) if frozen else featurize.feature_spec(self.cfg)
 
+    def host_inputs(self) -> HostStep | None:
+        """The frozen text encoder's states, added to each training batch on the learner's host (the
+        encoder is loaded now); None without an encoder and with a fine-tuned one, which runs inside the
+        update."""
+        text = self.text
+        return None if text is None else functools.partial(_with_states, text)
+
+    def augments(self, augmentation: Augmentation) -> bool:
+        return augmentation.word_rate > 0 or augmentation.typed_word_rate > 0
+
+    def augment(self, obs: Arrays, augmentation: Augmentation, seed: int | Sequence[int]) -> Arrays:
+        """Word renaming (augment.py): the words' hashed ids, and with a text encoder and
+        `augmentation.word_pieces` the renamed values' WordPiece ids too."""
+        cfg = self.cfg
+        pieces = (
+            augment.piece_table(cfg.text_encoder)
+            if augmentation.word_pieces and cfg.uses_text_encoder
+            else None
+        )
+        return augment.rename_words(
+            obs, augmentation.word_rate, cfg.vocab_size, seed, augmentation.typed_word_rate, pieces
+        )
+
+    def scaled_param(self, path: tuple[str, ...]) -> bool:
+        """The fine-tuned text encoder's parameters (`text/encoder/...`) take --text-encoder-lr-scale."""
+        return any(a == "text" and b == "encoder" for a, b in itertools.pairwise(path))
+
     def create(self, seed: int):
         return model.create(self.cfg, seed)
 
@@ -83,7 +117,7 @@ class PointerPolicy:
         if acted_obs is None:
             return Evaluation(logp, entropy, values, logp)
         # A fine-tuned encoder encodes the acted observations again (apply does, without gradient):
-        # renaming may have given the trained ones other WordPiece ids (learner/augment.py).
+        # renaming may have given the trained ones other WordPiece ids (augment.py).
         acted_logits, _ = model.apply(graphdef, jax.lax.stop_gradient(params), acted_obs)
         ratio_logp = distribution.log_prob({k: v[:, :-1] for k, v in acted_logits.items()}, choice)
         return Evaluation(logp, entropy, values, jax.lax.stop_gradient(ratio_logp))
@@ -109,3 +143,15 @@ class PointerPolicy:
             direction = SwipeDirection(int(choice["direction"]))
             return Action(kind, direction=direction, note=direction.name.lower())
         return Action(kind)
+
+
+def _with_states(text: text_encoder.TextEmbedder, obs: Arrays, acted_obs: Arrays | None):
+    """`obs` and `acted_obs` (of a renamed batch, or None) with the frozen encoder's states added. Word
+    renaming may give renamed words new WordPiece ids; where it did not, the acted observations take the
+    very same states instead of being looked up again."""
+    with_states = text.add(obs)
+    if acted_obs is None:
+        return with_states, None
+    if all(acted_obs[k] is obs[k] for k in text_encoder.TEXT_KEYS):
+        return with_states, {**acted_obs, **{k: with_states[k] for k in text_encoder.EMBEDDING_KEYS}}
+    return with_states, text.add(acted_obs)

@@ -50,7 +50,7 @@ class PhonePolicy(nnx.Module):
         d = cfg.d_model
         self.cfg = cfg
         # Small initial word vectors (as BERT and GPT-2 use): a word never trained on, such as a value
-        # first seen at test time, stays near zero, like the rarely renamed ids of learner/augment.py,
+        # first seen at test time, stays near zero, like the rarely renamed ids of augment.py,
         # instead of a unit-scale random vector that pulls the pointers at random.
         self.embed = nnx.Embed(cfg.vocab_size, d, embedding_init=nnx.initializers.normal(0.02), rngs=rngs)
         self.summary = nnx.Param(jax.random.normal(rngs.params(), (d,)) * 0.02)
@@ -209,7 +209,7 @@ def encode_text(graphdef: nnx.GraphDef, params: nnx.State, features: dict[str, j
     """`features` plus the fine-tuned text encoder's states (text_encoder.EMBEDDING_KEYS), computed in the
     graph with gradients; unchanged without a fine-tuned encoder or when they are already there. The train
     step calls it for the trained observations, and `apply` for the acted ones of a renamed batch (their
-    WordPiece ids may differ: learner/augment.py)."""
+    WordPiece ids may differ: augment.py)."""
     policy = nnx.merge(graphdef, params)
     text = getattr(policy, "text", None)
     if text is None or not hasattr(text, "encoder") or "instr_text" in features:

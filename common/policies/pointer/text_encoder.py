@@ -196,7 +196,7 @@ class WordPieces:
         return ids, slot
 
     def vocabulary(self) -> list[str]:
-        """The pieces in id order (what learner/augment.py draws renamed words' pieces from)."""
+        """The pieces in id order (what augment.py draws renamed words' pieces from)."""
         vocab = self._tok.get_vocab(with_added_tokens=True)
         out = [""] * (max(vocab.values()) + 1)
         for piece, i in vocab.items():

@@ -24,6 +24,9 @@ Other renamed words (`rate`: word dropout) keep their pieces: they say what to d
 should go on reading that while their hashed ids do not.
 
 The randomness comes from a seed per batch, so a resumed run renames exactly as an uninterrupted one.
+The learner asks for it through the family's `augment` hook (common/policies/family.py:Augments), keeps
+the observations as acted on beside the renamed ones (Batch.acted_obs), and computes the importance
+ratios on those (learner/training/train_step.py).
 """
 
 from __future__ import annotations
@@ -34,7 +37,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from learner.batch import Batch
+from common.policies.pointer.text_encoder import word_pieces
 
 TOKEN_KEYS = ("instr_tokens", "elem_tokens", "hist_tokens")
 """Featurized arrays that hold hashed word ids (0 is padding), renamed alike (hist_tokens only with a
@@ -97,8 +100,6 @@ def _mix(x: np.ndarray) -> np.ndarray:
 @functools.lru_cache(maxsize=4)
 def piece_table(text_encoder: str) -> PieceTable:
     """The PieceTable of a `--model.text-encoder`'s tokenizer (read once per process)."""
-    from common.policies.pointer.text_encoder import word_pieces
-
     return PieceTable.from_vocabulary(word_pieces(text_encoder).vocabulary())
 
 
@@ -233,19 +234,3 @@ def _typed_ids(obs: dict[str, np.ndarray]) -> list[np.ndarray]:
     """Per episode, the ids of instruction words that are in a text field at some step."""
     tokens, in_field = np.asarray(obs["instr_tokens"]), np.asarray(obs["instr_feats"])[..., 1] > 0
     return [np.unique(tokens[b][in_field[b] & (tokens[b] != 0)]) for b in range(tokens.shape[0])]
-
-
-def rename_batch(
-    batch: Batch,
-    rate: float,
-    typed_rate: float,
-    vocab_size: int,
-    seed: int | Sequence[int],
-    pieces: PieceTable | None = None,
-) -> Batch:
-    """`batch` with its observations renamed (`rename_words`), the originals kept as `acted_obs`: the
-    behaviour policy saw those, so the importance ratios are computed on them (learner/training/train_step.py)."""
-    if rate == 0.0 and typed_rate == 0.0:
-        return batch
-    obs = rename_words(batch.obs, rate, vocab_size, seed=seed, typed_rate=typed_rate, pieces=pieces)
-    return batch._replace(obs=obs, acted_obs=batch.obs)
