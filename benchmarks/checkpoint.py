@@ -26,7 +26,7 @@ from benchmarks.report import best_seconds
 from common import protocol, wire
 from common.policies import make_policy
 from learner.config import LearnerConfig
-from learner.ingest.durable_inserter import LoggedEpisodes
+from learner.ingest.settler import LoggedEpisodes
 from learner.ingest.wal import WriteAheadLog, pack_batch
 from learner.replay.file import load_replay, snapshot, write_snapshot
 from learner.replay.prioritized import PrioritizedReplay, oldest_version

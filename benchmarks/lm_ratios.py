@@ -34,7 +34,7 @@ from flax import nnx
 from benchmarks.report import emit
 from common.policies import make_policy
 from common.policies.lm.network import score_actions
-from learner.ingest.durable_inserter import LoggedEpisodes
+from learner.ingest.settler import LoggedEpisodes
 from learner.ingest.wal import WriteAheadLog
 from learner.replay.prioritized import PrioritizedReplay
 from learner.tools.evaluate import restore

@@ -33,7 +33,7 @@ from benchmarks.ingest import random_arrays
 from common import protocol, wire
 from common.config import ModelConfig
 from common.policies.pointer import featurize
-from learner.ingest.durable_inserter import LoggedEpisodes
+from learner.ingest.settler import LoggedEpisodes
 from learner.ingest.wal import WriteAheadLog, unpack_batch
 from learner.replay.file import load_replay
 from learner.replay.prioritized import PrioritizedReplay

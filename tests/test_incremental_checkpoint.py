@@ -15,7 +15,7 @@ from rich.console import Console
 from common import protocol, wire
 from common.policies.pointer import featurize
 from learner.config import parse_args
-from learner.ingest.durable_inserter import LoggedEpisodes
+from learner.ingest.settler import LoggedEpisodes
 from learner.ingest.wal import WriteAheadLog, pack_batch
 from learner.replay.file import load_replay, save_replay
 from learner.replay.prioritized import PrioritizedReplay, oldest_origin, oldest_version
@@ -129,7 +129,7 @@ def test_saves_prune_the_log_below_what_the_newest_complete_checkpoint_needs(tmp
             "--durability", "os", "--model.text-encoder", "none"]  # fmt: skip
     s = open_session(parse_args(args), Console(file=io.StringIO()))
     episodes = make_episodes(20, seed=2)
-    wal, store = s.server.wal, s.server.inserter.on_episodes
+    wal, store = s.server.wal, s.server.settler.on_episodes
     wal.segment_bytes = 2_000  # about a record per segment
     try:
         for seq, ep in enumerate(episodes, 1):

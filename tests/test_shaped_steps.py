@@ -17,7 +17,7 @@ from common.episode import EpisodeBuilder
 from common.types import Action, ActionType
 from learner.batch import Batch, collate, example_batch
 from learner.ingest.delivery import DeliveryLedger
-from learner.ingest.durable_inserter import DurableInserter
+from learner.ingest.settler import BatchSettler
 from learner.ingest.wal import WriteAheadLog, pack_batch
 from learner.replay import file as replay_file
 from learner.replay.prioritized import PrioritizedReplay
@@ -347,8 +347,8 @@ def test_a_replay_file_keeps_shaped_steps_bit_exact(tmp_path, monkeypatch):
         assert_same_episode(got, want)
 
 
-def _inserter(wal: WriteAheadLog, stored: list) -> DurableInserter:
-    return DurableInserter(
+def _settler(wal: WriteAheadLog, stored: list) -> BatchSettler:
+    return BatchSettler(
         DeliveryLedger(8),
         wal,
         lambda eps, _record: stored.extend(eps),
@@ -368,7 +368,7 @@ def test_the_write_ahead_log_recovers_shaped_steps_bit_exact_also_from_version_3
         wal.append(pack_batch("actor-a", seq, raw))
     wal.close()
     stored: list[protocol.Episode] = []
-    counts = _inserter(WriteAheadLog(tmp_path / "wal", "os"), stored).recover(
+    counts = _settler(WriteAheadLog(tmp_path / "wal", "os"), stored).recover(
         0, 10, lambda traj, newest: traj.validate(SPEC, MAX_STEPS, newest)
     )
     assert counts == Counter(batches=2, episodes=4), counts

@@ -19,7 +19,7 @@ from benchmarks.ingest import random_episode
 from common import protocol, wire
 from common.config import ModelConfig
 from common.policies.pointer import featurize
-from learner.ingest import durable_inserter
+from learner.ingest import settler
 from learner.ingest.registry import ActorRegistry
 from learner.ingest.transport import Transport
 from learner.ingest.wal import WriteAheadLog
@@ -192,7 +192,7 @@ def test_a_log_record_already_in_the_checkpoint_is_skipped_on_recovery(world):
 def test_a_full_disk_stops_acknowledging_and_writing_again_resumes(
     world, durability, file_size_limit, monkeypatch
 ):
-    monkeypatch.setattr(durable_inserter, "STORAGE_RETRY_S", 0.2)
+    monkeypatch.setattr(settler, "STORAGE_RETRY_S", 0.2)
     learner = world.learner(durability)
     actor = world.actor(learner)
     assert actor.send()["kind"] == protocol.ACK

@@ -1,9 +1,9 @@
 """The learner's end of the protocol (docs/PROTOCOL.md): it wires the parts and dispatches each message.
 
-The parts: learner/ingest/transport.py (the ROUTER and PUB sockets, replies, drops), learner/ingest/registry.py
-(who is welcomed and alive), learner/ingest/durable_inserter.py (write-ahead log, group commit, the replay and
-the ledger, recovery), learner/ingest/publisher.py (snapshots) and learner/ingest/delivery.py (which batches
-are settled, and the grants). All socket work happens on the caller's thread (`poll`, `publish`,
+The parts: learner/ingest/transport.py (the ROUTER and PUB sockets, replies, drops),
+learner/ingest/registry.py (who is welcomed and alive), learner/ingest/settler.py (each TRAJ batch
+settled: write-ahead log, group commit, the replay and the ledger, recovery), learner/ingest/publisher.py
+(snapshots) and learner/ingest/delivery.py (which batches are settled, and the grants). All socket work happens on the caller's thread (`poll`, `publish`,
 `heartbeat`). Messages are parsed into common/protocol.py's dataclasses.
 """
 
@@ -19,10 +19,9 @@ import numpy as np
 from common import protocol
 from common.protocol import Episode, ProtocolError
 from learner.ingest.delivery import DeliveryLedger
-from learner.ingest.durable_inserter import DurableInserter
-from learner.ingest.peer_versions import PeerVersions
 from learner.ingest.publisher import ParamPublisher
 from learner.ingest.registry import ActorInfo, ActorRegistry
+from learner.ingest.settler import BatchSettler
 from learner.ingest.transport import Transport
 from learner.ingest.wal import WriteAheadLog
 
@@ -70,10 +69,10 @@ class RunWelcome:
 class IngestServer:
     """The ingest ROUTER and params PUB (`transport`, bound before it is handed in), and how each message
     is answered: HELLO registers the actor and gets a WELCOME; TRAJ is checked (`check`) and settled by
-    the durable inserter (stored then ACK, or refused for good then ERROR); PARAM_REQ gets the newest
+    the settler (stored then ACK, or refused for good then ERROR); PARAM_REQ gets the newest
     snapshot; HEARTBEAT gets one back. A refused message gets an ERROR and is counted in `rejected` by
     code, so a malformed message costs that message, never the learner. Which batches are settled and how
-    far each actor may send lives in `ledger` (learner/ingest/delivery.py); the inserter hands out the
+    far each actor may send lives in `ledger` (learner/ingest/delivery.py); the settler hands out the
     grants, asking the learner's rate limit. Every part comes built (learner/setup/ingest.py composes
     them)."""
 
@@ -82,22 +81,21 @@ class IngestServer:
         transport: Transport,
         registry: ActorRegistry,
         ledger: DeliveryLedger,
-        inserter: DurableInserter,
+        settler: BatchSettler,
         params: ParamPublisher,
         check: EpisodeCheck,
         welcome: RunWelcome,
     ):
-        self.transport, self.registry, self.ledger, self.inserter = transport, registry, ledger, inserter
+        self.transport, self.registry, self.ledger, self.settler = transport, registry, ledger, settler
         self.params, self.check, self.welcome = params, check, welcome
         self.ingest_port, self.params_port = transport.ingest_port, transport.params_port
-        transport.peers = PeerVersions(check.spec, welcome.fields["model"])  # which older peers it serves
         self.rejected: Counter[str] = transport.rejected
         """Refused messages by reason."""
         self.drops: Counter[str] = transport.drops
         """Replies that could not be sent, by reason."""
         self.actors: dict[int, ActorInfo] = registry.actors
         self.run_id = welcome.run_id
-        self.wal: WriteAheadLog | None = inserter.wal
+        self.wal: WriteAheadLog | None = settler.wal
         """The write-ahead log every new batch is appended to before it is stored (None: `--durability none`)."""
         self.accepting = True
         """Whether grants could grow at the end of the last poll (for the metrics)."""
@@ -108,13 +106,11 @@ class IngestServer:
     @property
     def storage_error(self) -> str:
         """Why the log cannot be written now ("" while it can): TRAJ batches are refused `unavailable`."""
-        return self.inserter.storage_error
+        return self.settler.storage_error
 
     def publish(self, version: int, flat: dict[str, np.ndarray]) -> None:
         """Publish a snapshot to all subscribers and keep it to answer PARAM_REQ."""
         self.params.publish(version, flat)
-        for identity in self.transport.peers.older(actor.identity for actor in self.registry.live()):
-            self.params.answer(identity)  # a version 3 actor refuses the PUB's version 4 PARAMS
 
     def poll(self, timeout_ms: int, max_messages: int = 1000) -> int:
         """Handle waiting messages; block up to timeout_ms for the first. Returns how many were handled."""
@@ -126,7 +122,7 @@ class IngestServer:
             handled += 1
             if got[1] is not None:
                 self._handle(*got)
-        self.inserter.commit()  # group commit: one fsync for every batch of this turn, then their answers
+        self.settler.commit()  # group commit: one fsync for every batch of this turn, then their answers
         self.transport.count_auth_failures()
         if handled < max_messages:  # everything that arrived is read: silence now is the actor's own
             self.registry.forget_silent()
@@ -140,8 +136,7 @@ class IngestServer:
         kind the `actor_id` and its connection first, then the message's own fields."""
         msg = None
         try:
-            msg = protocol.parse(raw, protocol.PEER_VERSIONS)
-            self.transport.peers.heard(identity, msg["v"])  # (a version this run cannot serve: bad_version)
+            msg = protocol.parse(raw)
             kind = msg["kind"]
             if kind == protocol.HELLO:
                 self._hello(identity, protocol.Hello.from_msg(msg))
@@ -168,12 +163,12 @@ class IngestServer:
         """A batch settled before is acknowledged again, its episodes unchecked; a new one is validated,
         then stored and acknowledged, or, if its episodes fail, settled as refused for good (so the grant
         keeps rising past it) and answered with the ERROR."""
-        if self.inserter.resent_while_pending(actor.instance, traj.seq, identity):
+        if self.settler.resent_while_pending(actor.instance, traj.seq, identity):
             return
         if self.ledger.is_duplicate(actor.instance, traj.seq):
             self.duplicates += 1
             self.transport.send(
-                identity, protocol.Ack(traj.seq, 0, True, self.inserter.grant(actor.instance)).to_msg()
+                identity, protocol.Ack(traj.seq, 0, True, self.settler.grant(actor.instance)).to_msg()
             )
             return
         try:
@@ -184,21 +179,21 @@ class IngestServer:
                 if isinstance(e, ProtocolError)
                 else ("invalid", f"{type(e).__name__}: {e}")
             )
-            self.inserter.settle_refused(actor, traj.seq, identity, code, reason)
+            self.settler.settle_refused(actor, traj.seq, identity, code, reason)
             return
-        self.inserter.take(actor, traj.seq, raw, episodes, identity)
+        self.settler.take(actor, traj.seq, raw, episodes, identity)
 
     def _hello(self, identity: bytes, hello: protocol.Hello) -> None:
         acked_upto = self.ledger.join(hello.instance, hello.first_unacked)
         actor = self.registry.register(identity, hello)
-        grant = self.inserter.grant(hello.instance)
+        grant = self.settler.grant(hello.instance)
         welcome = self.welcome.welcome(actor.actor_id, self.params.version, acked_upto, grant)
         self.transport.send(identity, welcome.to_msg())
 
     def _check_gate(self) -> None:
         """When grants may grow again (the rate limit allows it and the log can be written), tell every
         actor its new grant at once, not at the next beat."""
-        was, self.accepting = self.accepting, self.inserter.open()
+        was, self.accepting = self.accepting, self.settler.open()
         if self.accepting and not was:
             self.heartbeat()
 
@@ -210,7 +205,7 @@ class IngestServer:
 
     def _beat(self, actor: ActorInfo) -> dict:
         return protocol.Heartbeat(
-            self.run_id, self.params.version, self.inserter.grant(actor.instance)
+            self.run_id, self.params.version, self.settler.grant(actor.instance)
         ).to_msg()
 
     def connected_envs(self) -> int:
@@ -223,12 +218,12 @@ class IngestServer:
         return self.registry.connected_actors()
 
     def recover(self, start_lsn: int, newest_version: int) -> Counter:
-        """After a restart: settle the log's batches from `start_lsn` on (learner/ingest/durable_inserter.py
-        `DurableInserter.recover`). Returns counts: batches, episodes, refused, skipped, unreadable."""
-        return self.inserter.recover(start_lsn, newest_version, self.check.episodes)
+        """After a restart: settle the log's batches from `start_lsn` on (learner/ingest/settler.py
+        `BatchSettler.recover`). Returns counts: batches, episodes, refused, skipped, unreadable."""
+        return self.settler.recover(start_lsn, newest_version, self.check.episodes)
 
     def close(self) -> None:
-        self.inserter.commit()
+        self.settler.commit()
         if self.wal is not None:
             self.wal.close()
         self.transport.close()

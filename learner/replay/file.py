@@ -10,7 +10,7 @@ The file is a trajectory file (common/trajectory_file.py), records in this order
 Format 4 saves incrementally: an item the write-ahead log holds (its `origins` row is (record, index))
 is not written again, only referenced; the file holds the others (demonstrations, a run without a log:
 origins -1) and the state. Loading reads the referenced records back from the log (`LoggedEpisodes`,
-learner/ingest/durable_inserter.py), validated as on arrival and capped at the item's `caps` (recovery may
+learner/ingest/settler.py), validated as on arrival and capped at the item's `caps` (recovery may
 have capped a re-sent batch's versions), and fills the buffer only once everything has been read.
 Every episode is validated exactly as the learner validates an actor's TRAJ (in-file ones against the
 header's newest_version). Format 3 files (every item in the file, protocol version 4 TRAJ records), 2
@@ -49,7 +49,7 @@ BYTES_PER_MESSAGE = 16 << 20  # well under wire.MAX_MESSAGE_BYTES
 
 Logged = Callable[[np.ndarray, np.ndarray], list[protocol.Episode]]
 """The episodes at (record, index) rows of a write-ahead log, validated and capped at the given newest
-policy versions (learner/ingest/durable_inserter.py `LoggedEpisodes`); ValueError for one it lacks."""
+policy versions (learner/ingest/settler.py `LoggedEpisodes`); ValueError for one it lacks."""
 
 
 @dataclasses.dataclass(frozen=True)

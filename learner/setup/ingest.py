@@ -1,5 +1,5 @@
 """The learner's ingest, composed: the bound sockets (CURVE when configured), the actor registry, the
-delivery ledger, the durable inserter with its write-ahead log (--durability) and the rate limit's gate,
+delivery ledger, the batch settler with its write-ahead log (--durability) and the rate limit's gate,
 the snapshot publisher, handed to the IngestServer built; and the inference service beside it, which is
 the session's (it shares the sockets' ZeroMQ context and asks the registry who is an actor)."""
 
@@ -21,10 +21,10 @@ from common.policies import make_policy
 from common.policies.pointer import text_encoder
 from learner.config import LearnerConfig
 from learner.ingest.delivery import DeliveryLedger
-from learner.ingest.durable_inserter import DurableInserter, Store
 from learner.ingest.publisher import ParamPublisher
 from learner.ingest.registry import ActorRegistry
 from learner.ingest.server import EpisodeCheck, IngestServer, RunWelcome
+from learner.ingest.settler import BatchSettler, Store
 from learner.ingest.transport import Transport
 from learner.ingest.wal import WriteAheadLog
 from learner.inserter import ReplayInserter
@@ -68,9 +68,9 @@ def ingest_server(
     fields = {**welcome_fields, "model": model, "text_vocab_size": text_vocab_size}
     welcome = RunWelcome(uuid.uuid4().hex[:12], heartbeat_every, {**fields, "inference_port": inference_port})
     ledger = DeliveryLedger(credit)
-    inserter = DurableInserter(ledger, wal, on_episodes, transport, gate or (lambda: True), log or _to_stderr)
+    settler = BatchSettler(ledger, wal, on_episodes, transport, gate or (lambda: True), log or _to_stderr)
     check = EpisodeCheck(episode_spec, max_steps)
-    return IngestServer(transport, registry, ledger, inserter, ParamPublisher(transport), check, welcome)
+    return IngestServer(transport, registry, ledger, settler, ParamPublisher(transport), check, welcome)
 
 
 def open_ingest(

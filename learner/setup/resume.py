@@ -22,8 +22,8 @@ from rich.console import Console
 
 from common.protocol import Episode
 from learner.config import LearnerConfig
-from learner.ingest.durable_inserter import LoggedEpisodes
 from learner.ingest.server import IngestServer
+from learner.ingest.settler import LoggedEpisodes
 from learner.replay.file import Logged
 from learner.replay.prioritized import PrioritizedReplay
 from learner.training.checkpoint import Checkpointer

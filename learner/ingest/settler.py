@@ -1,4 +1,5 @@
-"""Settling TRAJ batches durably: a new batch is appended to the write-ahead log (learner/ingest/wal.py), then
+"""Settling TRAJ batches durably (the ingest's step between a validated batch and its answer; the replay
+inserter, learner/inserter.py, is where the settled episodes go): a new batch is appended to the write-ahead log (learner/ingest/wal.py), then
 stored (the replay via `on_episodes`, then the delivery ledger), then acknowledged; in `fsync` mode one
 flush per poll turn covers the turn's batches (group commit). A batch refused for good (its episodes fail
 validation) is settled the same way with a tombstone record (the batch's record with an empty message),
@@ -53,7 +54,7 @@ class _Pending:
     """Its write-ahead log record (-1 without the log)."""
 
 
-class DurableInserter:
+class BatchSettler:
     """Appends, group-commits, stores and answers TRAJ batches, and refuses them all (`unavailable`, the
     actor keeps them) while the log cannot be written. `wal` None (`--durability none`): stored at once.
 
