@@ -20,7 +20,7 @@ from typing import Any, BinaryIO
 
 from common import protocol, wire
 from common.config import ModelConfig
-from common.policies.pointer import featurize
+from common.policies import make_policy
 
 DEMOS = "DEMOS"
 LEGACY_TRAJ_VERSION = 2
@@ -82,20 +82,10 @@ def check_model(path: Path, header: dict[str, Any], model: ModelConfig) -> None:
 
 
 def episode_spec(model: ModelConfig) -> protocol.EpisodeSpec:
-    """What the episodes of a file featurized for `model` carry (`featurize.episode_spec`), so reading checks
-    them as the learner checks an actor's TRAJ; built once per file. Another policy family's spec is its own
-    (`--model.kind`, common/policies)."""
-    if model.kind != "pointer":
-        from common.policies import make_policy
-
-        return make_policy(model).episode_spec()
-    if not model.uses_text_encoder:
-        return featurize.episode_spec(model, 0)
-    from common.policies.pointer import (
-        text_encoder,  # JAX and the encoder's folder only for a run that has one
-    )
-
-    return featurize.episode_spec(model, text_encoder.vocab_size(model))
+    """What the episodes of a file featurized for `model` carry (its policy family's `episode_spec`,
+    `--model.kind`, common/policies), so reading checks them as the learner checks an actor's TRAJ; built
+    once per file."""
+    return make_policy(model).episode_spec()
 
 
 def read_episodes(

@@ -19,6 +19,7 @@ import numpy as np
 from common import protocol
 from common.protocol import Episode, ProtocolError
 from learner.ingest.delivery import DeliveryLedger
+from learner.ingest.peer_versions import PeerVersions
 from learner.ingest.publisher import ParamPublisher
 from learner.ingest.registry import ActorInfo, ActorRegistry
 from learner.ingest.settler import BatchSettler
@@ -89,6 +90,7 @@ class IngestServer:
         self.transport, self.registry, self.ledger, self.settler = transport, registry, ledger, settler
         self.params, self.check, self.welcome = params, check, welcome
         self.ingest_port, self.params_port = transport.ingest_port, transport.params_port
+        transport.peers = PeerVersions(check.spec, welcome.fields["model"])  # which older peers it serves
         self.rejected: Counter[str] = transport.rejected
         """Refused messages by reason."""
         self.drops: Counter[str] = transport.drops
@@ -111,6 +113,8 @@ class IngestServer:
     def publish(self, version: int, flat: dict[str, np.ndarray]) -> None:
         """Publish a snapshot to all subscribers and keep it to answer PARAM_REQ."""
         self.params.publish(version, flat)
+        for identity in self.transport.peers.older(actor.identity for actor in self.registry.live()):
+            self.params.answer(identity)  # a version 3 actor refuses the PUB's version 4 PARAMS
 
     def poll(self, timeout_ms: int, max_messages: int = 1000) -> int:
         """Handle waiting messages; block up to timeout_ms for the first. Returns how many were handled."""
@@ -136,7 +140,8 @@ class IngestServer:
         kind the `actor_id` and its connection first, then the message's own fields."""
         msg = None
         try:
-            msg = protocol.parse(raw)
+            msg = protocol.parse(raw, protocol.PEER_VERSIONS)
+            self.transport.peers.heard(identity, msg["v"])  # (a version this run cannot serve: bad_version)
             kind = msg["kind"]
             if kind == protocol.HELLO:
                 self._hello(identity, protocol.Hello.from_msg(msg))
