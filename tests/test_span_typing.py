@@ -12,11 +12,10 @@ import pytest
 from flax import nnx
 
 from actors.envs.simphone.env import SimPhoneConfig, SimPhoneEnv
-from actors.tools import demos
 from actors.tools.demos import DemosConfig, load_demos, write_demos
 from common.config import ModelConfig
 from common.policies import PointerPolicy
-from common.policies.pointer import featurize
+from common.policies.pointer import demos, featurize
 from common.policies.pointer import network as model
 from common.types import ActionType, Observation, PolicyChoice
 

@@ -168,6 +168,42 @@ class ScaledParams(Protocol):
         the scaled learning rate."""
 
 
+class DemoOracle(Protocol):
+    """What a family's demonstrator sees of an environment's oracle (actors/envs/simphone/oracle.py)."""
+
+    phrase: str
+    """The rest of the phrase the oracle is typing (a family that types whole phrases types this)."""
+
+    def act(self, obs: Observation) -> Action:
+        """The oracle's next action (it assumes it is taken)."""
+
+    def undo(self) -> None:
+        """Forget the last `act`: another action was taken instead."""
+
+
+class Demonstrator(Protocol):
+    """One episode's demonstrator (`RecordsDemos.demonstrator`)."""
+
+    def choose(
+        self, obs: Observation, features: dict[str, np.ndarray]
+    ) -> tuple[dict[str, Any], float] | None:
+        """The next step's choice (arrays by name, as `to_action` and the episode take it) and its exact
+        log-probability under the demonstrator, on `obs` (featurized: `features`); None when the family
+        cannot express what the oracle did (the episode is dropped and counted)."""
+
+
+@runtime_checkable
+class RecordsDemos(Protocol):
+    """A family that records an oracle's demonstrations as its own episodes (`python -m actors demos`,
+    the learner's warm-up)."""
+
+    noisy_demos: bool
+    """Whether its demonstrator mixes in random actions (--noise above 0)."""
+
+    def demonstrator(self, oracle: DemoOracle, noise: float, rng: np.random.Generator) -> Demonstrator:
+        """A demonstrator for one episode of `oracle`'s, drawing its noise from `rng`."""
+
+
 def host_inputs(policy: PolicyFamily) -> HostStep | None:
     """The family's host-side step before each update (`HostInputs`), or None."""
     return policy.host_inputs() if isinstance(policy, HostInputs) else None
@@ -181,3 +217,13 @@ def augments(policy: PolicyFamily, augmentation: Augmentation) -> bool:
 def scaled_param(policy: PolicyFamily) -> Callable[[tuple[str, ...]], bool] | None:
     """Which parameter paths take the scaled learning rate (`ScaledParams`); None: no parameter does."""
     return policy.scaled_param if isinstance(policy, ScaledParams) else None
+
+
+def demos_problem(policy: PolicyFamily, noise: float) -> str | None:
+    """Why this family cannot record demonstrations with this --noise (one line), or None."""
+    kind = policy.cfg.kind
+    if not isinstance(policy, RecordsDemos):
+        return f"--model.kind {kind} records no oracle demonstrations (use --warmup-demos 0 or --demos FILE)"
+    if noise and not policy.noisy_demos:
+        return f"--noise needs a family whose demonstrator mixes in random actions (the pointer policy); got {kind}"
+    return None

@@ -28,8 +28,9 @@ from common.backbones.decoder.tokenizer import DecoderTokenizer
 from common.backbones.pretrained import load_pretrained
 from common.config import ModelConfig
 from common.policies.evaluation import Evaluation
-from common.policies.family import Acted
+from common.policies.family import Acted, DemoOracle
 from common.policies.lm import grammar, network
+from common.policies.lm.demos import LMDemonstrator
 from common.policies.lm.network import Decoding, LMAgent, actions_in_grammar, score_actions
 from common.policies.lm.prompt import PromptBuilder
 from common.protocol.episodes import EpisodeSpec
@@ -50,6 +51,9 @@ def _backbone(source: str):
 
 class LMPolicy:
     """The `lm` family; see the module docstring (and common.policies.family for the interface)."""
+
+    noisy_demos = False
+    """Its demonstrator is the oracle alone (--noise 0)."""
 
     def __init__(self, cfg: ModelConfig):
         self.cfg = cfg
@@ -211,6 +215,10 @@ class LMPolicy:
         if tokens and tokens[-1] == self.eos_id:
             tokens = tokens[:-1]
         return self.tokenizer.decode(tokens)
+
+    def demonstrator(self, oracle: DemoOracle, noise: float, rng: np.random.Generator) -> LMDemonstrator:
+        """The oracle's actions in the grammar (demos.py); `noise` must be 0 (`noisy_demos`)."""
+        return LMDemonstrator(oracle, self.demo_choice)
 
     def demo_choice(self, obs: Observation, n_elements: int, action: Action) -> dict[str, Any] | None:
         """The choice that writes `action` (a demonstrator's) on `obs` of whose elements the prompt shows

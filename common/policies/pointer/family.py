@@ -16,14 +16,18 @@ import numpy as np
 
 from common.config import ModelConfig
 from common.policies.evaluation import Evaluation
-from common.policies.family import Acted, Arrays, Augmentation, HostStep
+from common.policies.family import Acted, Arrays, Augmentation, DemoOracle, HostStep
 from common.policies.pointer import augment, distribution, featurize, text_encoder
 from common.policies.pointer import network as model
+from common.policies.pointer.demos import PointerDemonstrator
 from common.types import Action, ActionType, Observation, SwipeDirection
 
 
 class PointerPolicy:
     """The default family; see the module docstring (and common.policies.family for the interface)."""
+
+    noisy_demos = True
+    """Its demonstrations may mix in uniformly random actions (demos.py)."""
 
     def __init__(self, cfg: ModelConfig):
         self.cfg = cfg
@@ -93,6 +97,9 @@ class PointerPolicy:
     def scaled_param(self, path: tuple[str, ...]) -> bool:
         """The fine-tuned text encoder's parameters (`text/encoder/...`) take --text-encoder-lr-scale."""
         return any(a == "text" and b == "encoder" for a, b in itertools.pairwise(path))
+
+    def demonstrator(self, oracle: DemoOracle, noise: float, rng: np.random.Generator) -> PointerDemonstrator:
+        return PointerDemonstrator(oracle, noise, rng, self.cfg)
 
     def create(self, seed: int):
         return model.create(self.cfg, seed)
