@@ -1,6 +1,6 @@
-"""Where a settled TRAJ batch's episodes go: the ingest calls a `ReplayInserter` with them (its
-`on_episodes`), after the batch is durable and before it is acknowledged (learner/ingest/server.py); the
-write-ahead log's recovery calls it the same way."""
+"""Where a settled TRAJ batch's episodes go: the ingest's batch settler calls a `ReplayInserter` with them
+(its `on_episodes`), after the batch is durable and before it is acknowledged (learner/ingest/settler.py);
+the write-ahead log's recovery calls it the same way."""
 
 from __future__ import annotations
 

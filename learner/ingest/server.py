@@ -1,10 +1,12 @@
-"""The learner's end of the protocol (docs/PROTOCOL.md): it wires the parts and dispatches each message.
+"""The learner's end of the protocol (docs/PROTOCOL.md): it dispatches each message to the parts it is
+handed, built by learner/setup/ingest.py.
 
 The parts: learner/ingest/transport.py (the ROUTER and PUB sockets, replies, drops),
 learner/ingest/registry.py (who is welcomed and alive), learner/ingest/settler.py (each TRAJ batch
 settled: write-ahead log, group commit, the replay and the ledger, recovery), learner/ingest/publisher.py
-(snapshots) and learner/ingest/delivery.py (which batches are settled, and the grants). All socket work happens on the caller's thread (`poll`, `publish`,
-`heartbeat`). Messages are parsed into common/protocol.py's dataclasses.
+(snapshots) and learner/ingest/delivery.py (which batches are settled, and the grants). All socket work
+happens on the caller's thread (`poll`, `publish`, `heartbeat`). Messages are parsed into the dataclasses
+of the common/protocol/ package (messages.py).
 """
 
 from __future__ import annotations
