@@ -14,7 +14,8 @@ import pytest
 import tyro
 
 from actors.config import ActorConfig
-from actors.tools.check_args import check, one_line_error, task_problem
+from actors.envs.task_check import task_problem
+from actors.tools.check_args import check, one_line_error
 from actors.tools.demos import DemosConfig
 from common.actor_command import actor_command, check_command, demos_command
 from common.config import EmulatorModelConfig, ModelConfig

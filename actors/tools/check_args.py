@@ -3,7 +3,7 @@ nothing, so the learner can refuse a bad `--tasks`, `--split`, `--env` or `--emu
 before it starts any process (it may not import actor code: it runs this in a subprocess).
 
 Parses the flags with the actor's own config (tyro's error box condensed to one line) and loads the task
-suite the environments would load. Prints nothing and exits 0 when the flags are good; prints one line
+suite the environments would load (actors/envs/task_check.py). Prints nothing and exits 0 when the flags are good; prints one line
 to stderr and exits 2 otherwise. Hidden: `python -m actors --help` does not list it.
 """
 
@@ -16,6 +16,8 @@ import sys
 from typing import TypeVar
 
 import tyro
+
+from actors.envs.task_check import task_problem
 
 T = TypeVar("T")
 
@@ -63,30 +65,6 @@ def parse(cls: type[T], args: list[str], prog: str) -> T:
             sys.stdout.write(out.getvalue())
             raise
         raise BadFlags(one_line_error(out.getvalue())) from None
-
-
-def task_problem(env: str, tasks: str, split: str) -> str | None:
-    """What is wrong with `--tasks` and `--split` for backend `env`, or None: the check the environments
-    make when they are built, made without building one (no phone, no device)."""
-    from actors.envs.simphone.tasks import SPLITS, TaskFileError, available, load_templates
-
-    if split not in SPLITS:
-        return f"--split must be one of {', '.join(SPLITS)}, got {split!r}"
-    if env == "standin":
-        return None  # its four task families are built in: --tasks does not apply
-    try:
-        if env == "adb":
-            from actors.envs.adb import tasks as device_tasks
-
-            found = device_tasks.load_device_templates("stock" if tasks == "general" else tasks)
-            usable = any(device_tasks.available(t, split) for t in found)
-        else:
-            usable = any(available(t, split) for t in load_templates(tasks))
-    except TaskFileError as e:
-        return f"--tasks {e}"
-    if not usable:
-        return f"--tasks {tasks}: no task of this suite is in --split {split}"
-    return None
 
 
 def check(argv: list[str]) -> str | None:

@@ -28,7 +28,7 @@ import numpy as np
 
 from actors.envs.simphone.env import SimPhoneConfig, SimPhoneEnv
 from actors.envs.simphone.oracle import Oracle
-from actors.tools.check_args import task_problem
+from actors.envs.task_check import task_problem
 from common import protocol, trajectory_file, wire
 from common.config import ModelConfig
 from common.episode import EpisodeBuilder
