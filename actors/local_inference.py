@@ -11,7 +11,7 @@ import numpy as np
 
 from actors.config import ActorConfig
 from actors.connection import LearnerConnection, Snapshot
-from actors.policy_runner import Acted, PolicyRunner
+from actors.policy_runner import ChosenRows, PolicyRunner
 from common import protocol
 from common.config import ModelConfig
 
@@ -71,7 +71,7 @@ class LocalInference:
         self.stats["param_swaps"] += 1
         return True
 
-    def act(self, runner: PolicyRunner, features: dict[str, np.ndarray]) -> Acted:
+    def act(self, runner: PolicyRunner, features: dict[str, np.ndarray]) -> ChosenRows:
         return runner.act(features)
 
     def close(self, runner: PolicyRunner) -> None:

@@ -20,8 +20,9 @@ from common.policies.family import StagedAct
 from common.types import Action, Observation
 
 
-class Acted(NamedTuple):
-    """One batched policy call: per row, the choice and what the learner's replay can use of it."""
+class ChosenRows(NamedTuple):
+    """One batched policy call brought to the host: per row, the choice (Python ints) and what the
+    learner's replay can use of it; made from the family's `Acted` (its device arrays) by `act`."""
 
     choices: list[dict[str, int]]
     """Each row's choice arrays by name (the family's `episode_spec().choices`), as Python ints."""
@@ -96,14 +97,14 @@ class PolicyRunner:
         stream (its seeded sampling) is untouched."""
         jax.block_until_ready(self._call(self.policy.inputs(features), jax.random.key(0)))
 
-    def act(self, features: dict[str, np.ndarray]) -> Acted:
+    def act(self, features: dict[str, np.ndarray]) -> ChosenRows:
         """Sample one action per row of the batched features (the mode when greedy)."""
         self._key, key = jax.random.split(self._key)
         choice, logp, value, entropy = jax.device_get(self._call(self.policy.inputs(features), key))
         columns = {k: np.asarray(v).tolist() for k, v in choice.items()}
         choices = [dict(zip(columns, row, strict=True)) for row in zip(*columns.values(), strict=True)]
         f32 = np.float32
-        return Acted(choices, np.asarray(logp, f32), np.asarray(value, f32), np.asarray(entropy, f32))
+        return ChosenRows(choices, np.asarray(logp, f32), np.asarray(value, f32), np.asarray(entropy, f32))
 
     def _call(self, inputs: dict[str, np.ndarray], key: jax.Array):
         """The family's act: one jitted call, or its two stages, each timed (`stage_seconds`)."""

@@ -12,7 +12,7 @@ import numpy as np
 
 from actors.config import ActorConfig, curve_client
 from actors.connection import LearnerConnection, Snapshot
-from actors.policy_runner import Acted
+from actors.policy_runner import ChosenRows
 from actors.remote_policy import InferenceRefused, RemotePolicy
 from common import protocol
 from common.config import ModelConfig
@@ -57,7 +57,7 @@ class RemoteInference:
         """Never: the parameters stay on the learner."""
         return False
 
-    def act(self, runner: RemotePolicy, features: dict[str, np.ndarray]) -> Acted | None:
+    def act(self, runner: RemotePolicy, features: dict[str, np.ndarray]) -> ChosenRows | None:
         """The runner's choices; None when the service refused or did not answer (counted, and the step
         is tried again: `unavailable` before the first parameters, `no_answer` while the learner may be
         gone; `not_welcomed` after a rejoin)."""

@@ -21,7 +21,7 @@ from typing import Any
 import numpy as np
 import zmq
 
-from actors.policy_runner import Acted
+from actors.policy_runner import ChosenRows
 from common import protocol, wire
 from common.config import ModelConfig
 from common.net.curve import CurveClient
@@ -76,7 +76,7 @@ class RemotePolicy:
     def to_action(self, obs: Observation, choice: dict[str, Any]) -> Action:
         return self.policy.to_action(obs, choice)
 
-    def act(self, features: dict[str, np.ndarray]) -> Acted:
+    def act(self, features: dict[str, np.ndarray]) -> ChosenRows:
         """The service's choices for a batch of features [N, ...]. No answer within `timeout` raises
         InferenceRefused("no_answer") after dropping the connection (the next request opens a new one), so
         the actor's loop keeps heartbeating and finds out whether the learner is gone; the actor keeps its
@@ -121,14 +121,14 @@ class RemotePolicy:
         self.stats["wait_s"] += self.timeout
         return None
 
-    def _acted(self, answer: ActedReply) -> Acted:
+    def _acted(self, answer: ActedReply) -> ChosenRows:
         self.version = answer.version
         arrays = answer.arrays
         names = list(self.spec.choice_arrays())
         columns = {name: arrays[name].tolist() for name in names}
         choices = [dict(zip(columns, row, strict=True)) for row in zip(*columns.values(), strict=True)]
         f32 = np.float32
-        return Acted(
+        return ChosenRows(
             choices,
             np.asarray(arrays["logp"], f32),
             np.asarray(arrays["value"], f32),

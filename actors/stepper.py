@@ -12,7 +12,7 @@ import numpy as np
 
 from actors.envs.factory import task_name
 from actors.envs.faults import DeviceFault
-from actors.policy_runner import Acted, stack
+from actors.policy_runner import ChosenRows, stack
 from actors.slots import Outcome
 from actors.world import World
 from common.episode import EpisodeBuilder
@@ -34,7 +34,7 @@ class StepTag(NamedTuple):
     """The policy version that chose it."""
 
 
-Act = Callable[[Any, dict[str, np.ndarray]], Acted | None]
+Act = Callable[[Any, dict[str, np.ndarray]], ChosenRows | None]
 """The policy call: (runner, batched features) -> its choices, or None when the step is to be tried again
 (actors/local_inference.py, actors/remote_inference.py)."""
 
