@@ -25,8 +25,7 @@ from common import params_file
 from common.backbones.decoder.lora import split_trained
 from common.config import ModelConfig
 from common.params_file import params_to_flat
-from common.policies import make_policy
-from common.policies.pointer import text_encoder
+from common.policies import make_policy, resolved_config
 from learner.training.checkpoint import Checkpointer, TrainState, rng_state
 from learner.training.train_step import make_optimizer
 
@@ -109,7 +108,7 @@ def restore(checkpoint: Path, update: int | None = None) -> Restored:
 
 def initial(cfg: EvalConfig) -> Restored:
     """--init: the untrained policy of cfg.model (seed 0), as if restored at update 0."""
-    model_cfg = text_encoder.resolve(cfg.model)
+    model_cfg = resolved_config(cfg.model)
     _, params = make_policy(model_cfg).create(0)
     state = TrainState(params, None, 0, 0, rng_state(np.random.default_rng()))
     return Restored(Path("(untrained)"), state, model_cfg, cfg.max_steps)
