@@ -51,6 +51,7 @@ import time
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import msgpack
 import numpy as np
@@ -61,6 +62,11 @@ from common import protocol, wire
 from common.config import ModelConfig
 from common.policies.pointer import featurize
 from common.types import NUM_ACTION_TYPES, NUM_SWIPE_DIRECTIONS
+
+if TYPE_CHECKING:  # the actor processes never load the learner
+    from learner.ingest.server import IngestServer
+    from learner.ingest.wal import WriteAheadLog
+    from learner.replay.prioritized import PrioritizedReplay
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -403,8 +409,36 @@ def _flood_process(mode: str, connections: int, warmup_s: float, duration_s: flo
     return json.loads(result.stdout.strip().splitlines()[-1])
 
 
-def _flood(mode: str, connections: int, warmup_s: float, duration_s: float) -> dict:
-    """One row: a real IngestServer in this process's main thread, the actors in worker processes."""
+@dataclass
+class _Learner:
+    """The learner side of one flood row: the real ingest storing into a real replay (what it stored
+    counted in `stored`), with its write-ahead log in a temporary directory for the logged modes."""
+
+    server: IngestServer
+    replay: PrioritizedReplay
+    stored: Counter
+    """episodes and steps stored."""
+    wal: WriteAheadLog | None
+    log_dir: tempfile.TemporaryDirectory | None
+    rss_before_mb: float | None
+    """The process's resident memory before the ingest was built."""
+
+    def handled(self) -> int:
+        """TRAJ batches the learner has settled or refused."""
+        return self.stored["episodes"] // EPISODES_PER_BATCH + self.server.rejected["no_credit"]
+
+    def close(self) -> dict:
+        """Close the ingest and remove its log; the log's counters ({} without one)."""
+        self.server.close()
+        log_stats = dict(self.wal.stats) if self.wal is not None else {}
+        if self.log_dir is not None:
+            self.log_dir.cleanup()
+        return log_stats
+
+
+def _open_learner(mode: str) -> _Learner:
+    """The ingest on free loopback ports as the learner builds it, its rate limit closed for the
+    `tap closed` mode. Imported here: the actor processes never load the learner."""
     from learner.ingest.registry import ActorRegistry
     from learner.ingest.transport import Transport
     from learner.ingest.wal import WriteAheadLog
@@ -438,6 +472,62 @@ def _flood(mode: str, connections: int, warmup_s: float, duration_s: float) -> d
         wal=wal,
         gate=_closed_tap if mode == "ignore credit, tap closed" else None,
     )
+    return _Learner(server, replay, stored, wal, log_dir, rss_before)
+
+
+def _serve_until_all_print(
+    server: IngestServer, workers: list[_Worker], what: str, timeout: float
+) -> list[str]:
+    """Poll the ingest until every actor process has printed a line (RuntimeError naming `what` after
+    `timeout` seconds); their lines."""
+    lines: list[str | None] = [None] * len(workers)
+    deadline = time.monotonic() + timeout
+    while None in lines:
+        server.poll(20)
+        for i, w in enumerate(workers):
+            lines[i] = lines[i] or w.line()
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"{lines.count(None)} of {len(workers)} actor processes not {what}")
+    return lines  # type: ignore[return-value]
+
+
+@dataclass
+class _Window:
+    """The measured interval: (stored, handled, learner CPU s, actor processes' CPU s) at its start and
+    end, the resident memory sampled once a second, and the seconds the learner's polls found nothing."""
+
+    begin: tuple
+    end: tuple
+    samples: list[tuple[float, float | None]]
+    idle: float
+    elapsed: float
+
+
+def _counters(learner: _Learner, workers: list[_Worker]) -> tuple:
+    return dict(learner.stored), learner.handled(), time.process_time(), [_cpu_s(w.proc.pid) for w in workers]
+
+
+def _measure(learner: _Learner, workers: list[_Worker], duration_s: float) -> _Window:
+    """Serve the flood for `duration_s` seconds, sampling the memory once a second."""
+    t0 = time.monotonic()
+    begin = _counters(learner, workers)
+    samples = [(0.0, _rss_mb())]
+    next_sample, idle = t0 + 1.0, 0.0
+    while (now := time.monotonic()) < t0 + duration_s:
+        if now >= next_sample:
+            samples.append((now - t0, _rss_mb()))
+            next_sample += 1.0
+        if learner.server.poll(20) == 0:  # waited for the whole timeout with nothing to do
+            idle += time.monotonic() - now
+    elapsed = time.monotonic() - t0
+    samples.append((elapsed, _rss_mb()))
+    return _Window(begin, _counters(learner, workers), samples, idle, elapsed)
+
+
+def _flood(mode: str, connections: int, warmup_s: float, duration_s: float) -> dict:
+    """One row: a real IngestServer in this process's main thread, the actors in worker processes."""
+    learner = _open_learner(mode)
+    server = learner.server
     workers: list[_Worker] = []
     try:
         server.publish(0, {"w": np.zeros(4, np.float32)})
@@ -446,74 +536,48 @@ def _flood(mode: str, connections: int, warmup_s: float, duration_s: float) -> d
         for p in range(nproc):
             first = p * connections // nproc
             workers.append(_Worker(endpoint, first, (p + 1) * connections // nproc - first, mode))
-
-        def serve_until_all_print(what: str, timeout: float) -> list[str]:
-            lines: list[str | None] = [None] * len(workers)
-            deadline = time.monotonic() + timeout
-            while None in lines:
-                server.poll(20)
-                for i, w in enumerate(workers):
-                    lines[i] = lines[i] or w.line()
-                if time.monotonic() > deadline:
-                    raise RuntimeError(f"{lines.count(None)} of {len(workers)} actor processes not {what}")
-            return lines  # type: ignore[return-value]
-
-        serve_until_all_print("welcomed", START_TIMEOUT_S)
+        _serve_until_all_print(server, workers, "welcomed", START_TIMEOUT_S)
         end_warmup = time.monotonic() + warmup_s
         while time.monotonic() < end_warmup:
             server.poll(20)
-
-        def handled() -> int:
-            return stored["episodes"] // EPISODES_PER_BATCH + server.rejected["no_credit"]
-
-        def snapshot() -> tuple:
-            return dict(stored), handled(), time.process_time(), [_cpu_s(w.proc.pid) for w in workers]
-
-        t0 = time.monotonic()
-        begin = snapshot()
-        samples = [(0.0, _rss_mb())]
-        next_sample, idle = t0 + 1.0, 0.0
-        while (now := time.monotonic()) < t0 + duration_s:
-            if now >= next_sample:
-                samples.append((now - t0, _rss_mb()))
-                next_sample += 1.0
-            if server.poll(20) == 0:  # waited for the whole timeout with nothing to do
-                idle += time.monotonic() - now
-        elapsed = time.monotonic() - t0
-        samples.append((elapsed, _rss_mb()))
-        end = snapshot()
-
+        window = _measure(learner, workers, duration_s)
         for w in workers:
             w.stop()
-        results = [json.loads(line) for line in serve_until_all_print("drained", DRAIN_TIMEOUT_S + 30)]
+        drained = _serve_until_all_print(server, workers, "drained", DRAIN_TIMEOUT_S + 30)
+        results = [json.loads(line) for line in drained]
         for _ in range(5):  # nothing should be left, but whatever is waiting is counted
             server.poll(0)
     finally:
         for w in workers:
             w.close()
-        server.close()
-        log_stats = dict(wal.stats) if wal is not None else {}
-        if log_dir is not None:
-            log_dir.cleanup()
+        log_stats = learner.close()
+    return _flood_row(mode, connections, warmup_s, learner, window, results, log_stats, len(workers))
 
-    actors = Counter()
-    errors: Counter = Counter()
-    latencies: list[float] = []
+
+@dataclass
+class _Tally:
+    """The actor processes' final counters, summed: counts, ERROR codes, send-to-ACK latencies (ms)."""
+
+    actors: Counter
+    errors: Counter
+    latencies: list[float]
+
+
+def _tally(results: list[dict]) -> _Tally:
+    tally = _Tally(Counter(), Counter(), [])
     for result in results:
-        errors.update(result.pop("errors"))
+        tally.errors.update(result.pop("errors"))
         result.pop("other")
-        latencies += result.pop("latencies")
-        actors.update(result)
-    episodes = end[0].get("episodes", 0) - begin[0].get("episodes", 0)
-    steps = end[0].get("steps", 0) - begin[0].get("steps", 0)
-    rss = [s[1] for s in samples if s[1] is not None]
-    child_cpu = [
-        (b - a) if a is not None and b is not None else None for a, b in zip(begin[3], end[3], strict=True)
-    ]
-    lost = actors["sent_episodes"] - stored["episodes"] - actors["refused_episodes"]
-    rejected = sum(server.rejected.values())
+        tally.latencies += result.pop("latencies")
+        tally.actors.update(result)
+    return tally
+
+
+def _broken(mode: str, tally: _Tally, learner: _Learner, lost: int, rejected: int) -> list[str]:
+    """The zero-loss checks that fail (every one must hold for zero_loss; the row names those that do not)."""
+    actors, errors, stored, server = tally.actors, tally.errors, learner.stored, learner.server
     refused_expected = mode == "ignore credit, tap closed"
-    checks = {  # every one must hold for zero_loss; the row names those that do not
+    checks = {
         "lost == 0": lost == 0,
         "unanswered == 0": actors["unanswered"] == 0,
         "acked + refused == sent": actors["acked"] + actors["refused"] == actors["sent"],
@@ -524,7 +588,32 @@ def _flood(mode: str, connections: int, warmup_s: float, duration_s: float) -> d
         "rejected == refused": rejected == (actors["refused"] if refused_expected else 0),
         "every error is no_credit": errors["no_credit"] == actors["refused"] == sum(errors.values()),
     }
-    broken = [name for name, ok in checks.items() if not ok]
+    return [name for name, ok in checks.items() if not ok]
+
+
+def _flood_row(
+    mode: str,
+    connections: int,
+    warmup_s: float,
+    learner: _Learner,
+    window: _Window,
+    results: list[dict],
+    log_stats: dict,
+    processes: int,
+) -> dict:
+    """The row of one flood: throughput, zero loss, memory, latency and CPU (`detail`: the counters)."""
+    tally, stored, server = _tally(results), learner.stored, learner.server
+    actors, latencies, elapsed = tally.actors, tally.latencies, window.elapsed
+    begin, end, samples = window.begin, window.end, window.samples
+    episodes = end[0].get("episodes", 0) - begin[0].get("episodes", 0)
+    steps = end[0].get("steps", 0) - begin[0].get("steps", 0)
+    rss = [s[1] for s in samples if s[1] is not None]
+    child_cpu = [
+        (b - a) if a is not None and b is not None else None for a, b in zip(begin[3], end[3], strict=True)
+    ]
+    lost = actors["sent_episodes"] - stored["episodes"] - actors["refused_episodes"]
+    rejected = sum(server.rejected.values())
+    broken = _broken(mode, tally, learner, lost, rejected)
     return {
         "mode": mode,
         "connections": connections,
@@ -547,29 +636,36 @@ def _flood(mode: str, connections: int, warmup_s: float, duration_s: float) -> d
         "ack_p50_ms": float(np.percentile(latencies, 50)) if latencies else None,
         "ack_p99_ms": float(np.percentile(latencies, 99)) if latencies else None,
         "learner_cpu": (end[2] - begin[2]) / elapsed,
-        "learner_idle": idle / elapsed,
+        "learner_idle": window.idle / elapsed,
         "actors_cpu": (sum(child_cpu) / elapsed) if None not in child_cpu else None,
-        "detail": {
-            "refused": actors["refused"],
-            "errors": dict(errors),
-            "unanswered": actors["unanswered"],
-            "ack_duplicates": actors["ack_duplicates"],
-            "ack_out_of_order": actors["ack_out_of_order"],
-            "reply_drops": sum(server.drops.values()),
-            "sent_episodes": actors["sent_episodes"],
-            "acked_episodes": actors["acked_episodes"],
-            "stored_steps": stored["steps"],
-            "sent_steps": actors["sent_steps"],
-            "actor_processes": len(workers),
-            "log": log_stats,
-            "warmup_s": warmup_s,
-            "replay_size": len(replay),
-            "syncs": log_stats.get("syncs", 0),
-            "rss_before_mb": rss_before,
-            "rss_hwm_mb": _rss_mb("VmHWM"),
-            "rss_samples_mb": [s[1] for s in samples],
-        },
+        "detail": _detail(tally, learner, window, log_stats, warmup_s, processes),
         "load_1m": os.getloadavg()[0],
+    }
+
+
+def _detail(
+    tally: _Tally, learner: _Learner, window: _Window, log_stats: dict, warmup_s: float, processes: int
+) -> dict:
+    actors = tally.actors
+    return {
+        "refused": actors["refused"],
+        "errors": dict(tally.errors),
+        "unanswered": actors["unanswered"],
+        "ack_duplicates": actors["ack_duplicates"],
+        "ack_out_of_order": actors["ack_out_of_order"],
+        "reply_drops": sum(learner.server.drops.values()),
+        "sent_episodes": actors["sent_episodes"],
+        "acked_episodes": actors["acked_episodes"],
+        "stored_steps": learner.stored["steps"],
+        "sent_steps": actors["sent_steps"],
+        "actor_processes": processes,
+        "log": log_stats,
+        "warmup_s": warmup_s,
+        "replay_size": len(learner.replay),
+        "syncs": log_stats.get("syncs", 0),
+        "rss_before_mb": learner.rss_before_mb,
+        "rss_hwm_mb": _rss_mb("VmHWM"),
+        "rss_samples_mb": [s[1] for s in window.samples],
     }
 
 
