@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import signal
 import subprocess
 import sys
@@ -102,40 +103,80 @@ def test_restart_resumes_from_the_checkpoint(learner_process, tmp_path):
     assert resumed[0]["update"] >= 6 and resumed[-1]["update"] == 10 and resumed[-1]["policy_version"] == 5
 
 
-@pytest.mark.parametrize(
-    ("args", "says"),
-    [
-        (("--mesh.model", "2"), "--mesh: mesh model axis 2 does not divide the 1 available devices"),
-        (("--mesh.data", "2"), "--mesh: mesh shape data=2 x model=1"),
-        (("--num-processes", "2"), "needs --coordinator"),
-        (("--word-rename-rate", "1.5"), "--word-rename-rate must be in [0, 1], got 1.5"),
-        (("--demo-update-every", "-1"), "--demo-update-every must be >= 0, got -1"),
-        (("--actor-credit", "0"), "--actor-credit must be at least 1, got 0"),
-        (("--durability", "fsync", "--checkpoint-every", "0"), "--durability fsync needs checkpoints"),
-        (("--curve-secret-key", "k.key_secret"), "--curve-secret-key and --curve-authorized go together"),
-    ],
-)
-def test_impossible_settings_are_refused_clearly(tmp_path, args, says):
-    cmd = [sys.executable, "-m", "learner", "--run-dir", str(tmp_path), "--ingest-port", "0", *args]
-    done = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, env=ACTOR_ENV, timeout=120)
-    assert done.returncode != 0
-    assert says in one_line(done.stderr), done.stderr
-    assert not (tmp_path / "endpoints.json").exists()  # refused before binding anything
+LEARNER_REFUSALS = [
+    (("--mesh.model", "2"), "--mesh: mesh model axis 2 does not divide the 1 available devices"),
+    (("--mesh.data", "2"), "--mesh: mesh shape data=2 x model=1"),
+    (("--num-processes", "2"), "needs --coordinator"),
+    (("--word-rename-rate", "1.5"), "--word-rename-rate must be in [0, 1], got 1.5"),
+    (("--demo-update-every", "-1"), "--demo-update-every must be >= 0, got -1"),
+    (("--actor-credit", "0"), "--actor-credit must be at least 1, got 0"),
+    (("--durability", "fsync", "--checkpoint-every", "0"), "--durability fsync needs checkpoints"),
+    (("--curve-secret-key", "k.key_secret"), "--curve-secret-key and --curve-authorized go together"),
+]
+ACTOR_REFUSALS = [
+    (("--max-batch-episodes", "300"), "--max-batch-episodes must be in [1, 256], got 300"),
+    (("--learner-timeout", "0"), "--learner-timeout must be positive, got 0.0"),
+    (("--curve-secret-key", "k.key_secret"), "--curve-secret-key and --curve-server-key go together"),
+]
+REFUSING = """
+import contextlib, io, json, runpy, sys, traceback
+results = []
+for argv in json.loads(sys.argv[1]):
+    out, err, rc = io.StringIO(), io.StringIO(), 0
+    sys.argv = argv
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        try:
+            runpy.run_module(argv[0], run_name="__main__", alter_sys=True)
+        except SystemExit as e:  # as the interpreter ends: a status, or a message on stderr and 1
+            rc = e.code if isinstance(e.code, int) else int(e.code is not None)
+            if e.code is not None and not isinstance(e.code, int):
+                print(e.code, file=sys.stderr)
+        except BaseException:
+            traceback.print_exc()  # what the interpreter prints for an uncaught error, exit status 1
+            rc = 1
+    results.append({"rc": rc, "stdout": out.getvalue(), "stderr": err.getvalue()})
+sys.__stdout__.write(json.dumps(results))
+"""
+"""Runs `python -m MODULE ARGS...` for each command line in turn in this one process, as the interpreter
+would (the exit status, what it printed), and prints the results as JSON: each refusal below was a
+Python process of its own, and starting one (imports, JAX) costs more than the refusal it checks."""
 
 
-@pytest.mark.parametrize(
-    ("args", "says"),
-    [
-        (("--max-batch-episodes", "300"), "--max-batch-episodes must be in [1, 256], got 300"),
-        (("--learner-timeout", "0"), "--learner-timeout must be positive, got 0.0"),
-        (("--curve-secret-key", "k.key_secret"), "--curve-secret-key and --curve-server-key go together"),
-    ],
-)
-def test_impossible_actor_settings_are_refused_clearly(args, says):
-    cmd = [sys.executable, "-m", "actors", "--ingest-port", "1", *args]
-    done = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, env=ACTOR_ENV, timeout=120)
-    assert done.returncode != 0 and says in one_line(done.stderr), done.stderr
-    assert "no answer from the learner" not in done.stdout  # refused before trying to connect
+@pytest.fixture(scope="module")
+def refusals(tmp_path_factory) -> dict:
+    """(module, args) -> (exit status, stdout, stderr, run dir) for every command line of LEARNER_REFUSALS
+    and ACTOR_REFUSALS, all run by one process (REFUSING); each learner has a run dir of its own."""
+    runs = []
+    for args, _ in LEARNER_REFUSALS:
+        run_dir = tmp_path_factory.mktemp("refused")
+        runs.append(
+            (("learner", args), run_dir, ["learner", "--run-dir", str(run_dir), "--ingest-port", "0", *args])
+        )
+    for args, _ in ACTOR_REFUSALS:
+        runs.append((("actors", args), None, ["actors", "--ingest-port", "1", *args]))
+    cmd = [sys.executable, "-c", REFUSING, json.dumps([argv for _, _, argv in runs])]
+    done = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, env=ACTOR_ENV, timeout=300)
+    assert done.returncode == 0, done.stderr
+    results = json.loads(done.stdout)
+    return {
+        key: (r["rc"], r["stdout"], r["stderr"], run_dir)
+        for (key, run_dir, _), r in zip(runs, results, strict=True)
+    }
+
+
+@pytest.mark.parametrize(("args", "says"), LEARNER_REFUSALS)
+def test_impossible_settings_are_refused_clearly(refusals, args, says):
+    rc, _, stderr, run_dir = refusals["learner", args]
+    assert rc != 0
+    assert says in one_line(stderr), stderr
+    assert not (run_dir / "endpoints.json").exists()  # refused before binding anything
+
+
+@pytest.mark.parametrize(("args", "says"), ACTOR_REFUSALS)
+def test_impossible_actor_settings_are_refused_clearly(refusals, args, says):
+    rc, stdout, stderr, _ = refusals["actors", args]
+    assert rc != 0 and says in one_line(stderr), stderr
+    assert "no answer from the learner" not in stdout  # refused before trying to connect
 
 
 def test_a_bad_actor_side_flag_stops_the_learner_before_any_process(tmp_path):
