@@ -112,21 +112,24 @@ def time_layout(cfg, devices, data_axis: int, model_axis: int, sharding: str, ba
     import jax
 
     from common.policies import make_policy
+    from common.policies.pointer import sizes
     from learner.losses import LOSSES, LossParams
     from learner.training import mesh as M
+    from learner.training import sharding as S
+    from learner.training.sharded_step import make_sharded_train_step
     from learner.training.train_step import make_optimizer
 
     mesh = M.make_mesh(M.MeshConfig(data=data_axis, model=model_axis, param_sharding=sharding), devices)
     optimizer = make_optimizer(1e-3, 1.0)
     policy = make_policy(cfg)
     graphdef, params = policy.create(0)
-    n_params = M.count_params(params)
-    specs = M.param_specs(params, mesh, sharding)
-    params = M.shard_params(params, mesh, specs)
-    opt_state = M.init_opt_state(optimizer, params, mesh, specs)
+    n_params = sizes.count_params(params)
+    specs = S.param_specs(params, mesh, sharding)
+    params = S.shard_params(params, mesh, specs)
+    opt_state = S.init_opt_state(optimizer, params, mesh, specs)
     loss = LOSSES["aride"].rl
-    step = M.make_sharded_train_step(graphdef, optimizer, loss, LossParams(), policy.evaluate, mesh, specs)
-    placed = M.shard_batch(batch, mesh)
+    step = make_sharded_train_step(graphdef, optimizer, loss, LossParams(), policy.evaluate, mesh, specs)
+    placed = S.shard_batch(batch, mesh)
 
     t0 = time.perf_counter()
     compiled = step.lower(params, opt_state, placed).compile()
@@ -168,7 +171,7 @@ def worker(devices: int, quick: bool, large: bool) -> list[dict]:
     import jax
 
     from common.config import ModelConfig
-    from learner.training.mesh import large_model_config
+    from common.policies.pointer.sizes import large_model_config
 
     load_1m = os.getloadavg()[0]  # other processes loading the CPU when the worker started
     found = jax.devices()

@@ -512,7 +512,7 @@ class LearnerConfig:
     words alone."""
     model_preset: Literal["custom", "large"] = "custom"
     """"custom": the network --model.* describes (default: the small CPU model); "large": the ~134M-parameter
-    preset for accelerators (learner.training.mesh.large_model_config; replaces --model.*), meant for
+    preset for accelerators (common/policies/pointer/sizes.py; replaces --model.*), meant for
     --mesh.param-sharding model or fsdp."""
     mesh: MeshConfig = field(default_factory=MeshConfig)
     """Device mesh of the train step (axes 'data' x 'model'); the batch size must be a multiple of 'data'."""

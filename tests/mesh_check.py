@@ -31,6 +31,8 @@ from learner.batch import Batch, example_batch
 from learner.losses import LOSSES as REGISTRY
 from learner.losses import LossParams
 from learner.training import mesh as M
+from learner.training import sharding as S
+from learner.training.sharded_step import make_sharded_train_step
 from learner.training.train_step import make_train_step
 
 TINY = ModelConfig(vocab_size=512, d_model=32, num_heads=4, num_layers=1, mlp_dim=128)
@@ -56,9 +58,9 @@ def loss_args(loss: str, cfg: ModelConfig = TINY) -> tuple:
 def random_batch(cfg: ModelConfig, seed: int) -> Batch:
     """example_batch's shapes filled with random valid values (chosen arguments point at valid slots)."""
     rng = np.random.default_rng(seed)
-    b = example_batch(
-        featurize.feature_spec(cfg), BATCH, MAX_STEPS, choices=featurize.episode_spec(cfg, 0).choice_arrays()
-    )
+    # (the choices need no WordPiece bound: any >= 1 will do for a config with a text encoder)
+    choices = featurize.episode_spec(cfg, 1).choice_arrays()
+    b = example_batch(featurize.feature_spec(cfg), BATCH, MAX_STEPS, choices=choices)
     obs = b.obs
     obs["instr_tokens"][:] = rng.integers(0, cfg.vocab_size, obs["instr_tokens"].shape)
     obs["instr_mask"][:] = rng.random(obs["instr_mask"].shape) < 0.7
@@ -117,14 +119,14 @@ def spec_of(x) -> list:
 def check_layout(data, model_axis, mode, loss, graphdef, optimizer, batches, ref) -> dict:
     mesh = M.make_mesh(M.MeshConfig(data=data, model=model_axis, param_sharding=mode))
     _, params = model.create(TINY, 0)
-    specs = M.param_specs(params, mesh, mode)
-    params = M.shard_params(params, mesh, specs)
-    opt_state = M.init_opt_state(optimizer, params, mesh, specs)
+    specs = S.param_specs(params, mesh, mode)
+    params = S.shard_params(params, mesh, specs)
+    opt_state = S.init_opt_state(optimizer, params, mesh, specs)
     first_leaf = jax.tree.leaves(params)[0]
-    step = M.make_sharded_train_step(graphdef, optimizer, *loss_args(loss), mesh, specs)
+    step = make_sharded_train_step(graphdef, optimizer, *loss_args(loss), mesh, specs)
     t0 = time.perf_counter()
     new_params, new_opt, history = run_steps(
-        step, params, opt_state, batches, lambda b: M.shard_batch(b, mesh)
+        step, params, opt_state, batches, lambda b: S.shard_batch(b, mesh)
     )
     elapsed = time.perf_counter() - t0
     flat = params_to_flat(new_params)
@@ -132,7 +134,7 @@ def check_layout(data, model_axis, mode, loss, graphdef, optimizer, batches, ref
 
     named = dict(
         zip(
-            [M.param_name(p) for p, _ in jax.tree_util.tree_flatten_with_path(new_params)[0]],
+            [S.param_name(p) for p, _ in jax.tree_util.tree_flatten_with_path(new_params)[0]],
             jax.tree.leaves(new_params),
             strict=True,
         )
@@ -226,21 +228,21 @@ def check_text_encoder(optimizer) -> dict:
     init_flat = params_to_flat(init)
     mesh = M.make_mesh(M.MeshConfig(data=4, model=2, param_sharding="fsdp"))
     _, params = model.create(cfg, 0)
-    specs = M.param_specs(params, mesh, "fsdp")
-    params = M.shard_params(params, mesh, specs)
-    opt_state = M.init_opt_state(optimizer, params, mesh, specs)
-    step = M.make_sharded_train_step(graphdef, optimizer, *loss_args("aride", cfg), mesh, specs)
-    new_params, _, history = run_steps(step, params, opt_state, batches, lambda b: M.shard_batch(b, mesh))
+    specs = S.param_specs(params, mesh, "fsdp")
+    params = S.shard_params(params, mesh, specs)
+    opt_state = S.init_opt_state(optimizer, params, mesh, specs)
+    step = make_sharded_train_step(graphdef, optimizer, *loss_args("aride", cfg), mesh, specs)
+    new_params, _, history = run_steps(step, params, opt_state, batches, lambda b: S.shard_batch(b, mesh))
     flat = params_to_flat(new_params)
     encoder_names = [k for k in flat if k.startswith("text/encoder/")]
     want_specs = bert.partition_specs(new_params["text"]["encoder"], mesh)
     want = {
-        f"text/encoder/{M.param_name(p)}": [a for a in spec]
+        f"text/encoder/{S.param_name(p)}": [a for a in spec]
         for p, spec in jax.tree_util.tree_flatten_with_path(want_specs)[0]
     }
     named = dict(
         zip(
-            [M.param_name(p) for p, _ in jax.tree_util.tree_flatten_with_path(new_params)[0]],
+            [S.param_name(p) for p, _ in jax.tree_util.tree_flatten_with_path(new_params)[0]],
             jax.tree.leaves(new_params),
             strict=True,
         )
@@ -265,7 +267,7 @@ def check_errors() -> dict:
         "data16": lambda: M.make_mesh(M.MeshConfig(data=16)),
         "data4_model4": lambda: M.make_mesh(M.MeshConfig(data=4, model=4)),
         "bad_mode": lambda: M.MeshConfig(param_sharding="tensor"),
-        "batch6_on_data4": lambda: M.shard_batch(
+        "batch6_on_data4": lambda: S.shard_batch(
             example_batch(
                 featurize.feature_spec(TINY),
                 6,

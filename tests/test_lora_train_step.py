@@ -22,6 +22,8 @@ from common.backbones.decoder.lora import LoraConfig, split_trained
 from common.policies import Evaluation
 from learner.losses.base import LossOutput, LossParams
 from learner.training import mesh as M
+from learner.training import sharding as S
+from learner.training.sharded_step import make_sharded_train_step
 from learner.training.train_step import make_optimizer, make_train_step
 from tests.decoder_reference import VARIANTS
 
@@ -98,12 +100,12 @@ def test_only_the_adapters_train_and_hold_optimizer_state():
 def test_the_sharded_step_trains_the_adapters_alone_too():
     graphdef, params, batch = setup()
     mesh = M.make_mesh(M.MeshConfig(data=1, model=1))
-    specs = M.param_specs(params, mesh, "fsdp")
+    specs = S.param_specs(params, mesh, "fsdp")
     optimizer = optax.adam(1e-2)
-    placed = M.shard_params(params, mesh, specs)
-    opt_state = M.init_opt_state(optimizer, placed, mesh, specs)
+    placed = S.shard_params(params, mesh, specs)
+    opt_state = S.init_opt_state(optimizer, placed, mesh, specs)
     assert sizes(opt_state) < 3 * adapter_size(params) + 10
-    step = M.make_sharded_train_step(graphdef, optimizer, nll, LossParams(), evaluate, mesh, specs)
+    step = make_sharded_train_step(graphdef, optimizer, nll, LossParams(), evaluate, mesh, specs)
     plain = make_train_step(graphdef, optimizer, nll, LossParams(), evaluate)
     want, _, _, _ = plain(jax.tree.map(jnp.array, params), optimizer.init(split_trained(params)[0]), batch)
     got, _, _, _ = step(placed, opt_state, batch)

@@ -1,4 +1,4 @@
-"""learner.training.mesh: the sharded train step equals the unsharded one on 1x1, 8x1 and 4x2 meshes of forced CPU
+"""learner.training.{mesh,sharding,sharded_step}: the sharded train step equals the unsharded one on 1x1, 8x1 and 4x2 meshes of forced CPU
 devices, parameters really are split as param_specs says, and bad mesh shapes fail clearly.
 
 The 8 devices must exist before jax initializes, so the step checks run in a subprocess
@@ -18,7 +18,9 @@ import jax
 import pytest
 from jax.sharding import AbstractMesh, PartitionSpec
 
+from common.policies.pointer import sizes
 from learner.training import mesh as M
+from learner.training import sharding as S
 from tests.conftest import ROOT
 
 CHECKS_S = 900
@@ -119,28 +121,28 @@ def test_bad_shapes_fail_clearly(checks):
 
 def _specs_by_name(specs) -> dict[str, PartitionSpec]:
     leaves = jax.tree_util.tree_flatten_with_path(specs, is_leaf=lambda x: isinstance(x, PartitionSpec))[0]
-    return {M.param_name(path): spec for path, spec in leaves}
+    return {S.param_name(path): spec for path, spec in leaves}
 
 
 def test_large_preset_is_over_100m_and_splits_over_model():
-    cfg = M.large_model_config()
-    params = M.abstract_params(cfg)  # jax.eval_shape: no memory, no compute
-    n = M.count_params(params)
+    cfg = sizes.large_model_config()
+    params = sizes.abstract_params(cfg)  # jax.eval_shape: no memory, no compute
+    n = sizes.count_params(params)
     assert n >= 100_000_000
-    specs = _specs_by_name(M.param_specs(params, AbstractMesh((4, 2), M.AXES), "model"))
+    specs = _specs_by_name(S.param_specs(params, AbstractMesh((4, 2), M.AXES), "model"))
     big = [name for name in specs if name.endswith("kernel") and ("attn" in name or "mlp" in name)]
     assert len(big) == 6 * cfg.num_layers
     for name in [*big, "embed/embedding"]:
         assert "model" in specs[name], name
     for name in ("type_head/kernel", "value_head/kernel", "elem_feat/kernel", "blocks/0/norm1/scale"):
         assert specs[name] == PartitionSpec(), name
-    sizes = {
-        M.param_name(path): math.prod(x.shape) for path, x in jax.tree_util.tree_flatten_with_path(params)[0]
+    elements = {
+        S.param_name(path): math.prod(x.shape) for path, x in jax.tree_util.tree_flatten_with_path(params)[0]
     }
-    split = sum(sizes[name] for name, spec in specs.items() if "model" in spec)
+    split = sum(elements[name] for name, spec in specs.items() if "model" in spec)
     assert split > 0.95 * n  # nearly all the weight memory is divided between the 'model' devices
 
-    fsdp = _specs_by_name(M.param_specs(params, AbstractMesh((8, 1), M.AXES), "fsdp"))
+    fsdp = _specs_by_name(S.param_specs(params, AbstractMesh((8, 1), M.AXES), "fsdp"))
     assert "data" in fsdp["embed/embedding"]
     assert all("model" not in s for s in fsdp.values())  # the model axis has size 1
 

@@ -32,6 +32,7 @@ from rich.console import Console
 from common.backbones import CheckpointError
 from common.net.ports import INGEST_PORT, PARAMS_PORT, adb_clash
 from common.policies.pointer import text_encoder
+from common.policies.pointer.sizes import large_model_config
 from learner.config import LearnerConfig
 from learner.ingest.server import IngestServer
 from learner.inserter import ReplayInserter
@@ -50,7 +51,6 @@ from learner.setup.training_state import Training, build_training
 from learner.training import multihost
 from learner.training.checkpoint import Checkpointer
 from learner.training.checkpoint_files import CheckpointFiles
-from learner.training.mesh import large_model_config
 
 
 def open_session(cfg: LearnerConfig, console: Console) -> Session:

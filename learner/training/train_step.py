@@ -56,9 +56,12 @@ def make_train_step(
     update_scale: float = 1.0,
     encoder_update_scale: float = 1.0,
     scaled_param: Callable[[tuple[str, ...]], bool] | None = None,
+    *,
+    shardings: tuple[Any, Any] | None = None,
 ) -> Callable[[Any, Any, Batch], tuple[Any, Any, dict, PriorityTerms | None]]:
     """Returns jitted step(params, opt_state, batch) -> (params, opt_state, metrics, priority terms);
-    params are donated.
+    params are donated. `shardings`, (in_shardings, out_shardings), lay the one jit out on a device mesh
+    (learner/training/sharded_step.py gives them); None: it runs where its arguments are.
 
     `evaluate` is the policy family's pass over the batch (common.policies: `policy.evaluate`), `loss_fn`
     one of a `Loss`'s functions (learner/losses: reinforcement learning or imitation) with its numbers
@@ -98,4 +101,6 @@ def make_train_step(
         metrics["param_norm"] = optax.tree.norm(new_params)
         return new_params, jax.tree.map(keep, new_opt_state, opt_state), metrics, priorities
 
-    return jax.jit(step, donate_argnums=(0, 1))
+    if shardings is None:
+        return jax.jit(step, donate_argnums=(0, 1))
+    return jax.jit(step, in_shardings=shardings[0], out_shardings=shardings[1], donate_argnums=(0, 1))

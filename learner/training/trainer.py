@@ -31,13 +31,8 @@ from learner.config import LearnerConfig
 from learner.losses import LossParams, PriorityTerms, get_loss
 from learner.training import multihost
 from learner.training.checkpoint import Checkpointer, TrainState, rng_state, set_rng_state
-from learner.training.mesh import (
-    batch_sharding,
-    init_opt_state,
-    make_sharded_train_step,
-    named_shardings,
-    param_specs,
-)
+from learner.training.sharded_step import make_sharded_train_step
+from learner.training.sharding import batch_sharding, init_opt_state, named_shardings, param_specs
 from learner.training.train_step import make_optimizer
 
 R = TypeVar("R")
