@@ -97,6 +97,43 @@ class LearnerProcess:
         return rc
 
 
+IN_ONE_PROCESS = """
+import contextlib, io, json, runpy, sys, traceback
+results = []
+for argv in json.loads(sys.argv[1]):
+    out, err, rc = io.StringIO(), io.StringIO(), 0
+    sys.argv = argv
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        try:
+            runpy.run_module(argv[0], run_name="__main__", alter_sys=True)
+        except SystemExit as e:  # as the interpreter ends: a status, or a message on stderr and 1
+            rc = e.code if isinstance(e.code, int) else int(e.code is not None)
+            if e.code is not None and not isinstance(e.code, int):
+                print(e.code, file=sys.stderr)
+        except BaseException:
+            traceback.print_exc()  # what the interpreter prints for an uncaught error, exit status 1
+            rc = 1
+    results.append({"rc": rc, "stdout": out.getvalue(), "stderr": err.getvalue()})
+sys.__stdout__.write(json.dumps(results))
+"""
+
+
+def run_in_one_process(
+    commands: list[list[str]], timeout: float = START_S
+) -> list[subprocess.CompletedProcess]:
+    """`python -m MODULE ARGS...` for each command [MODULE, *ARGS], in turn, in one Python process (with
+    ACTOR_ENV, from ROOT), as the interpreter would run it: its exit status, stdout and stderr. For
+    commands that end before they do anything (a refused flag): starting a Python process (imports, JAX)
+    costs many times what such a check does, and a dozen of them cost the suite minutes on a busy machine."""
+    cmd = [sys.executable, "-c", IN_ONE_PROCESS, json.dumps(commands)]
+    done = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, env=ACTOR_ENV, timeout=timeout)
+    assert done.returncode == 0, done.stderr
+    return [
+        subprocess.CompletedProcess(["python", "-m", *argv], r["rc"], r["stdout"], r["stderr"])
+        for argv, r in zip(commands, json.loads(done.stdout), strict=True)
+    ]
+
+
 @pytest.fixture
 def learner_process(tmp_path):
     """Factory: start a learner with extra CLI args (and optionally a given run dir, e.g. to restart in

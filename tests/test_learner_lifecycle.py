@@ -2,16 +2,13 @@
 
 from __future__ import annotations
 
-import json
 import signal
-import subprocess
-import sys
 import time
 from pathlib import Path
 
 import pytest
 
-from tests.conftest import ACTOR_ENV, ROOT, START_S, one_line
+from tests.conftest import START_S, one_line, run_in_one_process
 from tests.test_tensorboard import assert_a_real_run_wrote_tensorboard
 
 pytestmark = pytest.mark.timeout(1200)  # learners with actors, started twice in one test, on a busy machine
@@ -118,75 +115,45 @@ ACTOR_REFUSALS = [
     (("--learner-timeout", "0"), "--learner-timeout must be positive, got 0.0"),
     (("--curve-secret-key", "k.key_secret"), "--curve-secret-key and --curve-server-key go together"),
 ]
-REFUSING = """
-import contextlib, io, json, runpy, sys, traceback
-results = []
-for argv in json.loads(sys.argv[1]):
-    out, err, rc = io.StringIO(), io.StringIO(), 0
-    sys.argv = argv
-    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
-        try:
-            runpy.run_module(argv[0], run_name="__main__", alter_sys=True)
-        except SystemExit as e:  # as the interpreter ends: a status, or a message on stderr and 1
-            rc = e.code if isinstance(e.code, int) else int(e.code is not None)
-            if e.code is not None and not isinstance(e.code, int):
-                print(e.code, file=sys.stderr)
-        except BaseException:
-            traceback.print_exc()  # what the interpreter prints for an uncaught error, exit status 1
-            rc = 1
-    results.append({"rc": rc, "stdout": out.getvalue(), "stderr": err.getvalue()})
-sys.__stdout__.write(json.dumps(results))
-"""
-"""Runs `python -m MODULE ARGS...` for each command line in turn in this one process, as the interpreter
-would (the exit status, what it printed), and prints the results as JSON: each refusal below was a
-Python process of its own, and starting one (imports, JAX) costs more than the refusal it checks."""
+BAD_ACTOR_SIDE_FLAG = ("--tasks", "nosuchsuite")
 
 
 @pytest.fixture(scope="module")
 def refusals(tmp_path_factory) -> dict:
-    """(module, args) -> (exit status, stdout, stderr, run dir) for every command line of LEARNER_REFUSALS
-    and ACTOR_REFUSALS, all run by one process (REFUSING); each learner has a run dir of its own."""
-    runs = []
-    for args, _ in LEARNER_REFUSALS:
+    """(module, args) -> (the finished process, its run dir) for LEARNER_REFUSALS, ACTOR_REFUSALS and
+    BAD_ACTOR_SIDE_FLAG, all run in one Python process: each was a process of its own, and starting one
+    costs more than the refusal it checks. Each learner has a run dir of its own."""
+    runs = {}
+    for args in [args for args, _ in LEARNER_REFUSALS] + [BAD_ACTOR_SIDE_FLAG]:
         run_dir = tmp_path_factory.mktemp("refused")
-        runs.append(
-            (("learner", args), run_dir, ["learner", "--run-dir", str(run_dir), "--ingest-port", "0", *args])
-        )
+        runs["learner", args] = run_dir, ["learner", "--run-dir", str(run_dir), "--ingest-port", "0", *args]
     for args, _ in ACTOR_REFUSALS:
-        runs.append((("actors", args), None, ["actors", "--ingest-port", "1", *args]))
-    cmd = [sys.executable, "-c", REFUSING, json.dumps([argv for _, _, argv in runs])]
-    done = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, env=ACTOR_ENV, timeout=300)
-    assert done.returncode == 0, done.stderr
-    results = json.loads(done.stdout)
-    return {
-        key: (r["rc"], r["stdout"], r["stderr"], run_dir)
-        for (key, run_dir, _), r in zip(runs, results, strict=True)
-    }
+        runs["actors", args] = None, ["actors", "--ingest-port", "1", *args]
+    done = run_in_one_process([argv for _, argv in runs.values()])
+    return {key: (proc, run_dir) for (key, (run_dir, _)), proc in zip(runs.items(), done, strict=True)}
 
 
 @pytest.mark.parametrize(("args", "says"), LEARNER_REFUSALS)
 def test_impossible_settings_are_refused_clearly(refusals, args, says):
-    rc, _, stderr, run_dir = refusals["learner", args]
-    assert rc != 0
-    assert says in one_line(stderr), stderr
+    done, run_dir = refusals["learner", args]
+    assert done.returncode != 0
+    assert says in one_line(done.stderr), done.stderr
     assert not (run_dir / "endpoints.json").exists()  # refused before binding anything
 
 
 @pytest.mark.parametrize(("args", "says"), ACTOR_REFUSALS)
 def test_impossible_actor_settings_are_refused_clearly(refusals, args, says):
-    rc, stdout, stderr, _ = refusals["actors", args]
-    assert rc != 0 and says in one_line(stderr), stderr
-    assert "no answer from the learner" not in stdout  # refused before trying to connect
+    done, _ = refusals["actors", args]
+    assert done.returncode != 0 and says in one_line(done.stderr), done.stderr
+    assert "no answer from the learner" not in done.stdout  # refused before trying to connect
 
 
-def test_a_bad_actor_side_flag_stops_the_learner_before_any_process(tmp_path):
-    learner = [sys.executable, "-m", "learner", "--run-dir", str(tmp_path), "--ingest-port", "0"]
-    cmd = [*learner, "--tasks", "nosuchsuite"]
-    done = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, env=ACTOR_ENV, timeout=300)
+def test_a_bad_actor_side_flag_stops_the_learner_before_any_process(refusals):
+    done, run_dir = refusals["learner", BAD_ACTOR_SIDE_FLAG]
     assert "Traceback" not in done.stdout + done.stderr, done.stderr
     assert done.returncode == 2, done.stderr
     assert done.stderr.strip().splitlines()[-1] == (
         "python -m actors: --tasks nosuchsuite: no such task file, folder or suite (shipped suites: general, webshop)"
     )
     assert "oracle demonstrations" not in done.stdout + done.stderr  # the demo writer never started
-    assert not (tmp_path / "endpoints.json").exists()
+    assert not (run_dir / "endpoints.json").exists()
