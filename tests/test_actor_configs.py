@@ -4,8 +4,6 @@ message and exits non-zero before anything runs."""
 from __future__ import annotations
 
 import dataclasses
-import subprocess
-import sys
 
 import pytest
 
@@ -14,7 +12,7 @@ from actors.envs.adb.config import AdbConfig, JudgeConfig
 from actors.tools.demos import DemosConfig
 from actors.tools.doctor import DoctorConfig
 from actors.tools.relay import RelayConfig
-from tests.conftest import ACTOR_ENV, ROOT
+from tests.conftest import run_in_one_process
 
 NAN = float("nan")
 
@@ -88,20 +86,27 @@ def test_a_config_changed_later_is_checked_again():
         dataclasses.replace(ActorConfig(), num_envs=0)
 
 
-@pytest.mark.parametrize(
-    ("args", "says"),
-    [
-        (("--num-envs", "0"), "--num-envs must be positive, got 0"),
-        (("--adb.settle-max", "-1"), "--adb.settle-max must be >= 0, got -1.0"),
-        (("--adb.judge.timeout", "0"), "--adb.judge.timeout must be positive"),
-        (("relay", "--port", "-1"), "--port must be in [0, 65535], got -1"),
-        (("doctor", "--timeout", "0"), "--timeout must be positive, got 0.0"),
-        (("demos", "--noise", "2"), "--noise must be in [0, 1], got 2.0"),
-    ],
-)
-def test_the_cli_says_which_flag_and_exits_non_zero(args, says):
-    cmd = [sys.executable, "-m", "actors", *args]
-    done = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, env=ACTOR_ENV, timeout=120)
+CLI_REFUSALS = [
+    (("--num-envs", "0"), "--num-envs must be positive, got 0"),
+    (("--adb.settle-max", "-1"), "--adb.settle-max must be >= 0, got -1.0"),
+    (("--adb.judge.timeout", "0"), "--adb.judge.timeout must be positive"),
+    (("relay", "--port", "-1"), "--port must be in [0, 65535], got -1"),
+    (("doctor", "--timeout", "0"), "--timeout must be positive, got 0.0"),
+    (("demos", "--noise", "2"), "--noise must be in [0, 1], got 2.0"),
+]
+
+
+@pytest.fixture(scope="module")
+def cli_refusals() -> dict:
+    """args -> `python -m actors ARGS` finished, for every case of CLI_REFUSALS, all run in one Python
+    process (tests/conftest.py run_in_one_process): a process each cost more than the checks."""
+    done = run_in_one_process([["actors", *args] for args, _ in CLI_REFUSALS])
+    return {args: proc for (args, _), proc in zip(CLI_REFUSALS, done, strict=True)}
+
+
+@pytest.mark.parametrize(("args", "says"), CLI_REFUSALS)
+def test_the_cli_says_which_flag_and_exits_non_zero(cli_refusals, args, says):
+    done = cli_refusals[args]
     assert done.returncode != 0
     assert says in done.stderr, done.stderr
     assert "Traceback" not in done.stderr, done.stderr
