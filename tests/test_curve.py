@@ -16,7 +16,7 @@ import zmq
 
 from common import protocol, wire
 from common.net import curve
-from tests.conftest import ACTOR_ENV, ROOT, START_S, one_line
+from tests.conftest import ACTOR_ENV, ROOT, START_S, one_line, run_in_one_process
 from tests.test_fake_actor import make_episode
 
 pytestmark = pytest.mark.timeout(600)
@@ -298,20 +298,32 @@ def test_keys_added_or_deleted_take_effect_at_the_next_handshake_without_a_resta
         ctx.term()
 
 
-@pytest.mark.parametrize(
-    ("setup", "names", "says"),
-    [
-        (False, ["a"], "no learner.key here"),
-        (True, ["learner"], "--add takes key names"),
-        (True, ["../x"], "--add takes key names"),
-        (True, ["actor-0"], "exists already"),
-    ],
-)
-def test_adding_keys_refuses_what_it_cannot_do_in_one_line(tmp_path, setup, names, says):
-    if setup:
-        curve.generate(tmp_path / "keys", actors=1)
-    out = subprocess.run([sys.executable, "-m", "learner", "keys", str(tmp_path / "keys"), "--add", *names],
-                         cwd=ROOT, env=ACTOR_ENV, capture_output=True, text=True, timeout=120)  # fmt: skip
+KEY_REFUSALS = [
+    (False, ("a",), "no learner.key here"),
+    (True, ("learner",), "--add takes key names"),
+    (True, ("../x",), "--add takes key names"),
+    (True, ("actor-0",), "exists already"),
+]
+
+
+@pytest.fixture(scope="module")
+def key_refusals(tmp_path_factory) -> dict:
+    """(setup, names) -> `python -m learner keys DIR --add NAMES` finished, for every case of KEY_REFUSALS
+    (DIR empty, or with keys for one actor when `setup`), all run in one Python process (a process each
+    cost more than the checks)."""
+    commands = []
+    for setup, names, _ in KEY_REFUSALS:
+        folder = tmp_path_factory.mktemp("refused") / "keys"
+        if setup:
+            curve.generate(folder, actors=1)
+        commands.append(["learner", "keys", str(folder), "--add", *names])
+    done = run_in_one_process(commands)
+    return {(setup, names): out for (setup, names, _), out in zip(KEY_REFUSALS, done, strict=True)}
+
+
+@pytest.mark.parametrize(("setup", "names", "says"), KEY_REFUSALS)
+def test_adding_keys_refuses_what_it_cannot_do_in_one_line(key_refusals, setup, names, says):
+    out = key_refusals[setup, names]
     assert out.returncode != 0 and says in one_line(out.stderr), out.stderr
 
 
