@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import json
 import shlex
-import subprocess
 import sys
 
 import pytest
@@ -21,7 +20,7 @@ from common.actor_command import actor_command, check_command, demos_command
 from common.config import EmulatorModelConfig, ModelConfig
 from learner.config import parse_args
 from learner.launch.actor_check import check_actor_flags, check_local_flags
-from tests.conftest import ACTOR_ENV, ROOT
+from tests.conftest import ROOT, run_in_one_process
 
 
 def test_the_actor_command_parses_to_the_config_it_was_built_for():
@@ -150,32 +149,40 @@ def test_tyro_boxes_fold_to_their_message():
     assert one_line_error(box) == "invalid choice 'x' for argument '--env'."
 
 
-def run(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [sys.executable, "-m", *args], cwd=ROOT, capture_output=True, text=True, env=ACTOR_ENV, timeout=120
-    )
+CHECK_BAD = ("actors", "check-args", "--tasks", "nosuchsuite")
+CHECK_GOOD = ("actors", "check-args", "--tasks", "webshop", "--env", "simphone")
+DEMOS_BAD = ("actors", "demos", "--tasks", "nosuchsuite", "--episodes", "2")
 
 
-def test_check_args_exits_2_with_one_line_and_0_when_good():
-    bad = run("actors", "check-args", "--tasks", "nosuchsuite")
+@pytest.fixture(scope="module")
+def ran(tmp_path_factory) -> dict:
+    """CHECK_BAD, CHECK_GOOD and DEMOS_BAD (with an --out file that must not appear) -> the finished
+    `python -m ...`, all run in one Python process (a process each cost more than the checks)."""
+    out = tmp_path_factory.mktemp("demos") / "demos.msgpack"
+    commands = [list(CHECK_BAD), list(CHECK_GOOD), [*DEMOS_BAD, "--out", str(out)]]
+    done = run_in_one_process(commands)
+    return {"out": out, **dict(zip((CHECK_BAD, CHECK_GOOD, DEMOS_BAD), done, strict=True))}
+
+
+def test_check_args_exits_2_with_one_line_and_0_when_good(ran):
+    bad = ran[CHECK_BAD]
     assert bad.returncode == 2 and "Traceback" not in bad.stderr + bad.stdout, bad.stderr
     assert bad.stderr.strip().splitlines() == [
         "python -m actors: --tasks nosuchsuite: no such task file, folder or suite (shipped suites: general, webshop)"
     ]
-    good = run("actors", "check-args", "--tasks", "webshop", "--env", "simphone")
+    good = ran[CHECK_GOOD]
     assert good.returncode == 0 and good.stdout + good.stderr == "", good.stderr
 
 
-def test_the_demo_writer_refuses_bad_tasks_with_one_line(tmp_path):
-    out = tmp_path / "demos.msgpack"
-    done = run("actors", "demos", "--tasks", "nosuchsuite", "--episodes", "2", "--out", str(out))
+def test_the_demo_writer_refuses_bad_tasks_with_one_line(ran):
+    done = ran[DEMOS_BAD]
     assert done.returncode == 2, done.stderr
     assert "Traceback" not in done.stderr + done.stdout, done.stderr
     assert done.stderr.strip().splitlines() == [
         "python -m actors demos: --tasks nosuchsuite: no such task file, folder or suite "
         "(shipped suites: general, webshop)"
     ]
-    assert not out.exists()  # refused before writing anything
+    assert not ran["out"].exists()  # refused before writing anything
 
 
 def test_the_learner_side_check_exits_2_with_the_actors_line(capsys):
