@@ -734,7 +734,12 @@ def test_bad_input_is_refused_and_the_learner_keeps_serving(learner_process, fak
     wait_for_metrics(learner, lambda m: m["update"] >= good_episodes // 4, what="training after bad input")
 
 
-def test_metrics_lines_hold_the_contract_fields(learner_process, fake_actor):
+def test_metrics_lines_hold_the_contract_fields_and_an_actor_that_never_reads_costs_only_its_replies(
+    learner_process, fake_actor
+):
+    """The metrics contract, on a learner that also served an actor that never reads (below): that was a
+    test with a learner of its own, and one learner saves a start-up and a stop. Its actors come after
+    the check that one actor counts as one, and every line the learner wrote is checked at the end."""
     learner = learner_process("--log-every", "0.2")
     actor = fake_actor(learner)
     actor.hello()
@@ -744,6 +749,7 @@ def test_metrics_lines_hold_the_contract_fields(learner_process, fake_actor):
     line = wait_for_metrics(learner, lambda m: m["actors"] >= 1, what="actors >= 1")
     assert line["actors"] == 1
     wait_for_metrics(learner, lambda m: m["wall"] > line["wall"], what="a second line")
+    an_actor_that_never_reads_costs_only_its_own_replies(learner, fake_actor)
     assert learner.stop() == 0
     lines = read_metrics(learner.run_dir)
     assert len(lines) >= 3
@@ -792,8 +798,8 @@ def test_batches_are_stored_once_across_resends_reconnects_and_a_learner_restart
     assert line["batches_lost_in_restart"] == 0
 
 
-def test_an_actor_that_never_reads_costs_only_its_own_replies(learner_process, fake_actor):
-    learner = learner_process("--log-every", "0.3")
+def an_actor_that_never_reads_costs_only_its_own_replies(learner, fake_actor) -> None:
+    """(Run by the metrics contract test, on its learner, which has stored no episode before.)"""
     slow, good = fake_actor(learner, "slow"), fake_actor(learner, "good")
     slow.dealer.close(0)
     slow.dealer = slow.ctx.socket(zmq.DEALER)
