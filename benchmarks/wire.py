@@ -20,8 +20,7 @@ from benchmarks.report import best_seconds
 from common import protocol, wire
 from common.config import ModelConfig
 from common.params_file import params_to_flat
-from common.policies.pointer import featurize
-from common.policies.pointer import network as model
+from common.policies import make_policy
 
 MAX_STEPS = 16
 
@@ -41,7 +40,7 @@ def run(quick: bool) -> list[dict]:
     msg = protocol.Traj(1, 1, episodes).to_msg()
     encoded = wire.encode(msg)
     buf = np.frombuffer(encoded, np.uint8)
-    spec = featurize.episode_spec(cfg, text_vocab_size=0)  # (the default model has no text encoder)
+    spec = make_policy(cfg).episode_spec()
 
     def unpack() -> protocol.PackedEpisodes:
         return protocol.unpack_episodes(protocol.Traj.from_msg(protocol.parse(encoded)).episodes)
@@ -59,7 +58,7 @@ def run(quick: bool) -> list[dict]:
     dec = best_seconds(validate, repeats)
     rows.append(_row("traj_batch_full", len(encoded), gb / enc, gb / dec, gb / memcpy))
 
-    _, params = model.create(cfg, 0)
+    _, params = make_policy(cfg).create(0)
     flat = params_to_flat(params)
     size = sum(a.nbytes for a in flat.values())
     blob = np.frombuffer(b"".join(a.tobytes() for a in flat.values()), np.uint8)
