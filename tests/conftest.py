@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import atexit
+import contextlib
 import json
 import os
 import resource
@@ -35,6 +36,23 @@ START_S = 300.0
 """Deadline for a learner or actor process to get going (import JAX, build its model, compile its
 first step): seconds on an idle machine, minutes on 2 cores shared with other CPU-bound work. A
 passing test never waits this long; it is only how long a broken one takes to fail."""
+
+
+def _descendants(pid: int) -> list[int]:
+    """The PIDs of every living process under `pid` (children, their children, ...), from /proc."""
+    children: dict[int, list[int]] = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()  # after "(comm)", which may hold spaces
+        except OSError:
+            continue  # exited meanwhile
+        children.setdefault(int(fields[1]), []).append(int(stat.parent.name))
+    found, todo = [], [pid]
+    while todo:
+        for child in children.get(todo.pop(), []):
+            found.append(child)
+            todo.append(child)
+    return found
 
 
 class LearnerProcess:
@@ -82,6 +100,18 @@ class LearnerProcess:
         if not path.exists():
             return []
         return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+    def kill(self) -> None:
+        """SIGKILL the learner and every process under it (its local actors, a demo writer) at once: for
+        a learner whose test is over, when nothing is asserted about how it stops. A SIGTERM would wait
+        for a train step compile in flight (minutes on a busy machine) and write a checkpoint nobody
+        reads, both on the cores the other tests share."""
+        if self.proc.poll() is None:
+            for pid in [self.proc.pid, *_descendants(self.proc.pid)]:
+                with contextlib.suppress(ProcessLookupError):  # gone meanwhile
+                    os.kill(pid, signal.SIGKILL)
+        self.proc.wait()
+        self._log.close()
 
     def stop(self, timeout: float = START_S) -> int:
         """SIGTERM, then SIGKILL after `timeout`; the exit code. A learner still compiling its train step
@@ -146,8 +176,8 @@ def learner_process(tmp_path):
         return proc
 
     yield start
-    for proc in started:
-        proc.stop()
+    for proc in started:  # a test that checks how its learner stops stops it itself (LearnerProcess.stop)
+        proc.kill()
 
 
 @pytest.fixture
