@@ -26,8 +26,7 @@ from benchmarks.report import best_seconds, compiled_gflop, matmul_gflops
 from common import wire
 from common.config import ModelConfig
 from common.params_file import params_to_flat
-from common.policies.pointer import featurize, text_encoder
-from common.policies.pointer import network as model
+from common.policies import resolved_config
 from common.protocol import STEP_ARRAYS, Episode
 from learner.batch import collate
 from learner.config import LearnerConfig
@@ -40,7 +39,7 @@ ENVS = 8
 def _actor_steps(cfg: ModelConfig, steps: int) -> tuple[dict, list]:
     """Steps/s of featurize + act over ENVS SimPhone envs, and the featurized episodes it saw."""
     runner = PolicyRunner(cfg, 0)
-    _, params = model.create(runner.cfg, 0)
+    _, params = runner.policy.create(0)
     runner.load(0, params_to_flat(params))
     envs = [make_env("simphone", 16, "general", "train") for _ in range(ENVS)]
     obs = [env.reset(seed=i)[0] for i, env in enumerate(envs)]
@@ -68,7 +67,7 @@ def _actor_steps(cfg: ModelConfig, steps: int) -> tuple[dict, list]:
 
 
 def _bytes_per_step(cfg: ModelConfig, seen: list[dict]) -> dict:
-    ids = featurize.stack(seen[:64])
+    ids = stack(seen[:64])
     traj = len(wire.encode({"obs": ids})) / len(seen[:64])
     held = sum(v.nbytes for v in ids.values()) / len(seen[:64])
     vectors = 0
@@ -86,7 +85,7 @@ def _updates_per_s(cfg: ModelConfig, seen: list[dict], repeats: int, batch_size:
     for b in range(lcfg.batch_size):
         rows = [seen[(b * 7 + t) % len(seen)] for t in range(steps + 1)]
         arrays = {k: np.zeros(steps, np.dtype(dt)) for k, dt in STEP_ARRAYS.items()}
-        episodes.append(Episode("bench", False, True, featurize.stack(rows), arrays))
+        episodes.append(Episode("bench", False, True, stack(rows), arrays))
     batch = collate(episodes, steps)
     trainer.step(batch, False)  # compile
     rate = 1.0 / best_seconds(lambda: trainer.step(batch, False), repeats, inner=2 if repeats > 1 else 1)
@@ -113,7 +112,7 @@ def run(quick: bool) -> list[dict]:
         ("MiniLM, frozen, cached", ModelConfig(text_encoder="minilm"), batch, repeats),
         ("MiniLM, fine-tuned", ModelConfig(text_encoder="minilm", train_text_encoder=True), 2, 1),
     ):
-        resolved = text_encoder.resolve(cfg)
+        resolved = resolved_config(cfg)
         actor, seen = _actor_steps(resolved, steps)
         row = {"policy": name, **actor, **_bytes_per_step(resolved, seen)}
         row.update(_updates_per_s(resolved, seen, n, batch_size))
