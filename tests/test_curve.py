@@ -162,23 +162,15 @@ def test_only_authorized_actors_can_send_or_receive_and_relays_and_real_actors_u
         local.term()
 
 
-def test_binding_beyond_loopback_without_keys_is_refused(tmp_path):
-    out = subprocess.run(
-        [sys.executable, "-m", "learner", "--bind", "0.0.0.0", "--run-dir", str(tmp_path / "run")],
-        cwd=ROOT, env=ACTOR_ENV, capture_output=True, text=True, timeout=120,
-    )  # fmt: skip
+def test_binding_beyond_loopback_without_keys_is_refused(refusals):
+    out, run_dir = refusals["bind"]
     assert out.returncode != 0
     assert "without authentication" in one_line(out.stderr) and "--insecure" in out.stderr
-    assert not (tmp_path / "run" / "endpoints.json").exists()  # nothing was bound
+    assert not (run_dir / "endpoints.json").exists()  # nothing was bound
 
 
-def test_bad_key_files_are_named(tmp_path, keys):
-    missing = tmp_path / "nope.key_secret"
-    out = subprocess.run(
-        [sys.executable, "-m", "actors", "--curve-secret-key", str(missing),
-         "--curve-server-key", str(keys / "keys" / "learner.key")],
-        cwd=ROOT, env=ACTOR_ENV, capture_output=True, text=True, timeout=120,
-    )  # fmt: skip
+def test_bad_key_files_are_named(tmp_path, keys, refusals):
+    out, missing = refusals["missing key"]  # an actor given a secret key file that is not there
     assert out.returncode != 0 and str(missing) in out.stderr
     with pytest.raises(curve.CurveError, match="no secret key"):
         curve.load_keypair(keys / "keys" / "learner.key")  # the public half only
@@ -307,23 +299,42 @@ KEY_REFUSALS = [
 
 
 @pytest.fixture(scope="module")
-def key_refusals(tmp_path_factory) -> dict:
-    """(setup, names) -> `python -m learner keys DIR --add NAMES` finished, for every case of KEY_REFUSALS
-    (DIR empty, or with keys for one actor when `setup`), all run in one Python process (a process each
-    cost more than the checks)."""
-    commands = []
+def refusals(tmp_path_factory) -> dict:
+    """What the CLI refusals of this module finished with, all run in one Python process (a process each
+    cost more than the checks): (setup, names) -> `python -m learner keys DIR --add NAMES` for every
+    case of KEY_REFUSALS (DIR empty, or with keys for one actor when `setup`); "bind" -> (a learner
+    bound beyond loopback without keys, its run dir); "missing key" -> (an actor given a secret key file
+    that does not exist, that file)."""
+    cases, commands = [], []
     for setup, names, _ in KEY_REFUSALS:
         folder = tmp_path_factory.mktemp("refused") / "keys"
         if setup:
             curve.generate(folder, actors=1)
+        cases.append(((setup, names), None))
         commands.append(["learner", "keys", str(folder), "--add", *names])
+    run_dir = tmp_path_factory.mktemp("refused") / "run"
+    cases.append(("bind", run_dir))
+    commands.append(["learner", "--bind", "0.0.0.0", "--run-dir", str(run_dir)])
+    keys = tmp_path_factory.mktemp("refused")
+    curve.generate(keys / "keys", actors=1)
+    missing = keys / "nope.key_secret"
+    cases.append(("missing key", missing))
+    commands.append(
+        [
+            "actors",
+            "--curve-secret-key",
+            str(missing),
+            "--curve-server-key",
+            str(keys / "keys" / "learner.key"),
+        ]
+    )
     done = run_in_one_process(commands)
-    return {(setup, names): out for (setup, names, _), out in zip(KEY_REFUSALS, done, strict=True)}
+    return {key: (out, extra) for (key, extra), out in zip(cases, done, strict=True)}
 
 
 @pytest.mark.parametrize(("setup", "names", "says"), KEY_REFUSALS)
-def test_adding_keys_refuses_what_it_cannot_do_in_one_line(key_refusals, setup, names, says):
-    out = key_refusals[setup, names]
+def test_adding_keys_refuses_what_it_cannot_do_in_one_line(refusals, setup, names, says):
+    out, _ = refusals[setup, names]
     assert out.returncode != 0 and says in one_line(out.stderr), out.stderr
 
 
