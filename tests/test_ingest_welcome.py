@@ -9,6 +9,8 @@ import zmq
 
 from common import protocol, wire
 from common.config import ModelConfig
+from common.policies import make_policy
+from common.policies.family import welcome_fields
 from common.policies.pointer import featurize
 from learner.ingest.registry import ActorRegistry
 from learner.ingest.transport import Transport
@@ -20,10 +22,10 @@ MODEL = ModelConfig(vocab_size=64, max_instruction_tokens=4, max_elements=5, max
 
 @pytest.mark.parametrize("text_vocab_size", [0, 30522])
 def test_welcome_carries_the_word_piece_bound(text_vocab_size):
+    fields = {"model": MODEL.to_dict(), "max_steps": 4, "text_vocab_size": text_vocab_size}  # the family's
     server = ingest_server(
-        Transport("127.0.0.1", 0, 0), ActorRegistry(), welcome_fields={"model": MODEL.to_dict(), "max_steps": 4},
-        episode_spec=featurize.episode_spec(MODEL, 0), max_steps=4,
-        on_episodes=lambda *_: None, text_vocab_size=text_vocab_size,
+        Transport("127.0.0.1", 0, 0), ActorRegistry(), welcome_fields=fields,
+        episode_spec=featurize.episode_spec(MODEL, 0), max_steps=4, on_episodes=lambda *_: None,
     )  # fmt: skip
     ctx = zmq.Context()
     sock = ctx.socket(zmq.DEALER)
@@ -49,3 +51,10 @@ def test_a_negative_word_piece_bound_is_a_bad_welcome():
     with pytest.raises(protocol.ProtocolError) as e:
         protocol.Welcome.from_msg(msg)
     assert e.value.code == "bad_field"
+
+
+def test_the_pointer_family_announces_its_word_piece_bound():
+    """open_ingest puts the family's own WELCOME fields (family.welcome_fields) beside the model: the pointer
+    policy's is the text encoder's vocabulary, 0 (left out of WELCOME) without an encoder."""
+    assert welcome_fields(make_policy(MODEL)) == {"text_vocab_size": 0}
+    assert welcome_fields(object()) == {}

@@ -2,7 +2,8 @@
 
 `make_policy(cfg)` builds the family the config names: a built-in one ("pointer", the default, or "lm") or, for a
 family in the user's own code, `package.module:ClassName` (imported here, on the learner and on every
-actor alike: the learner sends the kind in WELCOME), whose class takes the ModelConfig.
+actor alike: the learner sends the kind in WELCOME), whose class takes the ModelConfig. `PRESETS` are the
+model configs `--model-preset` names (the pointer policy's large preset for accelerators).
 """
 
 from __future__ import annotations
@@ -13,9 +14,11 @@ from common.config import ModelConfig
 from common.policies.evaluation import Evaluation
 from common.policies.family import Acted, PolicyFamily, ResolvesConfig
 from common.policies.pointer.family import PointerPolicy
+from common.policies.pointer.sizes import large_model_config
 
 __all__ = [
     "BUILT_IN",
+    "PRESETS",
     "Acted",
     "Evaluation",
     "PointerPolicy",
@@ -34,6 +37,9 @@ def _lm(cfg: ModelConfig) -> PolicyFamily:
 BUILT_IN = {"pointer": PointerPolicy, "lm": _lm}
 """The families this package ships, by --model.kind: the pointer policy, and the language-model agent
 (common/policies/lm)."""
+
+PRESETS = {"large": large_model_config}
+"""--model-preset name -> the ModelConfig it stands for (common/policies/pointer/sizes.py)."""
 
 
 def make_policy(cfg: ModelConfig) -> PolicyFamily:

@@ -12,7 +12,8 @@ for a family that lives in the user's own code (docs/POLICIES.md walks through o
 Optional hooks let a family add to what the framework does around it without the framework knowing the
 family: its config completed from its files (`ResolvesConfig`), host-side inputs of the learner's update
 (`HostInputs`), augmentation of training batches (`Augments`), parameters at their own learning rate
-(`ScaledParams`), demonstrations from an oracle (`RecordsDemos`). The functions at the end of this module
+(`ScaledParams`), demonstrations from an oracle (`RecordsDemos`), fields of its own in WELCOME
+(`WelcomeFields`). The functions at the end of this module
 (and `resolved_config` in the registry) apply them, and do nothing for a family without them.
 """
 
@@ -202,6 +203,20 @@ class RecordsDemos(Protocol):
 
     def demonstrator(self, oracle: DemoOracle, noise: float, rng: np.random.Generator) -> Demonstrator:
         """A demonstrator for one episode of `oracle`'s, drawing its noise from `rng`."""
+
+
+@runtime_checkable
+class WelcomeFields(Protocol):
+    """A family whose actors (or other-language peers) need facts of its files in WELCOME, beside the
+    model config: the pointer policy's `text_vocab_size`, the bound of its WordPiece ids."""
+
+    def welcome_fields(self) -> dict[str, Any]:
+        """WELCOME fields by name (docs/PROTOCOL.md lists the ones the protocol knows)."""
+
+
+def welcome_fields(policy: PolicyFamily) -> dict[str, Any]:
+    """The family's own WELCOME fields (`WelcomeFields`), or none."""
+    return policy.welcome_fields() if isinstance(policy, WelcomeFields) else {}
 
 
 def host_inputs(policy: PolicyFamily) -> HostStep | None:

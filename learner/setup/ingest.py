@@ -18,7 +18,7 @@ from common import protocol
 from common.config import ModelConfig
 from common.net.curve import CurveError, CurveServer
 from common.policies import make_policy
-from common.policies.pointer import text_encoder
+from common.policies.family import welcome_fields as family_welcome_fields
 from learner.config import LearnerConfig
 from learner.ingest.delivery import DeliveryLedger
 from learner.ingest.publisher import ParamPublisher
@@ -53,19 +53,19 @@ def ingest_server(
     on_episodes: Store,
     credit: int = 8,
     heartbeat_every: float = 1.0,
-    text_vocab_size: int = 0,
     inference_port: int = 0,
     wal: WriteAheadLog | None = None,
     gate: Callable[[], bool] | None = None,
     log: Callable[[str], None] | None = None,
 ) -> IngestServer:
     """The IngestServer on a bound `transport`, its parts built here: `welcome_fields` are the run-wide
-    WELCOME fields (`model` as a dict, `max_steps`, optionally `mode`; a key WELCOME lacks is a TypeError);
+    WELCOME fields (`model` as a dict, `max_steps`, optionally `mode` and the family's own, such as
+    `text_vocab_size`; a key WELCOME lacks is a TypeError);
     settled episodes go to `on_episodes`, each new batch through `wal` first when given; `gate` is the
     learner's rate limit on the grants (None: always open); `log` takes the storage errors' lines
     (None: stderr)."""
     model = ModelConfig.from_dict(welcome_fields["model"])
-    fields = {**welcome_fields, "model": model, "text_vocab_size": text_vocab_size}
+    fields = {**welcome_fields, "model": model}
     welcome = RunWelcome(uuid.uuid4().hex[:12], heartbeat_every, {**fields, "inference_port": inference_port})
     ledger = DeliveryLedger(credit)
     settler = BatchSettler(ledger, wal, on_episodes, transport, gate or (lambda: True), log or _to_stderr)
@@ -89,18 +89,23 @@ def open_ingest(
     wal = WriteAheadLog(run_dir / "wal", durability) if durability != "none" else None
     transport = Transport(net.bind, net.ingest_port, net.params_port, curve)
     registry = ActorRegistry(net.actor_timeout)
+    policy = make_policy(cfg.model)
     inference = None
     try:
         inference = open_inference(cfg, transport.ctx, registry, graphdef, curve)
         server = ingest_server(
             transport,
             registry,
-            welcome_fields={"model": cfg.model.to_dict(), "max_steps": cfg.max_steps, "mode": cfg.mode},
-            episode_spec=make_policy(cfg.model).episode_spec(),
+            welcome_fields={
+                "model": cfg.model.to_dict(),
+                "max_steps": cfg.max_steps,
+                "mode": cfg.mode,
+                **family_welcome_fields(policy),
+            },
+            episode_spec=policy.episode_spec(),
             max_steps=cfg.max_steps,
             on_episodes=inserter,
             credit=net.actor_credit,
-            text_vocab_size=text_encoder.vocab_size(cfg.model),
             inference_port=inference.port if inference is not None else 0,
             wal=wal,
             gate=inserter.accepts if cfg.insert_slack() else None,

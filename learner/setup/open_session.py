@@ -31,8 +31,7 @@ from rich.console import Console
 
 from common.backbones import CheckpointError
 from common.net.ports import INGEST_PORT, PARAMS_PORT, adb_clash
-from common.policies.pointer import text_encoder
-from common.policies.pointer.sizes import large_model_config
+from common.policies import PRESETS, resolved_config
 from learner.config import LearnerConfig
 from learner.ingest.server import IngestServer
 from learner.inserter import ReplayInserter
@@ -142,11 +141,11 @@ def _joined_config(cfg: LearnerConfig) -> LearnerConfig:
     resolved before anything is built."""
     mh = cfg.multihost
     multihost.initialize(mh.coordinator, mh.num_processes, mh.process_id)
-    if cfg.model_preset == "large":
+    if cfg.model_preset in PRESETS:
         text = {k: getattr(cfg.model, k) for k in ("text_encoder", "text_encoder_weights")}
-        cfg = dataclasses.replace(cfg, model=dataclasses.replace(large_model_config(), **text))
+        cfg = dataclasses.replace(cfg, model=dataclasses.replace(PRESETS[cfg.model_preset](), **text))
     try:
-        return dataclasses.replace(cfg, model=text_encoder.resolve(cfg.model))
+        return dataclasses.replace(cfg, model=resolved_config(cfg.model))
     except CheckpointError as e:
         raise SystemExit(f"--model.text-encoder: {e}") from e
 

@@ -41,6 +41,11 @@ class PointerPolicy:
     def episode_spec(self):
         return featurize.episode_spec(self.cfg, text_encoder.vocab_size(self.cfg))
 
+    def welcome_fields(self) -> dict[str, int]:
+        """`text_vocab_size`: the encoder's WordPiece vocabulary (0 without one), the bound the learner
+        checks the episodes' WordPiece ids against."""
+        return {"text_vocab_size": text_encoder.vocab_size(self.cfg)}
+
     def featurize(self, obs: Observation, history: Sequence[Action] = ()) -> dict[str, np.ndarray]:
         return featurize.featurize(obs, self.cfg, history)
 
