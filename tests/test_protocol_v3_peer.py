@@ -15,6 +15,7 @@ from common import protocol, wire
 from common.config import ModelConfig
 from common.policies.pointer import featurize
 from common.protocol import compat
+from learner.ingest.peer_versions import PeerVersions
 from learner.ingest.registry import ActorRegistry
 from learner.ingest.transport import Transport
 from learner.setup.ingest import ingest_server
@@ -41,7 +42,7 @@ class Learner:
     def __init__(self, spec: protocol.EpisodeSpec, model: ModelConfig = MODEL):
         self.stored: list[protocol.Episode] = []
         self.server = ingest_server(
-            Transport("127.0.0.1", 0, 0), ActorRegistry(actor_timeout=3600),
+            Transport("127.0.0.1", 0, 0, peers=PeerVersions(spec, model)), ActorRegistry(actor_timeout=3600),
             welcome_fields={"model": model.to_dict(), "max_steps": MAX_STEPS}, episode_spec=spec,
             max_steps=MAX_STEPS, on_episodes=lambda eps, _record: self.stored.extend(eps),
             credit=1000, heartbeat_every=3600,

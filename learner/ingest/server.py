@@ -21,7 +21,6 @@ import numpy as np
 from common import protocol
 from common.protocol import Episode, ProtocolError
 from learner.ingest.delivery import DeliveryLedger
-from learner.ingest.peer_versions import PeerVersions
 from learner.ingest.publisher import ParamPublisher
 from learner.ingest.registry import ActorInfo, ActorRegistry
 from learner.ingest.settler import BatchSettler
@@ -92,7 +91,6 @@ class IngestServer:
         self.transport, self.registry, self.ledger, self.settler = transport, registry, ledger, settler
         self.params, self.check, self.welcome = params, check, welcome
         self.ingest_port, self.params_port = transport.ingest_port, transport.params_port
-        transport.peers = PeerVersions(check.spec, welcome.fields["model"])  # which older peers it serves
         self.rejected: Counter[str] = transport.rejected
         """Refused messages by reason."""
         self.drops: Counter[str] = transport.drops

@@ -51,11 +51,19 @@ class Transport:
     `rejected["auth_failed"]` and, for connections that were no ZeroMQ peer, `["handshake_failed"]`: no
     reply can reach such a client)."""
 
-    def __init__(self, bind: str, ingest_port: int, params_port: int, curve: CurveServer | None = None):
+    def __init__(
+        self,
+        bind: str,
+        ingest_port: int,
+        params_port: int,
+        curve: CurveServer | None = None,
+        peers: PeerVersions | None = None,
+    ):
         self.ctx = zmq.Context()
-        self.peers = PeerVersions()
-        """The connections that speak the previous protocol version: replies to them are in it (the ingest
-        server gives it its run, so that it knows which versions it can serve)."""
+        self.peers = peers if peers is not None else PeerVersions()
+        """The connections that speak the previous protocol version: replies to them are in it. Built for
+        the run (its episode spec and model say which older versions it can serve); without one, every
+        older version is refused."""
         self.auth = curve.start(self.ctx) if curve is not None else None
         self.router = self.ctx.socket(zmq.ROUTER)
         self.router.setsockopt(zmq.LINGER, 0)

@@ -21,6 +21,7 @@ from common.policies import make_policy
 from common.policies.family import welcome_fields as family_welcome_fields
 from learner.config import LearnerConfig
 from learner.ingest.delivery import DeliveryLedger
+from learner.ingest.peer_versions import PeerVersions
 from learner.ingest.publisher import ParamPublisher
 from learner.ingest.registry import ActorRegistry
 from learner.ingest.server import EpisodeCheck, IngestServer, RunWelcome
@@ -87,9 +88,11 @@ def open_ingest(
     net = cfg.transport
     durability = cfg.durability()
     wal = WriteAheadLog(run_dir / "wal", durability) if durability != "none" else None
-    transport = Transport(net.bind, net.ingest_port, net.params_port, curve)
-    registry = ActorRegistry(net.actor_timeout)
     policy = make_policy(cfg.model)
+    spec = policy.episode_spec()
+    peers = PeerVersions(spec, cfg.model)  # which older actors this run can serve
+    transport = Transport(net.bind, net.ingest_port, net.params_port, curve, peers)
+    registry = ActorRegistry(net.actor_timeout)
     inference = None
     try:
         inference = open_inference(cfg, transport.ctx, registry, graphdef, curve)
@@ -102,7 +105,7 @@ def open_ingest(
                 "mode": cfg.mode,
                 **family_welcome_fields(policy),
             },
-            episode_spec=policy.episode_spec(),
+            episode_spec=spec,
             max_steps=cfg.max_steps,
             on_episodes=inserter,
             credit=net.actor_credit,
