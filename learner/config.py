@@ -288,7 +288,7 @@ class LossSettings:
     """--actor-weighting vmpo: the weight of the KL(mu || pi) penalty that keeps pi near the actors' policy."""
     off_policy_correction: bool = DEFAULTS.off_policy_correction
     """A-RIDE: --no-off-policy-correction sets every importance ratio to 1 (rho = c = 1), treating
-    stale data as on-policy: the ablation of the correction (benchmarks/ablation.py)."""
+    stale data as on-policy: the ablation of the correction (the paper benchmark's async_no_correction cell)."""
     instruction_filter: tuple[float, float] | None = None
     """A-RIDE: LOW HIGH of DigiRL's instruction-level critic filter: a trajectory trains the actor only if
     its task's recent success rate (learner/replay/instruction_critic.py) is in [LOW, HIGH], skipping tasks

@@ -2,7 +2,7 @@
 
 A real learner with a deliberately heavy update (a large batch of long episodes: seconds per update on a
 CPU, a real configuration rather than a sleep in the code) and an --actor-timeout shorter than one
-update, and a fake actor speaking the protocol through common/protocol.py: it heartbeats every 0.1 s and
+update, and a fake actor speaking the protocol through common/protocol/: it heartbeats every 0.1 s and
 sends a batch of episodes every second, and times every reply. Each update runs on a helper thread
 while the learner's main thread keeps serving (learner/training/trainer.py `run_while_serving`), so every reply
 comes within a fraction of a second, the actor stays welcome throughout, and batches that arrive during

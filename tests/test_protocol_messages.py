@@ -1,4 +1,4 @@
-"""The message dataclasses of common/protocol.py: each parser refuses every bad field with the code the
+"""The message dataclasses of common/protocol/messages.py: each parser refuses every bad field with the code the
 learner counts, each `to_msg` is byte for byte what both sides sent before, and the actor's connection
 turns malformed replies into `bad_replies` instead of acting on them."""
 

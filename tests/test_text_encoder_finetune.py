@@ -140,7 +140,7 @@ def test_frozen_encoders_stay_out_of_the_parameters(tiny):
 def test_acted_observations_are_encoded_from_their_own_word_pieces(tiny):
     """With renamed words the step makes a second pass on the acted observations, and the fine-tuned
     encoder encodes their own WordPiece ids (renaming may have given the trained ones new pieces:
-    learner/augment.py): at equal inputs the ratios are exactly 1, and with other pieces in the trained
+    common/policies/pointer/augment.py): at equal inputs the ratios are exactly 1, and with other pieces in the trained
     observations log pi is still the acted observations' own."""
     cfg = model_config(tiny, train_text_encoder=True)
     graphdef, params = model.create(cfg, 0)

@@ -6,7 +6,7 @@ weight w_i = (N P(i))^-beta / max_j w_j, beta annealed to 1. As in Ape-X (Horgan
 "Distributed Prioritized Experience Replay") many actors feed one learner-side buffer, new items enter
 at the running max priority and the learner refreshes priorities after each update. The unit is a whole
 trajectory with the DistRL (2024) priority p = w1 mean|delta| + w2 mean(min(rho_clip, rho)) + w3 mean(H),
-H the exact entropy of the current policy (learner/aride.py says why each term is taken as it is).
+H the exact entropy of the current policy (learner/losses/aride.py says why each term is taken as it is).
 """
 
 from __future__ import annotations
