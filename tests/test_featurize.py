@@ -137,7 +137,7 @@ def test_encode_matches_reference(text, max_len, vocab):
 def test_ids_are_stable_across_processes():
     """No per-process salt (Python's str hash is salted): other interpreters agree with this one."""
     text = "Turn on Bluetooth and search for pizza"
-    code = f"from common import tokenizer; print(tokenizer.encode({text!r}, 8, 4096)[0].tolist())"
+    code = f"from common.policies.pointer import tokenizer; print(tokenizer.encode({text!r}, 8, 4096)[0].tolist())"
     want = tokenizer.encode(text, 8, 4096)[0].tolist()
     for salt in ("1", "987654"):
         env = {**os.environ, "PYTHONHASHSEED": salt}

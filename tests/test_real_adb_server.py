@@ -446,7 +446,5 @@ def test_training_on_two_fake_devices_through_the_real_server(adb_server, device
         if metrics and metrics[-1].get("episodes", 0) >= stats["episodes_acked"]:
             break
         time.sleep(0.5)
-    assert learner.metrics()[-1]["episodes"] >= stats["episodes_acked"], learner.metrics()[
-        -1:
-    ]
+    assert learner.metrics()[-1]["episodes"] >= stats["episodes_acked"], learner.metrics()[-1:]
     assert learner.stop() == 0, learner.log()[-4000:]
