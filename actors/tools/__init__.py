@@ -1,0 +1,2 @@
+"""The actor side's commands besides the actor itself: check-args, demos, doctor, eval, relay (`python -m
+actors TOOL`)."""

@@ -1,0 +1,2 @@
+"""`python -m benchmarks chaos`: the soak (soak.py), its fault proxy (proxy.py) and the audit of its
+invariants (audit.py)."""

@@ -1,0 +1,1 @@
+"""Sockets as both sides use them: CURVE keys (curve.py), binding (sockets.py), default ports (ports.py)."""

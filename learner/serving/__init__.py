@@ -1,0 +1,1 @@
+"""Parameters in use outside the update: the inference service (--inference remote) and wall-clock snapshots."""

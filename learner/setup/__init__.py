@@ -1,0 +1,1 @@
+"""`open_session` and its builders: every part of a run, built once, in order."""

@@ -1,0 +1,2 @@
+"""The pointer policy, the default family: everything of it lives here, and only the registry
+(common/policies/__init__.py) imports it."""
