@@ -38,6 +38,16 @@ first step): seconds on an idle machine, minutes on 2 cores shared with other CP
 passing test never waits this long; it is only how long a broken one takes to fail."""
 
 
+def read_jsonl(path: Path) -> list[dict]:
+    """The complete JSON lines of a file another process appends to. A reader can see part of an append
+    (a regular file's read takes no lock against a write), so the text after the last newline waits for
+    the next read."""
+    if not path.exists():
+        return []
+    complete = path.read_text().rpartition("\n")[0]
+    return [json.loads(line) for line in complete.splitlines() if line.strip()]
+
+
 def _descendants(pid: int) -> list[int]:
     """The PIDs of every living process under `pid` (children, their children, ...), from /proc."""
     children: dict[int, list[int]] = {}
@@ -96,10 +106,7 @@ class LearnerProcess:
         return self.log_path.read_text(errors="replace")
 
     def metrics(self) -> list[dict]:
-        path = self.run_dir / "metrics.jsonl"
-        if not path.exists():
-            return []
-        return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+        return read_jsonl(self.run_dir / "metrics.jsonl")
 
     def kill(self) -> None:
         """SIGKILL the learner and every process under it (its local actors, a demo writer) at once: for

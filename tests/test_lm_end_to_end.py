@@ -21,7 +21,7 @@ from common.backbones.decoder import snapshot as decoder_snapshot
 from common.config import ModelConfig
 from common.policies import make_policy
 from common.protocol.episodes import episode_fields, pack_episodes
-from tests.conftest import ACTOR_ENV, ROOT
+from tests.conftest import ACTOR_ENV, ROOT, read_jsonl
 from tests.lm_backbone import tiny_lm_folder
 from tests.test_fake_actor import FakeActor, message
 
@@ -84,7 +84,7 @@ def _send_hostile(learner) -> dict[str, int]:
 
 
 def _metrics(run_dir) -> list[dict]:
-    return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines() if line.strip()]
+    return read_jsonl(run_dir / "metrics.jsonl")
 
 
 @pytest.mark.long
