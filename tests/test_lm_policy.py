@@ -25,7 +25,7 @@ from common.backbones.decoder.lora import split_trained
 from common.config import ModelConfig
 from common.params_file import params_to_flat
 from common.policies import make_policy
-from common.policies.lm import grammar
+from common.policies.lm import grammar, network
 from common.protocol.episodes import episode_fields, pack_episodes, validate_packed
 from common.protocol.messages import ProtocolError
 from common.types import Action, ActionType
@@ -116,6 +116,42 @@ def test_every_constrained_sample_is_a_valid_action(backbone):
             parsed = grammar.parse(text, int(batch["n_elements"][i]), policy.cfg.lm_max_text_chars)
             assert parsed is not None, text
             assert policy.to_action(obs, choice).type != ActionType.NOOP
+
+
+def test_decoding_feeds_back_neither_a_forced_end_nor_the_token_before_it(backbone):
+    """Constrained, every action ends in the grammar's ACCEPT state, whose only token is end-of-turn: it is
+    written without a decoder pass (log-prob 0) and the loop stops once every row is done, so the passes
+    after the prefill are the longest action's length minus 2 (a pass per token fed back, neither the
+    completing token nor the end). Decoding that fed every token back made one pass per token."""
+    policy = make_policy(ModelConfig(kind="lm", backbone=backbone, lora_rank=0, lm_action_tokens=16))
+    graphdef, params = policy.create(1)
+    features = [policy.featurize(obs) for obs in _screens(8)]
+    inputs = policy.inputs({k: np.stack([f[k] for f in features]) for k in features[0]})
+
+    def act(p, i, key):
+        agent = nnx.merge(graphdef, p)
+        pre = network.prefill(agent, i["prompt_ids"], i["prompt_length"], policy.decoding.action_tokens)
+        return network.decode(agent, policy.decoding, pre, i["prompt_length"], i["n_elements"], key, False)
+
+    for seed in range(3):
+        s = jax.device_get(jax.jit(act)(params, inputs, jax.random.key(seed)))
+        assert int(s.forwards) == int(s.length.max()) - 2, (s.forwards, s.length)
+        last = s.length - 1
+        rows = np.arange(len(last))
+        assert np.all(s.tokens[rows, last] == policy.eos_id)
+        assert np.all(s.token_logp[rows, last] == 0.0)
+
+
+def test_the_learner_refuses_stored_actions_of_another_token_budget(backbone):
+    """The token budget has one source (Decoding.action_tokens, from --model.lm-action-tokens): the learner
+    rebuilds the grammar's mask counting down from it, so actions stored at another width are refused
+    rather than scored under a mask the actor never sampled from."""
+    policy = make_policy(ModelConfig(kind="lm", backbone=backbone, lora_rank=0, lm_action_tokens=16))
+    graphdef, params = policy.create(1)
+    batch, acted = _act(policy, graphdef, params, _screens(2), seed=0)
+    narrow = {k: np.asarray(v)[:, :8] if np.ndim(v) == 2 else v for k, v in acted.choice.items()}
+    with pytest.raises(ValueError, match="8 tokens wide.*budget.*is 16"):
+        _evaluate(policy, graphdef, params, batch, narrow)
 
 
 def test_an_action_that_does_not_parse_is_a_noop(backbone):

@@ -87,7 +87,10 @@ class LMPolicy:
         where they become constants of the compiled act or update), the end-of-turn id, temperature."""
         with jax.ensure_compile_time_eval():
             tables = self.tables.to_jax() if self.cfg.lm_constrained else None
-        return Decoding(tables, self.eos_id, float(self.cfg.lm_temperature), self.cfg.lm_constrained)
+        cfg = self.cfg
+        return Decoding(
+            tables, self.eos_id, float(cfg.lm_temperature), cfg.lm_constrained, cfg.lm_action_tokens
+        )
 
     @property
     def prompts(self) -> PromptBuilder:
@@ -174,7 +177,7 @@ class LMPolicy:
         """The decoder over the prompts (act's first stage, common.policies.family.StagedAct)."""
         agent = nnx.merge(graphdef, params)
         return network.prefill(
-            agent, inputs["prompt_ids"], inputs["prompt_length"], self.cfg.lm_action_tokens
+            agent, inputs["prompt_ids"], inputs["prompt_length"], self.decoding.action_tokens
         )
 
     def decode(self, graphdef, params, inputs, prefilled, key, greedy: bool) -> Acted:
@@ -187,7 +190,6 @@ class LMPolicy:
             inputs["n_elements"],
             key,
             greedy,
-            self.cfg.lm_action_tokens,
         )
         choice = {"action_tokens": s.tokens, "action_length": s.length, "token_logp": s.token_logp}
         return Acted(choice, s.token_logp.sum(-1), s.value, s.entropy)

@@ -13,6 +13,7 @@ estimate of the entropy of the whole action (the chain rule of entropy).
 
 from __future__ import annotations
 
+import functools
 from typing import Any, NamedTuple
 
 import jax
@@ -52,6 +53,10 @@ class Decoding(NamedTuple):
     """The end-of-turn token that ends every action."""
     temperature: float
     constrained: bool
+    action_tokens: int
+    """The action's token budget (--model.lm-action-tokens): how many tokens the actor may write, the width
+    it stores them in, and the budget the learner's rebuilt mask counts down from. The one source for both
+    sides: `score_actions` refuses stored actions of another width."""
 
 
 class Sampled(NamedTuple):
@@ -65,6 +70,8 @@ class Sampled(NamedTuple):
     """[N] float32 V(s)."""
     entropy: jax.Array
     """[N] float32 the sum of the per-position exact entropies along the sampled action."""
+    forwards: jax.Array
+    """[] int32 decoder passes after the prefill (one per token fed back): what decoding cost."""
 
 
 def prompt_layout(length: jax.Array, width: int) -> tuple[jax.Array, jax.Array]:
@@ -100,14 +107,14 @@ class Prefilled(NamedTuple):
     """[N] float32 V(s)."""
 
 
-def prefill(agent: LMAgent, prompt: jax.Array, prompt_length: jax.Array, max_tokens: int) -> Prefilled:
+def prefill(agent: LMAgent, prompt: jax.Array, prompt_length: jax.Array, action_tokens: int) -> Prefilled:
     """One pass of the decoder over prompts [N, P] (left-padded; `prompt_length` real tokens each): the KV
     cache, the first action token's logits and the value. The actor times it apart from `decode`."""
     n, width = prompt.shape
     decoder = agent.decoder
     mask, positions = prompt_layout(prompt_length, width)
     dtype = decoder.embed_tokens.embedding[...].dtype
-    cache = init_cache(decoder.cfg, n, width + max_tokens, dtype)
+    cache = init_cache(decoder.cfg, n, width + action_tokens, dtype)
     states, cache = decoder.states(prompt, positions, mask, cache)
     return Prefilled(cache, decoder.logits(states[:, -1:])[:, 0], agent.value(states[:, -1]))
 
@@ -120,56 +127,83 @@ def decode(
     n_elements: jax.Array,
     key: jax.Array,
     greedy: bool,
-    max_tokens: int,
 ) -> Sampled:
     """One action per prefilled prompt, sampled (or the mode when `greedy`) token by token with the KV
-    cache until end-of-turn or `max_tokens`, inside one jitted while-loop."""
-    n = prompt_length.shape[0]
+    cache until end-of-turn or the token budget, inside one jitted while-loop.
+
+    The decoder runs only for tokens whose successor is sampled: a constrained action that reaches the
+    grammar's ACCEPT state (only end-of-turn allowed) gets its end-of-turn written at once, with
+    log-prob 0 and entropy 0 (what the learner's mask gives it), and the loop stops when every row is
+    done, so neither the token before a forced end nor the end itself is fed back."""
+    n, budget = prompt_length.shape[0], decoding.action_tokens
     decoder = agent.decoder
-    vocab = decoder.cfg.vocab_size
-    start = jnp.full((n,), grammar.START, jnp.int32)
-    zeros = jnp.zeros((n, max_tokens))
+    zeros = jnp.zeros((n, budget))
+    sampled = _Decoded(
+        jnp.full((n,), grammar.START, jnp.int32), jnp.zeros(n, bool), zeros.astype(jnp.int32),
+        zeros.astype(jnp.float32), jnp.zeros(n, jnp.float32), jnp.zeros(n, jnp.int32),
+    )  # fmt: skip
+    choose = functools.partial(_choose, decoding, n_elements, greedy, decoder.cfg.vocab_size)
+    key, sub = jax.random.split(key)
+    first = choose(0, prefilled.logits, sub, sampled)
 
     def step(carry):
-        t, cache, logits, state, done, key, tokens, logps, entropy, length = carry
-        key, sub = jax.random.split(key)
-        allowed = _allowed(decoding, state, n_elements, max_tokens - t, vocab)
-        logp, ent = _distribution(logits, allowed, decoding.temperature)
-        if greedy:
-            token = jnp.argmax(logp, axis=-1).astype(jnp.int32)
-        else:
-            token = jax.random.categorical(sub, logp, axis=-1).astype(jnp.int32)
-        token_logp = jnp.take_along_axis(logp, token[:, None], axis=-1)[:, 0]
-        token = jnp.where(done, 0, token)
-        tokens = tokens.at[:, t].set(token)
-        logps = logps.at[:, t].set(jnp.where(done, 0.0, token_logp))
-        entropy = entropy + jnp.where(done, 0.0, ent)
-        length = length + (~done).astype(jnp.int32)
-        if decoding.constrained:
-            state = grammar.advance(decoding.tables, state, token)
-        done = done | (token == decoding.eos_id)
-        fed = jnp.ones((n, 1), bool)
-        new_states, cache = decoder.states(token[:, None], (prompt_length + t)[:, None], fed, cache)
-        return (
-            t + 1,
-            cache,
-            decoder.logits(new_states)[:, 0],
-            state,
-            done,
-            key,
-            tokens,
-            logps,
-            entropy,
-            length,
+        t, cache, key, sampled = carry
+        last = sampled.tokens[:, t - 1]
+        states, cache = decoder.states(
+            last[:, None], (prompt_length + t - 1)[:, None], jnp.ones((n, 1), bool), cache
         )
+        key, sub = jax.random.split(key)
+        return t + 1, cache, key, choose(t, decoder.logits(states)[:, 0], sub, sampled)
 
     def more(carry):
-        return (carry[0] < max_tokens) & ~jnp.all(carry[4])
+        t, _, _, sampled = carry
+        return (t < budget) & ~jnp.all(sampled.done)
 
-    carry = (0, prefilled.cache, prefilled.logits, start, jnp.zeros(n, bool), key, zeros.astype(jnp.int32),
-             zeros.astype(jnp.float32), jnp.zeros(n, jnp.float32), jnp.zeros(n, jnp.int32))  # fmt: skip
-    _, _, _, _, _, _, tokens, logps, entropy, length = jax.lax.while_loop(more, step, carry)
-    return Sampled(tokens, length, logps, prefilled.value, entropy)
+    t, _, _, out = jax.lax.while_loop(more, step, (1, prefilled.cache, key, first))
+    return Sampled(out.tokens, out.length, out.logps, prefilled.value, out.entropy, jnp.int32(t - 1))
+
+
+class _Decoded(NamedTuple):
+    """`decode`'s loop state per row besides the cache: the grammar state, whether the action ended, and
+    what was written so far."""
+
+    state: jax.Array
+    done: jax.Array
+    tokens: jax.Array
+    logps: jax.Array
+    entropy: jax.Array
+    length: jax.Array
+
+
+def _choose(
+    decoding: Decoding, n_elements, greedy: bool, vocab: int, t, logits, key, d: _Decoded
+) -> _Decoded:
+    """Column `t` of every row not yet done, drawn from `logits` [N, V]; a row whose token completes the
+    action (ACCEPT) also gets its forced end-of-turn at column t + 1 and is done. Rows done before keep
+    what they wrote."""
+    allowed = _allowed(decoding, d.state, n_elements, decoding.action_tokens - t, vocab)
+    logp, ent = _distribution(logits, allowed, decoding.temperature)
+    if greedy:
+        token = jnp.argmax(logp, axis=-1).astype(jnp.int32)
+    else:
+        token = jax.random.categorical(key, logp, axis=-1).astype(jnp.int32)
+    token_logp = jnp.take_along_axis(logp, token[:, None], axis=-1)[:, 0]
+    live = ~d.done
+    tokens = d.tokens.at[:, t].set(jnp.where(live, token, d.tokens[:, t]))
+    logps = d.logps.at[:, t].set(jnp.where(live, token_logp, d.logps[:, t]))
+    entropy = d.entropy + jnp.where(live, ent, 0.0)
+    length = d.length + live.astype(jnp.int32)
+    done = d.done | (token == decoding.eos_id)
+    state = d.state
+    if decoding.constrained:
+        state = jnp.where(live, grammar.advance(decoding.tables, state, token), state)
+        forced = live & (state == grammar.ACCEPT)  # the grammar left room for the end (`allowed`'s budget)
+        column = jnp.minimum(t + 1, decoding.action_tokens - 1)
+        tokens = tokens.at[:, column].set(jnp.where(forced, decoding.eos_id, tokens[:, column]))
+        length = length + forced.astype(jnp.int32)
+        state = jnp.where(forced, grammar.END, state)
+        done = done | forced
+    return _Decoded(state, done, tokens, logps, entropy, length)
 
 
 class Scored(NamedTuple):
@@ -222,6 +256,11 @@ def score_actions(
     steps = rows - 1
     tokens, length = choice["action_tokens"], choice["action_length"]
     a = tokens.shape[-1]
+    if a != decoding.action_tokens:
+        raise ValueError(
+            f"stored actions are {a} tokens wide, but this model's budget (--model.lm-action-tokens) is "
+            f"{decoding.action_tokens}: the rebuilt mask would not be the one the actor sampled from"
+        )
     # The final observation takes no action: it gets an empty one, and only its value is read.
     all_tokens = jnp.concatenate([tokens, jnp.zeros((b, 1, a), tokens.dtype)], axis=1)
     all_length = jnp.concatenate([length, jnp.zeros((b, 1), length.dtype)], axis=1)
