@@ -660,4 +660,21 @@ def parse_args(args: list[str] | None = None) -> LearnerConfig:
     if chosen:
         settings = " ".join(f"{recipes.flag(path)} {value}" for path, value in chosen.items())
         print(f"learner: --model.kind {cfg.model.kind} recipe: {settings} (a flag given wins)", flush=True)
+    problem = warmup_noise_problem(cfg)
+    if problem:
+        raise SystemExit(f"learner: {problem}")
     return cfg
+
+
+def warmup_noise_problem(cfg: LearnerConfig) -> str:
+    """Why --warmup-noise cannot be honoured (one line), or "": the oracle demonstrations written at
+    start-up mix in random actions only where the family's demonstrator can (the pointer policy's);
+    checked once the family's recipe is applied (its default noise is 0)."""
+    im = cfg.imitation
+    generates = im.demos is None and cfg.uses_demonstrations()
+    if not (generates and im.warmup_noise) or getattr(make_policy(cfg.model), "noisy_demos", True):
+        return ""
+    return (
+        f"--warmup-noise {im.warmup_noise}: the --model.kind {cfg.model.kind} demonstrator is the oracle "
+        "alone (it has no random actions to mix in); use --warmup-noise 0"
+    )
