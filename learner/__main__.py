@@ -5,6 +5,7 @@ learner and its actors on a running Ray cluster, `generate` continues a prompt w
 
 from __future__ import annotations
 
+import os
 import sys
 
 import tyro
@@ -45,7 +46,13 @@ def main() -> None:
         sys.exit(export(tyro.cli(ExportConfig, args=sys.argv[2:], prog="python -m learner export")))
     from learner.loop import run
 
-    run(parse_args())
+    last = run(parse_args())
+    if last.get("abandoned"):
+        # A compile or update still runs on a daemon thread inside XLA: end the process now, as the signal
+        # asked, rather than finalize the interpreter under it (XLA aborts; everything is saved and closed).
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(0)
 
 
 if __name__ == "__main__":

@@ -30,7 +30,9 @@ from __future__ import annotations
 
 import signal
 import time
+from collections.abc import Callable
 
+import jax
 from rich.console import Console
 
 from learner.batch import Batch, augmented, collate
@@ -38,17 +40,23 @@ from learner.config import LearnerConfig
 from learner.session import Session
 from learner.setup.open_session import open_session
 from learner.training import multihost
-from learner.training.trainer import StepResult, run_while_serving
+from learner.training.trainer import Abandoned, StepResult, run_while_serving
 
 
 class _Stop:
-    """SIGINT / SIGTERM: finish the current update, then stop cleanly (a checkpoint, the last record)."""
+    """SIGINT / SIGTERM: stop cleanly (a checkpoint, the last record). A compile or update in flight is
+    abandoned (`abandons`) in a single-process run: an LM update takes a minute on 2 cores, past a
+    Kubernetes grace period; the newest checkpoint and the write-ahead log hold everything acknowledged.
+    The processes of a multi-host run finish the update together instead (each waits in its collectives)."""
 
     def __init__(self):
         self.reason = ""
 
     def __call__(self, signum, _frame):
         self.reason = signal.Signals(signum).name
+
+    def abandons(self) -> bool:
+        return bool(self.reason) and jax.process_count() == 1
 
 
 def run(cfg: LearnerConfig, console: Console | None = None) -> dict:
@@ -63,15 +71,22 @@ def run(cfg: LearnerConfig, console: Console | None = None) -> dict:
         raise
     stopped = ""
     try:
-        seconds = s.compile(serve=lambda: _serve_while_busy(s))
+        seconds = s.compile(serve=lambda: _serve_while_busy(s), abandon=stop.abandons)
         console.print(f"learner: train step compiled in {seconds:.1f}s")
         stopped = _train(s, stop)
+    except Abandoned as e:
+        s.abandoned, stopped = str(e), stop.reason
     finally:
         last = s.close(stopped)
         _restore_handlers(old_handlers)
         console.print(
             f"learner: stopped ({last['stopped']}) after {last['update']} updates, {last['episodes']} episodes"
         )
+        if s.abandoned == "update":
+            console.print(
+                f"learner: left the update in flight unfinished; a resume starts from checkpoint "
+                f"{s.saved_update} and the write-ahead log (nothing acknowledged is lost)"
+            )
     return last
 
 
@@ -100,18 +115,18 @@ def _train(s: Session, stop: _Stop) -> str:
             return wanted or "another learner process stopped"
         s.snapshot_if_due()  # before the update: the parameters of the time passed (the compile's too)
         if ready:
-            _update(s, imitation)
+            _update(s, imitation, stop.abandons)
             s.publish_if_due(serve=lambda: _serve_while_busy(s, log=False))
             s.save_if_due()
         s.log_if_due()
 
 
-def _update(s: Session, imitation: bool) -> None:
+def _update(s: Session, imitation: bool, abandon: Callable[[], bool]) -> None:
     """One update: a batch of demonstrations (imitation) or from the replay, the jitted step, and the
     sampled trajectories' new priorities (DPER); a non-finite update is skipped and counted. The batch is
     drawn here (Session.draw_demos / draw_replay); a helper thread collates, augments and trains on it
     while this one keeps serving."""
-    t0 = time.monotonic()
+    t0 = s.update_started = time.monotonic()
     draw = s.draw_demos() if imitation else s.draw_replay()
 
     def update() -> StepResult:  # on the helper thread: reads the drawn episodes, changes only the Trainer
@@ -120,7 +135,7 @@ def _update(s: Session, imitation: bool) -> None:
             batch = batch._replace(keep=draw.keep)
         return s.trainer.step(_augmented(s, batch), imitation)
 
-    result = run_while_serving(update, lambda: _serve_while_busy(s, log=False), "train")
+    result = run_while_serving(update, lambda: _serve_while_busy(s), "update", abandon)
     s.finish_update(result, draw, time.monotonic() - t0)
 
 
@@ -138,9 +153,9 @@ def _serve_while_busy(s: Session, log: bool = True) -> None:
     (into the replay; an update's sampled slots that get refilled meanwhile keep their new content's
     priority), and log. Nothing here reads the parameters, which the step owns, or calls a collective
     (the processes of a multi-host run serve different numbers of times). Its time counts as the
-    update's (train_s) or the compile's, not as ingest_s. During an update it does not log: train_s
-    grows by a whole update once it is done, so a record written during one would leave the update's
-    seconds out of its interval and give them all to the next (time/train_share above 1)."""
+    update's (train_s) or the compile's, not as ingest_s; a record written during an update counts the
+    update's seconds so far (Session.update_started), so the console and metrics.jsonl keep their
+    --log-every rhythm through a minute-long update."""
     s.serve(0, timed=False)
     if log:
         s.log_if_due()

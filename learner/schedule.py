@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from learner.config import LearnerConfig
+
+RECENT_UPDATES = 4
+"""How many recent updates' durations the time limit's guard remembers (`Schedule.next_update_s`)."""
 
 
 @dataclass
@@ -30,8 +33,9 @@ class Schedule:
       (`on_episodes`, `round_complete`), or sync_round_timeout seconds after the round's first episode
       (counted in `rounds_timed_out`). The learner then trains on it as long as the rate limit allows and
       publishes, which starts the next round (`next_round`). The warm-up happens before the first round ends.
-    - **Stop** (`stop_reason`): the time limit, the update limit, or the success target (--stop-at-success:
-      the last 100 episodes all came after the warm-up and succeed often enough).
+    - **Stop** (`stop_reason`): the time limit (early by what the next update is expected to take, so
+      none ends past it), the update limit, or the success target (--stop-at-success: the last 100
+      episodes all came after the warm-up and succeed often enough).
     """
 
     cfg: LearnerConfig
@@ -56,6 +60,9 @@ class Schedule:
     """--mode sync: rounds completed."""
     rounds_timed_out: int = 0
     """--mode sync: rounds ended by sync_round_timeout rather than by every environment delivering."""
+    recent_update_s: list[float] = field(default_factory=list)
+    """Wall seconds of this run's last few updates (`finished_update`): what the next one is expected to
+    take, so that one that cannot end before the time limit is not started."""
     _round_episodes: int = 0
     _round_first_at: float = 0.0
     _round_late: bool = False
@@ -147,6 +154,19 @@ class Schedule:
             return "success target"
         if self.cfg.max_updates and update >= self.cfg.max_updates:
             return "update limit"
-        if self.cfg.time_limit and time.monotonic() - self.start >= self.cfg.time_limit:
+        if (
+            self.cfg.time_limit
+            and time.monotonic() - self.start + self.next_update_s() >= self.cfg.time_limit
+        ):
             return "time limit"
         return ""
+
+    def next_update_s(self) -> float:
+        """What the next update is expected to take: the longest of the last RECENT_UPDATES (0 before the
+        first). The time limit stops the run this much early rather than in the middle of an update that
+        would end past it (an LM update takes a minute on 2 cores; the pointer policy's, milliseconds)."""
+        return max(self.recent_update_s, default=0.0)
+
+    def finished_update(self, seconds: float) -> None:
+        """An update took `seconds` (drawing its batch included)."""
+        self.recent_update_s = [*self.recent_update_s[-(RECENT_UPDATES - 1) :], seconds]

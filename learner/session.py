@@ -76,14 +76,22 @@ class Session:
     it (its replay may still need older ones: `CheckpointFiles.log_needed_from`)."""
     checkpoint_files: CheckpointFiles | None = None
     """Writes each checkpoint's replay file and ledger on a helper thread (None with --checkpoint-every 0)."""
+    abandoned: str = ""
+    """What a stop signal left running on a helper thread (learner/loop.py `_Stop`): "compile", or
+    "update", whose parameters were donated to the step, so `close` saves no checkpoint (the newest one
+    and the write-ahead log hold everything acknowledged); "" when nothing was."""
+    update_started: float | None = None
+    """When the update in flight started (time.monotonic()); None between updates. A record written
+    meanwhile counts its seconds so far as training (time/train_s) and shows them (update_in_flight_s)."""
     _last_log: float = 0.0
     _snapshots: WallSnapshots | None = None
     _last_save: float = field(default_factory=time.monotonic)
     """When the newest checkpoint was saved (or the session opened): --checkpoint-every-s counts from it."""
 
-    def compile(self, serve: Callable[[], None]) -> float:
-        """Compile the update(s) while `serve` answers actors (Trainer.compile); the seconds it took."""
-        seconds = self.trainer.compile(bool(self.demos), serve=serve)
+    def compile(self, serve: Callable[[], None], abandon: Callable[[], bool] | None = None) -> float:
+        """Compile the update(s) while `serve` answers actors (Trainer.compile); the seconds it took. Raises
+        trainer.Abandoned when `abandon()` turns true first."""
+        seconds = self.trainer.compile(bool(self.demos), serve=serve, abandon=abandon)
         self.stats.timing["compile_s"] = seconds
         self.outputs.compiled()
         return seconds
@@ -227,14 +235,19 @@ class Session:
                 sample.indices, sample.generations, p.delta, p.rho_clipped, p.entropy
             )
         self.stats.timing["train_s"] += seconds
+        self.update_started = None
+        self.schedule.finished_update(seconds)
 
     def record(self) -> dict:
         """One metrics record: what metrics.jsonl, the dashboards and the console show."""
         s, server, replay, update = self.stats, self.server, self.replay, self.trainer.update
+        in_flight = 0.0 if self.update_started is None else time.monotonic() - self.update_started
+        timing = {**s.timing, "train_s": s.timing["train_s"] + in_flight}
         return {
             "run_id": server.run_id,
             "wall": round(time.monotonic() - self.schedule.start, 3),
             "update": update,
+            "update_in_flight_s": round(in_flight, 3),
             "mode": self.cfg.mode,
             "sync_rounds": self.schedule.rounds,
             "sync_rounds_timed_out": self.schedule.rounds_timed_out,
@@ -269,7 +282,7 @@ class Session:
             "dropped_episodes": replay.counts["evicted_fifo"] + replay.counts["dropped_stale"],
             **{f"replay/{k}": v for k, v in replay.stats().items()},
             **{f"train/{k}": v for k, v in s.train_metrics.items()},
-            **{f"time/{k}": round(v, 3) for k, v in s.timing.items()},
+            **{f"time/{k}": round(v, 3) for k, v in timing.items()},
             **(
                 {f"checkpoint/{k}": v for k, v in self.checkpoint_files.stats.items()}
                 if self.checkpoint_files is not None
@@ -304,7 +317,7 @@ class Session:
         """Save what is unsaved, write the last record (with why it stopped), stop the local actors and
         close the sockets. `stopped` is "" after an error: the parameters may be gone (donated) then."""
         if self.checkpointer is not None:
-            if self.trainer.update > self.saved_update:
+            if self.trainer.update > self.saved_update and self.abandoned != "update":
                 self.save()
             if self.checkpoint_files is not None:
                 self.checkpoint_files.wait()
@@ -314,7 +327,8 @@ class Session:
                 self.checkpoint_files.failed(self.trainer.update, e)
         last = self.record()
         last["stopped"] = stopped or "error"
-        if stopped:
+        last["abandoned"] = self.abandoned
+        if stopped and not self.abandoned:
             last["params_digest"] = self.trainer.digest()
         self.outputs.close(last)
         if self.actors is not None:

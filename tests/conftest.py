@@ -68,7 +68,7 @@ def _descendants(pid: int) -> list[int]:
 class LearnerProcess:
     """`python -m learner` in a subprocess on free loopback ports; endpoints come from RUN_DIR/endpoints.json."""
 
-    def __init__(self, run_dir: Path, *args: str):
+    def __init__(self, run_dir: Path, *args: str, python_args: tuple[str, ...] = ("-m", "learner")):
         self.run_dir = run_dir
         self.log_path = run_dir / "learner.log"
         run_dir.mkdir(parents=True, exist_ok=True)
@@ -76,8 +76,7 @@ class LearnerProcess:
         self._log = self.log_path.open("wb")
         cmd = [
             sys.executable,
-            "-m",
-            "learner",
+            *python_args,
             "--run-dir",
             str(run_dir),
             "--ingest-port",
@@ -177,8 +176,8 @@ def learner_process(tmp_path):
     one); every learner started is stopped at teardown."""
     started: list[LearnerProcess] = []
 
-    def start(*args: str, run_dir: Path | None = None) -> LearnerProcess:
-        proc = LearnerProcess(run_dir or tmp_path / f"run{len(started)}", *args)
+    def start(*args: str, run_dir: Path | None = None, **kw) -> LearnerProcess:
+        proc = LearnerProcess(run_dir or tmp_path / f"run{len(started)}", *args, **kw)
         started.append(proc)
         return proc
 

@@ -71,10 +71,16 @@ def print_line(console: Console, m: dict[str, Any]) -> None:
     console.print(
         f"{m['wall']:6.1f}s {m['phase']:<6} upd {m['update']:5d} v{m['policy_version']:<4d} eps {m['episodes']:6d} "
         f"success {m['success_rate']:.2f} lag {m['policy_lag_mean']:.1f} actors {m['actors']} "
-        f"replay {m['replay_size']} rej {m['rejected']} | {tasks}",
+        f"replay {m['replay_size']} rej {m['rejected']}{_in_flight(m)} | {tasks}",
         highlight=False,
         soft_wrap=True,
     )
+
+
+def _in_flight(m: dict[str, Any]) -> str:
+    """ " updating 34s" while an update runs (a 135M decoder's takes a minute on 2 cores), else ""."""
+    seconds = m.get("update_in_flight_s")
+    return f" updating {seconds:.0f}s" if seconds else ""
 
 
 def next_checkpoint(update: int, checkpoint_every: int, updates_per_s: float | None) -> str:

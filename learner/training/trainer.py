@@ -12,9 +12,10 @@ import dataclasses
 import functools
 import hashlib
 import sys
+import threading
 import time
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor, wait
+from concurrent.futures import Future, wait
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -49,9 +50,21 @@ side of a step) took up to the whole interval every time: a batch of episodes th
 took up to 0.8 s during a compile."""
 
 
-def run_while_serving(fn: Callable[[], R], serve: Callable[[], None] | None, name: str = "busy") -> R:
+class Abandoned(Exception):
+    """`run_while_serving` stopped waiting (its `abandon()` said so) and left the work running on its
+    helper thread: whatever the work was given (an update's donated parameters) is gone to it."""
+
+
+def run_while_serving(
+    fn: Callable[[], R],
+    serve: Callable[[], None] | None,
+    name: str = "busy",
+    abandon: Callable[[], bool] | None = None,
+) -> R:
     """`fn()` on a helper thread while this thread calls `serve()` every SERVE_EVERY_S until it is done;
     returns what it returned (or raises what it raised, once it is done). Without `serve`, `fn()` here.
+    When `abandon()` turns true first, raises Abandoned at once (the learner's SIGTERM during an update that
+    takes a minute): the helper is a daemon thread, so it does not keep the process alive.
 
     The learner's sockets stay on its main thread (ZeroMQ sockets are not thread-safe), which keeps
     answering handshakes and heartbeats and taking in episodes while `fn` compiles or trains. So `fn`
@@ -64,12 +77,21 @@ def run_while_serving(fn: Callable[[], R], serve: Callable[[], None] | None, nam
         return fn()
     switch = sys.getswitchinterval()
     sys.setswitchinterval(min(switch, GIL_SWITCH_S))
+    future: Future[R] = Future()
+
+    def work() -> None:
+        try:
+            future.set_result(fn())
+        except BaseException as e:  # handed to the waiting thread
+            future.set_exception(e)
+
     try:
-        with ThreadPoolExecutor(1, thread_name_prefix=name) as pool:
-            future = pool.submit(fn)
-            while not wait([future], timeout=SERVE_EVERY_S).done:
-                serve()
-            return future.result()
+        threading.Thread(target=work, name=name, daemon=True).start()
+        while not wait([future], timeout=SERVE_EVERY_S).done:
+            serve()
+            if abandon is not None and abandon() and not future.done():
+                raise Abandoned(name)
+        return future.result()
     finally:
         sys.setswitchinterval(switch)
 
@@ -145,7 +167,12 @@ class Trainer:
         pointer policy's frozen text encoder adds its cached states), applied to the observations and to
         the acted ones of an augmented batch; None for a family or run without one."""
 
-    def compile(self, imitation: bool, serve: Callable[[], None] | None = None) -> float:
+    def compile(
+        self,
+        imitation: bool,
+        serve: Callable[[], None] | None = None,
+        abandon: Callable[[], bool] | None = None,
+    ) -> float:
         """Compile the update(s) ahead of data on a helper thread, calling `serve()` meanwhile
         (`run_while_serving`: the learner keeps answering handshakes and taking in data, a first compile
         can take longer than an actor waits); the imitation update only when it will be used. Returns the
@@ -176,7 +203,7 @@ class Trainer:
             )
             return rl, bc
 
-        self._rl_step, self._imitation_step = run_while_serving(compile_both, serve, "compile")
+        self._rl_step, self._imitation_step = run_while_serving(compile_both, serve, "compile", abandon)
         return time.monotonic() - t0
 
     def step(self, batch: Batch, imitation: bool) -> StepResult:
