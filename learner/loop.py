@@ -42,21 +42,29 @@ from learner.setup.open_session import open_session
 from learner.training import multihost
 from learner.training.trainer import Abandoned, StepResult, run_while_serving
 
+ABANDON_AFTER_S = 3.0
+"""After a stop signal, how long the loop still waits for a compile or update in flight before abandoning
+it: the pointer policy's updates (milliseconds) end within it and the run saves its usual final
+checkpoint; an LM update (a minute on 2 cores) is abandoned, so the learner still ends within seconds."""
+
 
 class _Stop:
-    """SIGINT / SIGTERM: stop cleanly (a checkpoint, the last record). A compile or update in flight is
-    abandoned (`abandons`) in a single-process run: an LM update takes a minute on 2 cores, past a
-    Kubernetes grace period; the newest checkpoint and the write-ahead log hold everything acknowledged.
-    The processes of a multi-host run finish the update together instead (each waits in its collectives)."""
+    """SIGINT / SIGTERM: stop cleanly (a checkpoint, the last record). A compile or update still in flight
+    ABANDON_AFTER_S after the signal is abandoned (`abandons`) in a single-process run: the newest
+    checkpoint and the write-ahead log hold everything acknowledged. The processes of a multi-host run
+    finish the update together instead (each waits in its collectives)."""
 
     def __init__(self):
         self.reason = ""
+        self._at = 0.0
 
     def __call__(self, signum, _frame):
         self.reason = signal.Signals(signum).name
+        self._at = self._at or time.monotonic()
 
     def abandons(self) -> bool:
-        return bool(self.reason) and jax.process_count() == 1
+        late = bool(self.reason) and time.monotonic() - self._at >= ABANDON_AFTER_S
+        return late and jax.process_count() == 1
 
 
 def run(cfg: LearnerConfig, console: Console | None = None) -> dict:
