@@ -78,9 +78,10 @@ def print_line(console: Console, m: dict[str, Any]) -> None:
 
 
 def _in_flight(m: dict[str, Any]) -> str:
-    """ " updating 34s" while an update runs (a 135M decoder's takes a minute on 2 cores), else ""."""
-    seconds = m.get("update_in_flight_s")
-    return f" updating {seconds:.0f}s" if seconds else ""
+    """ " updating 34s" once an update has run a second (a 135M decoder's takes a minute on 2 cores),
+    else "" (the pointer policy's take milliseconds)."""
+    seconds = m.get("update_in_flight_s") or 0.0
+    return f" updating {seconds:.0f}s" if seconds >= 1.0 else ""
 
 
 def next_checkpoint(update: int, checkpoint_every: int, updates_per_s: float | None) -> str:
