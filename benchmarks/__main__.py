@@ -29,6 +29,7 @@ BENCHMARKS = {
     "inference": "benchmarks.inference",
     "generalization": "benchmarks.generalization",
     "generalization_final": "benchmarks.generalization_final",
+    "stopping": "benchmarks.stopping",
 }
 
 
