@@ -10,6 +10,8 @@ instruction words (the text to type). See common.policies.pointer.distribution f
 
 from __future__ import annotations
 
+import functools
+
 import jax
 import jax.numpy as jnp
 from flax import nnx
@@ -182,15 +184,16 @@ def create(cfg: ModelConfig, seed: int) -> tuple[nnx.GraphDef, nnx.State]:
 
 
 def _initialized(cfg: ModelConfig, seed: int) -> PhonePolicy:
-    """The policy with freshly initialized parameters, every initializer in one compiled program: op by op,
-    each of some sixty initializer ops compiled on first use, it took 5 s of a learner's 11 s start-up on
-    an idle 2-core CPU (and the one program lands in the persistent compilation cache)."""
+    """The policy with freshly initialized parameters, every initializer in one compiled program, compiled
+    once per config in a process (the seed is an argument): op by op, each of some sixty initializer ops
+    compiled on first use, it took 5 s of a learner's 11 s start-up on an idle 2-core CPU (and the one
+    program lands in the persistent compilation cache)."""
+    return _build(cfg, jax.random.key(seed))  # what nnx.Rngs(seed) makes of an int
 
-    @nnx.jit
-    def build() -> PhonePolicy:
-        return PhonePolicy(cfg, nnx.Rngs(seed))
 
-    return build()
+@functools.partial(nnx.jit, static_argnums=0)
+def _build(cfg: ModelConfig, key: jax.Array) -> PhonePolicy:
+    return PhonePolicy(cfg, nnx.Rngs(key))
 
 
 def text_encoder_state(params: nnx.State) -> nnx.State | None:
