@@ -8,7 +8,23 @@ from dataclasses import dataclass, field
 from learner.config import LearnerConfig
 
 RECENT_UPDATES = 4
-"""How many recent updates' durations the time limit's guard remembers (`Schedule.next_update_s`)."""
+"""How many recent updates' durations the time limit's guard remembers (`UpdateTimes`)."""
+
+
+@dataclass
+class UpdateTimes:
+    """Wall seconds of the run's last RECENT_UPDATES updates, drawing their batch included."""
+
+    recent: list[float] = field(default_factory=list)
+
+    def finished(self, seconds: float) -> None:
+        self.recent = [*self.recent[-(RECENT_UPDATES - 1) :], seconds]
+
+    def expected_s(self) -> float:
+        """What the next update is expected to take: the longest of the recent ones (0 before the first).
+        The time limit stops the run this much early rather than in the middle of an update that would
+        end past it (an LM update takes a minute on 2 cores; the pointer policy's, milliseconds)."""
+        return max(self.recent, default=0.0)
 
 
 @dataclass
@@ -60,9 +76,8 @@ class Schedule:
     """--mode sync: rounds completed."""
     rounds_timed_out: int = 0
     """--mode sync: rounds ended by sync_round_timeout rather than by every environment delivering."""
-    recent_update_s: list[float] = field(default_factory=list)
-    """Wall seconds of this run's last few updates (`finished_update`): what the next one is expected to
-    take, so that one that cannot end before the time limit is not started."""
+    update_times: UpdateTimes = field(default_factory=UpdateTimes)
+    """What this run's last few updates took: the time limit stops early by what the next is expected to."""
     _round_episodes: int = 0
     _round_first_at: float = 0.0
     _round_late: bool = False
@@ -156,17 +171,7 @@ class Schedule:
             return "update limit"
         if (
             self.cfg.time_limit
-            and time.monotonic() - self.start + self.next_update_s() >= self.cfg.time_limit
+            and time.monotonic() - self.start + self.update_times.expected_s() >= self.cfg.time_limit
         ):
             return "time limit"
         return ""
-
-    def next_update_s(self) -> float:
-        """What the next update is expected to take: the longest of the last RECENT_UPDATES (0 before the
-        first). The time limit stops the run this much early rather than in the middle of an update that
-        would end past it (an LM update takes a minute on 2 cores; the pointer policy's, milliseconds)."""
-        return max(self.recent_update_s, default=0.0)
-
-    def finished_update(self, seconds: float) -> None:
-        """An update took `seconds` (drawing its batch included)."""
-        self.recent_update_s = [*self.recent_update_s[-(RECENT_UPDATES - 1) :], seconds]

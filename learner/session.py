@@ -236,7 +236,7 @@ class Session:
             )
         self.stats.timing["train_s"] += seconds
         self.update_started = None
-        self.schedule.finished_update(seconds)
+        self.schedule.update_times.finished(seconds)
 
     def record(self) -> dict:
         """One metrics record: what metrics.jsonl, the dashboards and the console show."""

@@ -236,7 +236,9 @@ def test_warmup_noise_is_refused_where_the_demonstrator_has_no_random_actions():
     """The lm demonstrator is the oracle alone: --warmup-noise with it is refused at start-up, naming the
     flag, instead of failing later in the demonstrations' subprocess; without generated demonstrations
     (a --demos file) the flag does nothing and is accepted, as it is for the pointer policy."""
-    with pytest.raises(SystemExit, match="--warmup-noise 0.2: the --model.kind lm demonstrator is the oracle"):
+    with pytest.raises(
+        SystemExit, match=r"--warmup-noise 0\.2: the --model\.kind lm demonstrator is the oracle"
+    ):
         parse_args(["--model.kind", "lm", "--warmup-noise", "0.2"])
     assert parse_args(["--model.kind", "lm"]).imitation.warmup_noise == 0.0
     assert parse_args(["--model.kind", "lm", "--warmup-noise", "0.2", "--demos", "d.msgpack"])

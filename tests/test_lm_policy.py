@@ -150,7 +150,7 @@ def test_the_learner_refuses_stored_actions_of_another_token_budget(backbone):
     graphdef, params = policy.create(1)
     batch, acted = _act(policy, graphdef, params, _screens(2), seed=0)
     narrow = {k: np.asarray(v)[:, :8] if np.ndim(v) == 2 else v for k, v in acted.choice.items()}
-    with pytest.raises(ValueError, match="8 tokens wide.*budget.*is 16"):
+    with pytest.raises(ValueError, match=r"8 tokens wide.*budget.*is 16"):
         _evaluate(policy, graphdef, params, batch, narrow)
 
 

@@ -5,7 +5,7 @@ process before it starts, `SLOW`), fed by a fake actor speaking the protocol. Th
 - metrics.jsonl keeps its --log-every rhythm while an update runs, each record written meanwhile marking
   it (`update_in_flight_s`) and counting its seconds so far as training (time/train_s never goes back);
 - --time-limit is kept within a few seconds: an update that cannot end before the limit is not started
-  (learner/schedule.py `next_update_s`);
+  (learner/schedule.py `UpdateTimes`);
 - SIGTERM ends the learner within a few seconds, the update in flight abandoned (learner/loop.py `_Stop`),
   with a last record that says so, and a restart resumes with every acknowledged episode.
 """
