@@ -57,9 +57,14 @@ class _Stop:
     def __init__(self):
         self.reason = ""
         self._at = 0.0
+        self.then: Callable[[], None] | None = None
+        """Called at the first signal: the local actors are told to stop at once (they flush what they
+        hold while the learner still serves, rather than after it)."""
 
     def __call__(self, signum, _frame):
         self.reason = signal.Signals(signum).name
+        if not self._at and self.then is not None:
+            self.then()
         self._at = self._at or time.monotonic()
 
     def abandons(self) -> bool:
@@ -78,6 +83,7 @@ def run(cfg: LearnerConfig, console: Console | None = None) -> dict:
         _restore_handlers(old_handlers)
         raise
     stopped = ""
+    stop.then = s.actors.terminate if s.actors is not None else None
     try:
         seconds = s.compile(serve=lambda: _serve_while_busy(s), abandon=stop.abandons)
         console.print(f"learner: train step compiled in {seconds:.1f}s")

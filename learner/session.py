@@ -315,7 +315,11 @@ class Session:
 
     def close(self, stopped: str) -> dict:
         """Save what is unsaved, write the last record (with why it stopped), stop the local actors and
-        close the sockets. `stopped` is "" after an error: the parameters may be gone (donated) then."""
+        close the sockets. `stopped` is "" after an error: the parameters may be gone (donated) then.
+        The local actors stop first, while the learner still serves them: what they send last is
+        acknowledged (and in the checkpoint) instead of waiting out their flush timeout."""
+        if self.actors is not None:
+            self.actors.stop(serve=lambda: self.server.poll(10))
         if self.checkpointer is not None:
             if self.trainer.update > self.saved_update and self.abandoned != "update":
                 self.save()
@@ -331,8 +335,6 @@ class Session:
         if stopped and not self.abandoned:
             last["params_digest"] = self.trainer.digest()
         self.outputs.close(last)
-        if self.actors is not None:
-            self.actors.stop()
         if self.inference is not None:
             self.inference.close()  # before the ingest's sockets: it shares their ZeroMQ context
         self.server.close()

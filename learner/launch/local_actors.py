@@ -5,6 +5,8 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
+import time
+from collections.abc import Callable
 from pathlib import Path
 
 from common.actor_command import actor_command
@@ -52,17 +54,26 @@ class LocalActors:
     def alive(self) -> int:
         return sum(p.poll() is None for p in self.procs)
 
-    def stop(self, grace: float = 5.0) -> None:
-        """SIGTERM, wait up to `grace` seconds, then SIGKILL what is left."""
+    def terminate(self) -> None:
+        """SIGTERM to every actor still running (each sends what it holds and stops); returns at once."""
         for p in self.procs:
             if p.poll() is None:
                 p.send_signal(signal.SIGTERM)
+
+    def stop(self, grace: float = 5.0, serve: Callable[[], None] | None = None) -> None:
+        """SIGTERM, wait up to `grace` seconds calling `serve()` meanwhile (the learner acknowledges the
+        actors' last batches, so they need not wait out their --flush-timeout), then SIGKILL what is left."""
+        self.terminate()
+        deadline = time.monotonic() + grace
+        while self.alive() and time.monotonic() < deadline:
+            if serve is not None:
+                serve()
+            else:
+                time.sleep(0.01)
         for p in self.procs:
-            try:
-                p.wait(timeout=grace)
-            except subprocess.TimeoutExpired:
+            if p.poll() is None:
                 p.kill()
-                p.wait()
+            p.wait()
         for log in self._logs:
             log.close()
 
