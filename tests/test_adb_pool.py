@@ -89,9 +89,11 @@ port_free = _port_free
 
 @pytest.fixture
 def base_port() -> int:
-    """An even port P with P..P+3 free: room for two emulators (console and adb ports)."""
+    """An even port P with P..P+3 free: room for two emulators (console and adb ports). Below Linux's
+    ephemeral range (32768-60999), where the suite's other connections take their source ports: a port
+    free here was taken by one of them before the test bound it ("Address already in use")."""
     for _ in range(200):
-        port = random.randrange(20000, 60000, 2)
+        port = random.randrange(20000, 32760, 2)
         if all(port_free(p) for p in range(port, port + 4)):
             return port
     raise RuntimeError("no free ports")
