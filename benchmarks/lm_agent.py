@@ -3,8 +3,8 @@ rank 8 on the top 8 blocks, 352-token prompts, 24 action tokens) on real SimPhon
 
 - act: the family's jitted act (prefill, then KV-cached constrained decoding) on N environments' prompts,
   split into the prefill alone (the family's first stage, as the actor times it: the decoder over the
-  prompts into the KV cache) and the decoding after it (per decoded position: the loop runs until every
-  row has ended);
+  prompts into the KV cache) and the decoding after it (per decoder pass: the loop runs until every
+  row has ended; a constrained action's completing token and forced end-of-turn are not fed back);
 - learner: the jitted gradient of the family's evaluate (one forward pass over prompt + action tokens with
   rematerialised blocks, the grammar mask rebuilt) over the trained parameters, on B episodes of T steps:
   the shape of one update of the recipe;
@@ -73,7 +73,10 @@ def _act_rows(policy, graphdef, params, screens, sizes, repeats: int, ref: float
         key = jax.random.key(0)
         act_s = _timed(act, (params, inputs, key), repeats)
         acted = jax.device_get(act(params, inputs, key))
-        positions = int(np.max(acted.choice["action_length"]))
+        # Decoder passes after the prefill: one per token fed back. Constrained, the token that completes
+        # an action and its forced end-of-turn are never fed back (network.decode), so the longest action
+        # of L tokens costs L - 2 passes.
+        positions = int(np.max(acted.choice["action_length"])) - (2 if policy.cfg.lm_constrained else 0)
         pre_args = (params, inputs)
         pre_s = _timed(prefill_jit, pre_args, repeats)
         prompt_tokens = int(np.sum(inputs["prompt_length"]))
