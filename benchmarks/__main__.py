@@ -30,6 +30,7 @@ BENCHMARKS = {
     "generalization": "benchmarks.generalization",
     "generalization_final": "benchmarks.generalization_final",
     "stopping": "benchmarks.stopping",
+    "lm_act": "benchmarks.lm_act",
 }
 
 
