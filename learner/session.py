@@ -316,10 +316,11 @@ class Session:
     def close(self, stopped: str) -> dict:
         """Save what is unsaved, write the last record (with why it stopped), stop the local actors and
         close the sockets. `stopped` is "" after an error: the parameters may be gone (donated) then.
-        The local actors stop first, while the learner still serves them: what they send last is
-        acknowledged (and in the checkpoint) instead of waiting out their flush timeout."""
+        The local actors stop first, while the learner still serves them (after a clean stop: not after
+        an error, which may have come from serving): what they send last is acknowledged (and in the
+        checkpoint) instead of waiting out their flush timeout."""
         if self.actors is not None:
-            self.actors.stop(serve=lambda: self.server.poll(10))
+            self.actors.stop(serve=(lambda: self.server.poll(10)) if stopped else None)
         if self.checkpointer is not None:
             if self.trainer.update > self.saved_update and self.abandoned != "update":
                 self.save()
