@@ -8,7 +8,6 @@ these tests fail.
 
 from __future__ import annotations
 
-import json
 import math
 import struct
 import time
@@ -21,6 +20,8 @@ import msgpack
 import numpy as np
 import pytest
 import zmq
+
+from tests.conftest import read_jsonl
 
 pytestmark = pytest.mark.timeout(600)
 
@@ -347,11 +348,7 @@ def assert_stored(ack: dict[str, Any], seq: int, accepted: int, context: str = "
 
 def read_metrics(run_dir: Path) -> list[dict[str, Any]]:
     """Complete lines of RUN_DIR/metrics.jsonl (a line still being written is skipped)."""
-    path = run_dir / "metrics.jsonl"
-    if not path.exists():
-        return []
-    text = path.read_text()
-    return [json.loads(line) for line in text[: text.rfind("\n") + 1].splitlines() if line.strip()]
+    return read_jsonl(run_dir / "metrics.jsonl")
 
 
 def wait_for_metrics(learner, predicate, timeout: float = REPLY_TIMEOUT, what: str = "") -> dict[str, Any]:
