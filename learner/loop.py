@@ -141,6 +141,7 @@ def _update(s: Session, imitation: bool, abandon: Callable[[], bool]) -> None:
     drawn here (Session.draw_demos / draw_replay); a helper thread collates, augments and trains on it
     while this one keeps serving."""
     t0 = s.update_started = time.monotonic()
+    s.updates_before = s.trainer.update
     draw = s.draw_demos() if imitation else s.draw_replay()
 
     def update() -> StepResult:  # on the helper thread: reads the drawn episodes, changes only the Trainer

@@ -83,6 +83,10 @@ class Session:
     update_started: float | None = None
     """When the update in flight started (time.monotonic()); None between updates. A record written
     meanwhile counts its seconds so far as training (time/train_s) and shows them (update_in_flight_s)."""
+    updates_before: int = 0
+    """The updates finished when the one in flight started: what a record written meanwhile shows as
+    "update". The step counts its update on the helper thread before it returns, ahead of its priorities
+    and its publish, so Trainer.update read then would name an update whose version is not out yet."""
     _last_log: float = 0.0
     _snapshots: WallSnapshots | None = None
     _last_save: float = field(default_factory=time.monotonic)
@@ -241,7 +245,9 @@ class Session:
     def record(self) -> dict:
         """One metrics record: what metrics.jsonl, the dashboards and the console show."""
         s, server, replay, update = self.stats, self.server, self.replay, self.trainer.update
-        in_flight = 0.0 if self.update_started is None else time.monotonic() - self.update_started
+        in_flight = 0.0
+        if self.update_started is not None:
+            in_flight, update = time.monotonic() - self.update_started, self.updates_before
         timing = {**s.timing, "train_s": s.timing["train_s"] + in_flight}
         return {
             "run_id": server.run_id,

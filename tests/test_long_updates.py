@@ -3,7 +3,8 @@
 A real learner whose `Trainer.step` first sleeps (a stub slow update: the only change, made in the learner
 process before it starts, `SLOW`), fed by a fake actor speaking the protocol. Three guarantees:
 - metrics.jsonl keeps its --log-every rhythm while an update runs, each record written meanwhile marking
-  it (`update_in_flight_s`) and counting its seconds so far as training (time/train_s never goes back);
+  it (`update_in_flight_s`), counting its seconds so far as training (time/train_s never goes back) and
+  naming only finished updates (one the step counted but whose version is not out yet is not one);
 - --time-limit is kept within a few seconds: an update that cannot end before the limit is not started
   (learner/schedule.py `UpdateTimes`);
 - SIGTERM ends the learner within a few seconds, the update in flight abandoned (learner/loop.py `_Stop`),
@@ -27,9 +28,12 @@ SLOW = """
 import os, runpy, sys, time
 import learner.training.trainer as trainer
 real_step = trainer.Trainer.step
-def slow_step(self, batch, imitation):
-    time.sleep(float(os.environ.get("SLOW_UPDATE_S", "{seconds}")))
-    return real_step(self, batch, imitation)
+def slow_step(self, batch, imitation):  # slow on both sides of the step, which counts the update
+    half = float(os.environ.get("SLOW_UPDATE_S", "{seconds}")) / 2
+    time.sleep(half)
+    result = real_step(self, batch, imitation)
+    time.sleep(half)
+    return result
 trainer.Trainer.step = slow_step
 sys.argv[0] = "learner"
 runpy.run_module("learner", run_name="__main__", alter_sys=True)
@@ -55,11 +59,13 @@ def _feed(learner, episodes: int) -> int:
 
 def test_records_keep_their_rhythm_and_the_time_limit_is_kept(learner_process):
     """Updates of 8 s, --log-every 1, --time-limit 30: a record at least every 2.5 s throughout, records
-    during an update mark it, and the run stops by 30 s plus the few seconds a stop takes, though an
+    during an update mark it and show the finished updates, all published (--publish-every 1), and the run stops by 30 s plus the few seconds a stop takes, though an
     update started at 25 s would end at 33 s."""
     limit, update_s = 30.0, 8.0
     learner = learner_process(
-        *COMMON, "--time-limit", str(limit), "--checkpoint-every", "0", python_args=_slow(update_s)
+        *COMMON,
+        *("--time-limit", str(limit), "--checkpoint-every", "0", "--publish-every", "1"),
+        python_args=_slow(update_s),
     )
     _feed(learner, 32)
     assert learner.proc.wait(timeout=limit + 120) == 0, learner.log()
@@ -71,6 +77,8 @@ def test_records_keep_their_rhythm_and_the_time_limit_is_kept(learner_process):
     assert max(np.diff(walls)) <= 2.5, walls
     in_flight = [r["update_in_flight_s"] for r in records]
     assert max(in_flight) >= update_s - 2.5, in_flight  # records came during the updates
+    shown = [(r["update"], r["policy_version"]) for r in records if "stopped" not in r]
+    assert all(u == v for u, v in shown), shown  # not an update counted on the helper thread, unpublished
     trained = [r["time/train_s"] for r in records]
     assert trained == sorted(trained), trained
     assert "updating" in learner.log()  # the console line marks it too
