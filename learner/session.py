@@ -245,13 +245,13 @@ class Session:
     def record(self) -> dict:
         """One metrics record: what metrics.jsonl, the dashboards and the console show."""
         s, server, replay, update = self.stats, self.server, self.replay, self.trainer.update
-        in_flight = 0.0
+        now, in_flight = time.monotonic(), 0.0
         if self.update_started is not None:
-            in_flight, update = time.monotonic() - self.update_started, self.updates_before
+            in_flight, update = now - self.update_started, self.updates_before
         timing = {**s.timing, "train_s": s.timing["train_s"] + in_flight}
         return {
             "run_id": server.run_id,
-            "wall": round(time.monotonic() - self.schedule.start, 3),
+            "wall": round(now - self.schedule.start, 3),
             "update": update,
             "update_in_flight_s": round(in_flight, 3),
             "mode": self.cfg.mode,

@@ -69,6 +69,19 @@ def test_rates_come_from_consecutive_records():
     assert interval(RECORDS[0], RECORDS[0]) == {}
 
 
+def test_a_share_a_rounding_above_one_is_one_and_time_counted_twice_still_shows():
+    """Records written during one long update: wall and time/train_s each rounded to the millisecond, so
+    the interval's train time can exceed its wall by up to 2 ms (the suite once saw a share of 1.00x)."""
+    during = [
+        record(100.0, 5, 800, **{"time/train_s": 40.0}),
+        record(100.5, 5, 800, **{"time/train_s": 40.501}),
+    ]
+    assert interval(*during)["time/train_share"] == 1.0
+    assert interval(*during)["time/train_interval_s"] == pytest.approx(0.5)
+    twice = [during[0], record(100.5, 5, 800, **{"time/train_s": 41.0})]
+    assert interval(*twice)["time/train_share"] == pytest.approx(2.0)
+
+
 def test_panel_shows_every_field():
     out = text(render(RECORDS[1], interval(RECORDS[0], RECORDS[1]), checkpoint_every=200))
     for expected in (
