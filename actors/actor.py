@@ -75,7 +75,7 @@ class Actor:
         """--max-episode-rate: what lets a slot start its next episode (None: no limit)."""
         self.membership = Membership(cfg, self.outbox, self.stats, log, self.instance)
         self.inference: LocalInference | RemoteInference = (
-            RemoteInference(cfg, self.stats, self.membership.end)
+            RemoteInference(cfg, self.stats, self.membership.end, self._should_stop)
             if cfg.inference == "remote"
             else LocalInference(cfg, self.stats, log)
         )

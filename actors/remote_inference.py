@@ -20,12 +20,19 @@ from common.config import ModelConfig
 
 class RemoteInference:
     """The calls of actors/local_inference.py:LocalInference, answered with a RemotePolicy. `end_session`
-    is called with a reason when the service does not know this actor (the actor then joins again)."""
+    is called with a reason when the service does not know this actor (the actor then joins again);
+    `stopping` says whether the actor was asked to stop (a request waited on is then given up)."""
 
     remote = True
 
-    def __init__(self, cfg: ActorConfig, stats: Counter, end_session: Callable[[str], None]):
-        self.cfg, self.stats, self.end_session = cfg, stats, end_session
+    def __init__(
+        self,
+        cfg: ActorConfig,
+        stats: Counter,
+        end_session: Callable[[str], None],
+        stopping: Callable[[], bool] = lambda: False,
+    ):
+        self.cfg, self.stats, self.end_session, self.stopping = cfg, stats, end_session, stopping
 
     def refusal(self, welcome: protocol.Welcome) -> str:
         if welcome.sync:
@@ -38,7 +45,7 @@ class RemoteInference:
         cfg = self.cfg
         return RemotePolicy(
             model_cfg, self._address(conn.welcome), conn.actor_id, cfg.inference_timeout, curve_client(cfg),
-            while_waiting=self._heartbeats(conn),
+            while_waiting=self._heartbeats(conn), stopping=self.stopping,
         )  # fmt: skip
 
     def ready(self, runner: RemotePolicy) -> bool:
@@ -60,13 +67,15 @@ class RemoteInference:
     def act(self, runner: RemotePolicy, features: dict[str, np.ndarray]) -> ChosenRows | None:
         """The runner's choices; None when the service refused or did not answer (counted, and the step
         is tried again: `unavailable` before the first parameters, `no_answer` while the learner may be
-        gone; `not_welcomed` after a rejoin)."""
+        gone; `not_welcomed` after a rejoin; `stopping`: the actor stops instead)."""
         try:
             return runner.act(features)
         except InferenceRefused as e:
             self.stats[f"inference_refused_{e.code}"] += 1
             if e.code == "not_welcomed":
                 self.end_session("the inference service does not know this actor")
+            elif e.code == "stopping":
+                pass
             elif e.code in ("unavailable", "no_answer"):
                 time.sleep(0.2)
             else:

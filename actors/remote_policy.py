@@ -8,7 +8,10 @@ becomes `version` (the steps are labelled with it). A refused request raises `In
 service's code, and so does a lost service (`no_answer` after `timeout`; the next request goes out on a
 new connection); the time spent waiting is counted (`stats`). While it waits it calls `while_waiting`
 every WAIT_SLICE_S (the actor heartbeats there: a first batch of a new size compiles on the service for
-seconds, longer than the learner waits before it forgets a silent actor).
+seconds, longer than the learner waits before it forgets a silent actor), and gives the request up
+(`stopping`) as soon as the actor is asked to stop: a learner stopping its local actors answers no more
+requests and kills what has not stopped within seconds, so an actor waiting out its whole timeout would
+die without delivering what it holds.
 """
 
 from __future__ import annotations
@@ -30,7 +33,9 @@ from common.protocol.inference import Act, ActedReply
 from common.types import Action, Observation
 
 WAIT_SLICE_S = 0.25
-"""How often `while_waiting` runs while an answer is awaited."""
+"""How often `while_waiting` runs (and `stopping` is asked) while an answer is awaited."""
+STOPPING = object()
+"""`_answer`'s result when the actor was asked to stop while it waited."""
 
 
 class InferenceRefused(RuntimeError):
@@ -55,9 +60,10 @@ class RemotePolicy:
         curve: CurveClient | None = None,
         ctx: zmq.Context | None = None,
         while_waiting: Callable[[], None] = lambda: None,
+        stopping: Callable[[], bool] = lambda: False,
     ):
         self.cfg, self.address, self.actor_id, self.timeout = cfg, address, actor_id, timeout
-        self.curve, self.while_waiting = curve, while_waiting
+        self.curve, self.while_waiting, self.stopping = curve, while_waiting, stopping
         self.policy = make_policy(cfg)
         self.spec = self.policy.episode_spec()
         self.version = -1
@@ -87,6 +93,10 @@ class RemotePolicy:
         sock = self._socket()
         sock.send(wire.encode(Act(self.actor_id, self._request, features).to_msg()), copy=False)
         answer = self._answer(sock, self._request, rows)
+        if answer is STOPPING:
+            self.stats["given_up_stopping"] += 1
+            self._drop_socket()  # its answer, should it come, is nobody's
+            raise InferenceRefused("stopping", "the actor is stopping")
         if answer is None:
             self.stats["reconnects"] += 1
             self._drop_socket()
@@ -101,12 +111,15 @@ class RemotePolicy:
     def close(self) -> None:
         self._drop_socket()
 
-    def _answer(self, sock: zmq.Socket, request: int, rows: int) -> ActedReply | None:
-        """The ACTED for `request`, or None after `timeout` s without one; ERROR raises InferenceRefused."""
+    def _answer(self, sock: zmq.Socket, request: int, rows: int) -> ActedReply | object | None:
+        """The ACTED for `request`, or None after `timeout` s without one, or STOPPING once `stopping()`;
+        ERROR raises InferenceRefused."""
         deadline = time.monotonic() + self.timeout
         while (left := deadline - time.monotonic()) > 0:
             if not sock.poll(min(left, WAIT_SLICE_S) * 1e3):
                 self.while_waiting()
+                if self.stopping():
+                    return STOPPING
                 continue
             msg = protocol.parse(sock.recv(copy=False).buffer)
             if msg["kind"] == protocol.ERROR:

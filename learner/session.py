@@ -325,8 +325,14 @@ class Session:
         The local actors stop first, while the learner still serves them (after a clean stop: not after
         an error, which may have come from serving): what they send last is acknowledged (and in the
         checkpoint) instead of waiting out their flush timeout."""
+        killed = []
         if self.actors is not None:
-            self.actors.stop(serve=(lambda: self.server.poll(10)) if stopped else None)
+            killed = self.actors.stop(serve=(lambda: self.server.poll(10)) if stopped else None)
+            if killed:
+                self.console.print(
+                    f"learner: local actor(s) {', '.join(map(str, killed))} had not stopped within seconds "
+                    "of SIGTERM and were killed (what they held unacknowledged is lost)"
+                )
         if self.checkpointer is not None:
             if self.trainer.update > self.saved_update and self.abandoned != "update":
                 self.save()
@@ -339,6 +345,7 @@ class Session:
         last = self.record()
         last["stopped"] = stopped or "error"
         last["abandoned"] = self.abandoned
+        last["local_actors_killed"] = len(killed)
         if stopped and not self.abandoned:
             last["params_digest"] = self.trainer.digest()
         self.outputs.close(last)

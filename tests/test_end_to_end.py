@@ -74,6 +74,7 @@ def _assert_two_actors_delivered_and_stopped(learner, metrics: list[dict], remot
         else:
             assert swaps and max(swaps) >= max(3, final["policy_version"] // 4), actor_log
         assert "stopped (SIGTERM)" in actor_log
+    assert final["local_actors_killed"] == 0  # each stopped on the learner's SIGTERM within its grace
     # Nothing left behind: the local actors were stopped and reaped by the learner.
     assert learner.proc.returncode == 0
 

@@ -216,7 +216,8 @@ def test_the_remote_policy_ignores_late_answers_and_gives_up_on_silence():
     """Against a fake service: an answer to an earlier request is ignored (counted), the one for this
     request is taken; a service that never answers gives `no_answer` after the timeout, and the next request
     goes out on a new connection. While it waits, it keeps calling `while_waiting` (the actor heartbeats
-    there, or a learner would forget it while a new batch size compiles on the service)."""
+    there, or a learner would forget it while a new batch size compiles on the service), and gives the
+    request up as soon as the actor is asked to stop."""
     ctx = zmq.Context.instance()
     fake = ctx.socket(zmq.ROUTER)
     fake.setsockopt(zmq.LINGER, 0)
@@ -252,6 +253,14 @@ def test_the_remote_policy_ignores_late_answers_and_gives_up_on_silence():
         client.act(features)  # the fake reads it and stays silent
     assert len(waits) >= 4 and max(np.diff(waits)) < 1.0  # heartbeats every WAIT_SLICE_S through the 2 s
     assert client.stats["reconnects"] == 1 and client._sock is None
+    # Asked to stop while it waits (a learner stopping its local actors answers no more and kills what
+    # has not stopped within seconds): the request is given up at the next slice, not after the timeout.
+    client.timeout, stop_at = 30, time.monotonic() + 0.6
+    client.stopping = lambda: time.monotonic() >= stop_at
+    with pytest.raises(InferenceRefused, match="stopping"):
+        client.act(features)
+    assert time.monotonic() - stop_at < 1.0 and client.stats["given_up_stopping"] == 1
+    assert client._sock is None  # its answer, should it come, goes nowhere
     client.close()
     fake.close(0)
 

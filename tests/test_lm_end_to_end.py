@@ -122,6 +122,8 @@ def test_lm_learner_trains_refuses_hostile_batches_checkpoints_resumes_and_evalu
     resumed = _metrics(run_dir)[-1]
     assert resumed["update"] == 8 and resumed["episodes"] > 0, resumed
     assert resumed["inference/answered"] > 0 and resumed["inference/rejected_by_reason"] == {}, resumed
+    # It stopped on the learner's SIGTERM (a request in flight given up), not killed after the grace.
+    assert resumed["local_actors_killed"] == 0, second.log()
     assert "param_swaps" not in (run_dir / "actor-0.log").read_text().rsplit("stopped", 1)[-1]
 
     out = tmp_path / "eval.json"

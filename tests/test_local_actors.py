@@ -3,12 +3,14 @@ the insert side of the rate limit holds them back within a few episodes) parse w
 
 from __future__ import annotations
 
+import signal
+import subprocess
 import sys
 
 import tyro
 
 from actors.config import ActorConfig
-from learner.launch.local_actors import local_actor_command
+from learner.launch.local_actors import LocalActors, local_actor_command
 
 
 def test_local_actors_wait_after_a_few_pending_episodes():
@@ -28,3 +30,17 @@ def test_local_actors_wait_after_a_few_pending_episodes():
 def test_extra_flags_win_over_the_short_queue():
     argv = local_actor_command(0, 6001, 6002, 5, 3, ("--max-pending-episodes", "64"))
     assert tyro.cli(ActorConfig, args=argv[3:]).max_pending_episodes == 64
+
+
+def test_stop_kills_what_has_not_stopped_within_the_grace_and_says_which(tmp_path):
+    """Two children: one stops on SIGTERM, one ignores it (an actor stuck past the grace); stop() kills
+    the second after `grace` seconds and names it (the learner prints it and counts it in its last record:
+    learner/session.py `close`)."""
+    actors = LocalActors(0, 6001, 6002, num_envs=1, seed=0, run_dir=tmp_path)
+    ignores = "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); print('ready', flush=True); time.sleep(60)"
+    for code in ("import time; print('ready', flush=True); time.sleep(60)", ignores):
+        proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
+        assert proc.stdout.readline() == "ready\n"  # its handler is set
+        actors.procs.append(proc)
+    assert actors.stop(grace=1.0) == [1]
+    assert [p.returncode for p in actors.procs] == [-signal.SIGTERM, -signal.SIGKILL]

@@ -60,9 +60,10 @@ class LocalActors:
             if p.poll() is None:
                 p.send_signal(signal.SIGTERM)
 
-    def stop(self, grace: float = 5.0, serve: Callable[[], None] | None = None) -> None:
+    def stop(self, grace: float = 5.0, serve: Callable[[], None] | None = None) -> list[int]:
         """SIGTERM, wait up to `grace` seconds calling `serve()` meanwhile (the learner acknowledges the
-        actors' last batches, so they need not wait out their --flush-timeout), then SIGKILL what is left."""
+        actors' last batches, so they need not wait out their --flush-timeout), then SIGKILL what is left;
+        the indices of the actors killed (their logs end without a "stopped" line)."""
         self.terminate()
         deadline = time.monotonic() + grace
         while self.alive() and time.monotonic() < deadline:
@@ -70,12 +71,14 @@ class LocalActors:
                 serve()
             else:
                 time.sleep(0.01)
+        killed = [i for i, p in enumerate(self.procs) if p.poll() is None]
         for p in self.procs:
             if p.poll() is None:
                 p.kill()
             p.wait()
         for log in self._logs:
             log.close()
+        return killed
 
 
 def local_actor_command(
