@@ -8,6 +8,10 @@ rank 8 on the top 8 blocks, 352-token prompts, 24 action tokens) on real SimPhon
 - learner: the jitted gradient of the family's evaluate (one forward pass over prompt + action tokens with
   rematerialised blocks, the grammar mask rebuilt) over the trained parameters, on B episodes of T steps:
   the shape of one update of the recipe;
+- update cost: B oracle demonstration episodes of `general`/train (real lengths, real prompts), collated as
+  the learner collates them (padded to --max-steps rows and the prompt budget): the gradient's GFLOP, the
+  share of it spent on real tokens (`real_token_flop_share`, below) and supervised demonstration steps per
+  minute (`demo_steps_per_min`: the batch's real steps over the gradient's seconds);
 - wire and snapshot: TRAJ bytes per episode and per step, and what a published snapshot weighs with LoRA
   (adapters and value head) against all parameters.
 
@@ -33,6 +37,8 @@ from common.backbones.decoder.lora import split_trained
 from common.config import ModelConfig
 from common.params_file import params_to_flat
 from common.policies import make_policy
+from common.policies.lm import packing
+from common.policies.lm.family import PROMPT_QUANTUM
 from common.protocol.episodes import episode_fields, pack_episodes
 
 
@@ -113,6 +119,86 @@ def _learner_row(policy, graphdef, params, screens, b: int, t: int, repeats: int
     }  # fmt: skip
 
 
+FORWARD_SHARE = 0.25
+"""A row whose output is only read (a truncated episode's final observation, whose value is a bootstrap
+target under stop_gradient) needs its forward pass alone: about a quarter of a trained row's cost (forward,
+the rematerialised forward and the backward's two matmuls per weight)."""
+
+
+def real_token_share(batch, obs: dict[str, np.ndarray], action_width: int) -> dict[str, float]:
+    """How an update's token slots divide, weighted by what each costs (FORWARD_SHARE for a row only read),
+    on `batch` in the layout `obs` gives it (the padded observations, or packing.pack's).
+
+    `real` is the prompt and action tokens of every step row and the prompt tokens of a truncated
+    episode's final row (forward only). The rest is waste: in the padded layout rows past an episode's
+    end, the final row of a terminal episode (its value is never read), the backward through a truncated
+    one's final row, left padding and action slots past the action's end; packed, the unused slots of a
+    row rung, the final rows of terminal episodes and the padding left after trimming. Counted per token
+    slot, so attention's quadratic part is weighed as if linear (a few percent of a 135M decoder's FLOPs
+    at 400 tokens)."""
+    b, rows = batch.obs["prompt_length"].shape
+    width = obs["prompt_ids"].shape[-1]
+    if "train_rows" in obs:
+        total = obs["train_rows"].size * (width + action_width) + FORWARD_SHARE * b * width
+    else:
+        total = b * rows * (width + action_width)
+    real = 0.0
+    for i in range(b):
+        n = int(batch.length[i])
+        prompts = batch.obs["prompt_length"][i]
+        real += float(np.sum(prompts[:n]) + np.sum(batch.choice["action_length"][i, :n]))
+        if not batch.terminal[i]:
+            real += FORWARD_SHARE * float(prompts[n])
+    return {"real_token_flop_share": real / total, "slots": total}
+
+
+def _demo_batch(policy, b: int, max_steps: int):
+    """b oracle demonstrations of `general`/train as the learner collates them (episodes the grammar cannot
+    write are skipped, as the learner's recorder skips them)."""
+    from actors.envs.simphone.env import SimPhoneConfig as Config
+    from actors.tools.demos import record_episode
+    from common.protocol.episodes import validate_packed
+    from learner.batch import collate
+
+    env = SimPhoneEnv(Config(tasks="general", split="train", max_steps=max_steps))
+    rng, fields, seed = np.random.default_rng(0), [], 0
+    while len(fields) < b:
+        seed += 1
+        episode = record_episode(env, seed, 0.0, rng, policy)
+        if episode is not None:
+            fields.append(episode)
+    episodes = validate_packed(pack_episodes(fields), policy.episode_spec(), max_steps, 0)
+    return collate(episodes, max_steps)
+
+
+def _update_rows(policy, graphdef, params, b: int, max_steps: int, repeats: int, ref: float) -> list[dict]:
+    """The update's cost on b real demonstrations, padded as collated and packed as the learner packs them
+    (common/policies/lm/packing.py): compile seconds, GFLOP, real-token share, demo steps per minute."""
+    batch = _demo_batch(policy, b, max_steps)
+    trained, frozen = split_trained(params)
+    steps = int(np.sum(batch.length))
+    action_width = batch.choice["action_tokens"].shape[-1]
+    rows = []
+    for layout, obs in (("padded", batch.obs), ("packed", packing.pack(batch.obs, PROMPT_QUANTUM))):
+
+        def loss(trained, frozen, obs):
+            ev = policy.evaluate(graphdef, nnx.merge_state(trained, frozen), obs, batch.choice, None)
+            return -ev.logp.sum() + jnp.square(ev.values).sum()
+
+        grad = jax.jit(jax.value_and_grad(loss))
+        t0 = time.perf_counter()
+        grad.lower(trained, frozen, obs).compile()
+        compile_s = time.perf_counter() - t0
+        seconds = _timed(grad, (trained, frozen, obs), repeats)
+        rows.append({
+            "path": f"update ({layout})", "episodes": b, "max_steps": max_steps, "steps": steps,
+            "prompt_width": obs["prompt_ids"].shape[-1], "compile_s": compile_s, "ms_per_call": seconds * 1e3,
+            "gflop": compiled_gflop(grad, trained, frozen, obs), **real_token_share(batch, obs, action_width),
+            "demo_steps_per_min": steps / seconds * 60,
+        })  # fmt: skip
+    return rows
+
+
 def _wire_rows(policy, graphdef, params, screens, t: int) -> list[dict]:
     features = _features(policy, screens[: t + 1])
     acted = jax.device_get(jax.jit(lambda p, i, k: policy.act(graphdef, p, i, k, False))(
@@ -132,7 +218,7 @@ def _wire_rows(policy, graphdef, params, screens, t: int) -> list[dict]:
     ]
 
 
-def run(quick: bool) -> list[dict]:
+def run(quick: bool) -> tuple[list[dict], dict]:
     repeats = 2 if quick else 3
     t0 = time.perf_counter()
     policy = make_policy(ModelConfig(kind="lm"))
@@ -144,6 +230,9 @@ def run(quick: bool) -> list[dict]:
     rows.append(
         _learner_row(policy, graphdef, params, screens, 1 if quick else 2, 4 if quick else 10, repeats, ref)
     )
+    padded, packed = _update_rows(policy, graphdef, params, 2, 10, repeats, ref)  # the recipe's update
+    rows += [padded, packed]
     rows += _wire_rows(policy, graphdef, params, screens, 5)
     rows.append({"path": "create policy (GGUF load + LoRA)", "seconds": create_s, "ref_matmul_gflops": ref})
-    return rows
+    headline = {k: packed[k] for k in ("real_token_flop_share", "demo_steps_per_min")}
+    return rows, headline

@@ -86,7 +86,13 @@ def run(cfg: LearnerConfig, console: Console | None = None) -> dict:
     stop.then = s.actors.terminate if s.actors is not None else None
     try:
         seconds = s.compile(serve=lambda: _serve_while_busy(s), abandon=stop.abandons)
-        console.print(f"learner: train step compiled in {seconds:.1f}s")
+        bound = s.trainer.shape_bound
+        if bound is not None:
+            console.print(
+                f"learner: the update compiles for each batch shape as it first comes (at most {bound})"
+            )
+        else:
+            console.print(f"learner: train step compiled in {seconds:.1f}s")
         stopped = _train(s, stop)
     except Abandoned as e:
         s.abandoned, stopped = str(e), stop.reason

@@ -107,6 +107,11 @@ def test_lm_learner_trains_refuses_hostile_batches_checkpoints_resumes_and_evalu
     assert final["rejected_by_reason"] == sent, final  # the hostile batches and nothing else
     assert final["episodes"] > 0 and final["env_steps"] >= final["episodes"]  # the real actor's episodes
     assert "lm recipe" in first.log()
+    # The update trained on packed rows (common/policies/lm/packing.py), compiled per shape as it came:
+    # at most 5 row rungs (1, 2, 3, 4, 6: --max-steps 6) times 6 prompt widths (64 to the 352-token budget).
+    bound = re.search(r"compiles for each batch shape as it first comes \(at most (\d+)\)", first.log())
+    assert bound, first.log()
+    assert 1 <= final["train/update_shapes"] <= int(bound[1]), final
     # The actor timed its act's two stages (its final counters; the status line shows their means).
     stopped = (run_dir / "actor-0.log").read_text()
     assert re.search(r"'act_prefill_us': [1-9]", stopped) and re.search(r"'act_decode_us': [1-9]", stopped)

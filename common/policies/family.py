@@ -145,6 +145,15 @@ class HostInputs(Protocol):
 
 
 @runtime_checkable
+class ShapedUpdates(Protocol):
+    """A family whose host step gives batches of a few shapes (the lm family packs the rows that matter):
+    the learner compiles the update for each shape as a batch first has it, not ahead for one."""
+
+    def update_shapes(self, max_steps: int) -> int:
+        """The most shapes its host step gives for --max-steps `max_steps`."""
+
+
+@runtime_checkable
 class Augments(Protocol):
     """A family whose learner augments training observations after acting (the pointer policy renames
     words). The update then also reads the observations as acted on (Batch.acted_obs): `evaluate`'s
@@ -222,6 +231,11 @@ def welcome_fields(policy: PolicyFamily) -> dict[str, Any]:
 def host_inputs(policy: PolicyFamily) -> HostStep | None:
     """The family's host-side step before each update (`HostInputs`), or None."""
     return policy.host_inputs() if isinstance(policy, HostInputs) else None
+
+
+def update_shapes(policy: PolicyFamily, max_steps: int) -> int | None:
+    """The most batch shapes the family's host step gives (`ShapedUpdates`); None: one, compiled ahead."""
+    return policy.update_shapes(max_steps) if isinstance(policy, ShapedUpdates) else None
 
 
 def augments(policy: PolicyFamily, augmentation: Augmentation) -> bool:

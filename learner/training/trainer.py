@@ -26,7 +26,7 @@ from flax import nnx
 from common.backbones.decoder.lora import split_trained
 from common.params_file import params_to_flat
 from common.policies import make_policy
-from common.policies.family import augments, host_inputs, scaled_param
+from common.policies.family import augments, host_inputs, scaled_param, update_shapes
 from learner.batch import Batch, example_batch
 from learner.config import LearnerConfig
 from learner.losses import LossParams, PriorityTerms, get_loss
@@ -164,8 +164,15 @@ class Trainer:
         self.demo_rng = _jumped(np.random.default_rng(cfg.seed), rank)
         self.host_inputs = host_inputs(self.policy)
         """The family's host-side step before each update (common/policies/family.py:HostInputs; the
-        pointer policy's frozen text encoder adds its cached states), applied to the observations and to
-        the acted ones of an augmented batch; None for a family or run without one."""
+        pointer policy's frozen text encoder adds its cached states, the lm family packs the rows that
+        matter), applied to the observations and to the acted ones of an augmented batch; None for a
+        family or run without one."""
+        self.shape_bound = update_shapes(self.policy, cfg.max_steps) if self.host_inputs else None
+        """How many batch shapes the host step gives, at most (common/policies/family.py:ShapedUpdates);
+        None: one. With several the update compiles per shape (jit's cache) when a batch first has it,
+        not ahead (`compile`)."""
+        self.shapes: set[tuple] = set()
+        """The (imitation, batch shapes) updates ran with: what was compiled (train/update_shapes)."""
 
     def compile(
         self,
@@ -176,8 +183,11 @@ class Trainer:
         """Compile the update(s) ahead of data on a helper thread, calling `serve()` meanwhile
         (`run_while_serving`: the learner keeps answering handshakes and taking in data, a first compile
         can take longer than an actor waits); the imitation update only when it will be used. Returns the
-        seconds it took."""
+        seconds it took. A family whose host step packs batches into a few shapes (`shape_bound`: the lm
+        family) compiles each shape when a batch first has it, inside that update (`step`)."""
         t0 = time.monotonic()
+        if self.shape_bound is not None:
+            return 0.0
         sharding = batch_sharding(self.mesh)
         choices = self.policy.episode_spec().choice_arrays()
         cfg = self.cfg
@@ -221,9 +231,11 @@ class Trainer:
         batch = self.with_inputs(batch)
         batch = multihost.global_batch(batch, batch_sharding(self.mesh), self.cfg.batch_size)
         step_fn = self._imitation_step if imitation else self._rl_step
+        self.shapes.add((imitation, *(x.shape for x in jax.tree.leaves(batch))))
         self.params, self.opt_state, metrics, terms = step_fn(self.params, self.opt_state, batch)
         self.update += 1  # with the parameters it counts, whatever happens next
         metrics, terms = jax.device_get(multihost.host_copy((metrics, terms)))
+        metrics["update_shapes"] = len(self.shapes)
         priorities = None if terms is None else PriorityTerms(*(np.asarray(t)[self.rows] for t in terms))
         skipped = bool(metrics.pop("skipped_nonfinite"))
         return StepResult({k: float(v) for k, v in metrics.items()}, priorities, skipped)

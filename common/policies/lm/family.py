@@ -28,8 +28,8 @@ from common.backbones.decoder.tokenizer import DecoderTokenizer
 from common.backbones.pretrained import load_pretrained
 from common.config import ModelConfig
 from common.policies.evaluation import Evaluation
-from common.policies.family import Acted, DemoOracle
-from common.policies.lm import grammar, network
+from common.policies.family import Acted, DemoOracle, HostStep
+from common.policies.lm import grammar, network, packing
 from common.policies.lm.demos import LMDemonstrator
 from common.policies.lm.network import Decoding, LMAgent, actions_in_grammar, score_actions
 from common.policies.lm.prompt import PromptBuilder
@@ -139,6 +139,19 @@ class LMPolicy:
 
     def input_spec(self):
         return dict(self.episode_spec().observations)
+
+    def host_inputs(self) -> HostStep | None:
+        """The update's rows packed (packing.py): step rows with their gradient, final rows forward only,
+        the batch's common left padding trimmed. None in a multi-process learner, where every process
+        would have to agree on the shape (it trains on the padded rows there)."""
+        if jax.process_count() > 1:
+            return None
+        return lambda obs, acted_obs: (packing.pack(obs, PROMPT_QUANTUM), acted_obs)
+
+    def update_shapes(self, max_steps: int) -> int:
+        """The most update shapes packing gives for --max-steps `max_steps` (packing.bound); the learner
+        compiles each as a batch first has it (family.ShapedUpdates)."""
+        return packing.bound(max_steps, self.cfg.lm_prompt_tokens, PROMPT_QUANTUM)
 
     def featurize(self, obs: Observation, history: Sequence[Action] = ()) -> dict[str, np.ndarray]:
         """The prompt of `obs` with the episode's recent actions, left-padded to the budget."""

@@ -248,44 +248,110 @@ def actions_in_grammar(tables: Any, tokens: jax.Array, length: jax.Array, n_elem
 
 def score_actions(
     agent: LMAgent, decoding: Decoding, obs: dict[str, jax.Array], choice: dict[str, jax.Array]
-):
+) -> Scored:
     """The taken actions [B, T, A] scored on their prompts [B, T + 1, P] in one forward pass over prompt +
-    action tokens, with the positions, masks and grammar states the actor used (`prefill`, `decode`)."""
-    prompt, prompt_length = obs["prompt_ids"], obs["prompt_length"]
-    b, rows, width = prompt.shape
-    steps = rows - 1
-    tokens, length = choice["action_tokens"], choice["action_length"]
-    a = tokens.shape[-1]
-    if a != decoding.action_tokens:
+    action tokens, with the positions, masks and grammar states the actor used (`prefill`, `decode`).
+
+    With the learner's packed rows (obs "train_rows" and "final_rows", common/policies/lm/packing.py) only
+    the rows that matter are computed: each step row once, with its gradient, and each episode's final
+    observation forward only (its value is a bootstrap target, read under stop_gradient by every loss);
+    rows past an episode's end are not computed and read 0. Without them every row is (the padded layout)."""
+    tokens = choice["action_tokens"]
+    if tokens.shape[-1] != decoding.action_tokens:
         raise ValueError(
-            f"stored actions are {a} tokens wide, but this model's budget (--model.lm-action-tokens) is "
-            f"{decoding.action_tokens}: the rebuilt mask would not be the one the actor sampled from"
+            f"stored actions are {tokens.shape[-1]} tokens wide, but this model's budget "
+            f"(--model.lm-action-tokens) is {decoding.action_tokens}: the rebuilt mask would not be the one "
+            "the actor sampled from"
         )
+    if "train_rows" in obs:
+        return _score_packed(agent, decoding, obs, choice)
+    return _score_padded(agent, decoding, obs, choice)
+
+
+def _score_padded(agent: LMAgent, decoding: Decoding, obs, choice) -> Scored:
+    """Every observation row: the steps' with their actions, the final one's with an empty action."""
+    prompt = obs["prompt_ids"]
+    b, rows = prompt.shape[:2]
+    steps, a = rows - 1, decoding.action_tokens
+    tokens, length = choice["action_tokens"], choice["action_length"]
     # The final observation takes no action: it gets an empty one, and only its value is read.
     all_tokens = jnp.concatenate([tokens, jnp.zeros((b, 1, a), tokens.dtype)], axis=1)
     all_length = jnp.concatenate([length, jnp.zeros((b, 1), length.dtype)], axis=1)
-    # A padded observation (past an episode's end) has no prompt: one pad token keeps its attention
-    # finite (a row attending to nothing is NaN, and NaN * 0 is NaN in the masked losses).
-    prompt_mask, _ = prompt_layout(jnp.maximum(prompt_length, 1), width)
-    mask = jnp.concatenate([prompt_mask, jnp.arange(a) < all_length[..., None]], axis=-1)
-    positions = jnp.maximum(jnp.cumsum(mask, axis=-1) - 1, 0).astype(jnp.int32)
-    seq = jnp.concatenate([prompt, all_tokens], axis=-1)
+    n_elements = obs["n_elements"]
     flat = lambda x: x.reshape((b * rows, *x.shape[2:]))  # noqa: E731
-    states, _ = agent.decoder.states(flat(seq), flat(positions), flat(mask), remat=True)
-    states = states.reshape((b, rows, *states.shape[1:]))
-    values = agent.value(states[:, :, width - 1])
-    logits = agent.decoder.logits(states[:, :steps, width - 1 : width - 1 + a])  # [B, T, A, V]
+    token_logp, entropy, values = _score_rows(
+        agent, decoding, flat(prompt), flat(obs["prompt_length"]), flat(all_tokens), flat(all_length),
+        flat(n_elements),
+    )  # fmt: skip
+    token_logp = token_logp.reshape(b, rows, a)[:, :steps]
+    entropy = entropy.reshape(b, rows)[:, :steps]
+    return Scored(token_logp.sum(-1), entropy, values.reshape(b, rows), token_logp)
+
+
+def _score_packed(agent: LMAgent, decoding: Decoding, obs, choice) -> Scored:
+    """The step rows named by obs["train_rows"] (flat b * (T + 1) + t indices, -1 for a bucket's unused
+    slot), and the final rows of obs["final_rows"] forward only; scattered back to [B, T (+ 1)]."""
+    prompt, prompt_length = obs["prompt_ids"], obs["prompt_length"]
+    b, rows, width = prompt.shape
+    steps, a = rows - 1, decoding.action_tokens
+    train = obs["train_rows"].reshape(-1)
+    used = train >= 0
+    at = jnp.where(used, train, 0)
+    bi, ti = at // rows, jnp.minimum(at % rows, steps - 1)
+    flat_prompt, flat_length = prompt.reshape(b * rows, width), prompt_length.reshape(b * rows)
+    token_logp, entropy, values = _score_rows(
+        agent, decoding, flat_prompt[at], jnp.where(used, flat_length[at], 1),
+        choice["action_tokens"][bi, ti], jnp.where(used, choice["action_length"][bi, ti], 0),
+        obs["n_elements"][bi, ti],
+    )  # fmt: skip
+    final = obs["final_rows"].reshape(-1)
+    final_values = jax.lax.stop_gradient(_prompt_values(agent, flat_prompt[final], flat_length[final]))
+    step_at = jnp.where(used, bi * steps + ti, b * steps)  # an unused slot scatters nowhere
+    row_at = jnp.where(used, at, b * rows)
+
+    def scatter(x, at_, size):
+        return jnp.zeros((size, *x.shape[1:]), x.dtype).at[at_].set(x, mode="drop")
+
+    token_logp = scatter(token_logp, step_at, b * steps).reshape(b, steps, a)
+    all_values = scatter(values, row_at, b * rows).at[final].set(final_values)
+    return Scored(
+        token_logp.sum(-1),
+        scatter(entropy, step_at, b * steps).reshape(b, steps),
+        all_values.reshape(b, rows),
+        token_logp,
+    )
+
+
+def _prompt_values(agent: LMAgent, prompt: jax.Array, prompt_length: jax.Array) -> jax.Array:
+    """[N] V(s) of prompts [N, W] alone (no action after them: the state at the last prompt token is the
+    same, attention being causal)."""
+    mask, positions = prompt_layout(jnp.maximum(prompt_length, 1), prompt.shape[-1])
+    states, _ = agent.decoder.states(prompt, positions, mask)
+    return agent.value(states[:, -1])
+
+
+def _score_rows(agent: LMAgent, decoding: Decoding, prompt, prompt_length, tokens, length, n_elements):
+    """Rows of prompts [R, W] and actions [R, A] in one forward pass: (token log-probs [R, A], 0 past each
+    action's length; entropy [R], summed along the action; V(s) [R] at the prompt's last token)."""
+    width, a = prompt.shape[-1], tokens.shape[-1]
+    # A row without a prompt (padding) gets one pad token: a row attending to nothing is NaN, and NaN * 0
+    # is NaN in the masked losses.
+    prompt_mask, _ = prompt_layout(jnp.maximum(prompt_length, 1), width)
+    mask = jnp.concatenate([prompt_mask, jnp.arange(a) < length[..., None]], axis=-1)
+    positions = jnp.maximum(jnp.cumsum(mask, axis=-1) - 1, 0).astype(jnp.int32)
+    seq = jnp.concatenate([prompt, tokens], axis=-1)
+    states, _ = agent.decoder.states(seq, positions, mask, remat=True)
+    values = agent.value(states[:, width - 1])
+    logits = agent.decoder.logits(states[:, width - 1 : width - 1 + a])  # [R, A, V]
     valid = jnp.arange(a) < length[..., None]
-    vocab = logits.shape[-1]
     remaining = a - jnp.arange(a)
     if decoding.constrained:
-        n_elements = obs["n_elements"][:, :steps, None]
         allowed = grammar.allowed(
-            decoding.tables, grammar_states(decoding.tables, tokens), n_elements, remaining
+            decoding.tables, grammar_states(decoding.tables, tokens), n_elements[..., None], remaining
         )
     else:
-        allowed = jnp.ones((*tokens.shape, vocab), bool)
+        allowed = jnp.ones((*tokens.shape, logits.shape[-1]), bool)
     allowed = allowed | ~valid[..., None]  # past the end: anything, so nothing is -inf there
     logp, entropy = _distribution(logits, allowed, decoding.temperature)
     token_logp = jnp.where(valid, jnp.take_along_axis(logp, tokens[..., None], axis=-1)[..., 0], 0.0)
-    return Scored(token_logp.sum(-1), jnp.where(valid, entropy, 0.0).sum(-1), values, token_logp)
+    return token_logp, jnp.where(valid, entropy, 0.0).sum(-1), values
