@@ -106,6 +106,7 @@ def test_lm_learner_trains_refuses_hostile_batches_checkpoints_resumes_and_evalu
     assert final["update"] == 6 and final["skipped_nonfinite"] == 0, final
     assert final["rejected_by_reason"] == sent, final  # the hostile batches and nothing else
     assert final["episodes"] > 0 and final["env_steps"] >= final["episodes"]  # the real actor's episodes
+    assert final["local_actors_killed"] == 0, first.log()  # it stopped between acts, within the grace
     assert "lm recipe" in first.log()
     # The update trained on packed rows (common/policies/lm/packing.py), compiled per shape as it came:
     # at most 5 row rungs (1, 2, 3, 4, 6: --max-steps 6) times 6 prompt widths (64 to the 352-token budget).

@@ -18,6 +18,12 @@ few, so that when the learner's insert side withholds credit (--insert-slack, on
 actors) they wait within a couple of episodes, not after buffering the actor's default of 256."""
 
 
+STOP_GRACE_S = 15.0
+"""How long a stopping learner waits for its local actors after SIGTERM before it kills them. An actor
+stops between acts, and an lm actor's batched act takes seconds, many more on a loaded machine: 5 s killed
+one in the middle of its act in a busy test run (its last episodes and final counters lost)."""
+
+
 class LocalActors:
     """N `python -m actors` children, each with its own log file in the run dir."""
 
@@ -60,7 +66,7 @@ class LocalActors:
             if p.poll() is None:
                 p.send_signal(signal.SIGTERM)
 
-    def stop(self, grace: float = 5.0, serve: Callable[[], None] | None = None) -> list[int]:
+    def stop(self, grace: float = STOP_GRACE_S, serve: Callable[[], None] | None = None) -> list[int]:
         """SIGTERM, wait up to `grace` seconds calling `serve()` meanwhile (the learner acknowledges the
         actors' last batches, so they need not wait out their --flush-timeout), then SIGKILL what is left;
         the indices of the actors killed (their logs end without a "stopped" line)."""
