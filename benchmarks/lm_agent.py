@@ -8,10 +8,12 @@ rank 8 on the top 8 blocks, 352-token prompts, 24 action tokens) on real SimPhon
 - learner: the jitted gradient of the family's evaluate (one forward pass over prompt + action tokens with
   rematerialised blocks, the grammar mask rebuilt) over the trained parameters, on B episodes of T steps:
   the shape of one update of the recipe;
-- update cost: B oracle demonstration episodes of `general`/train (real lengths, real prompts), collated as
-  the learner collates them (padded to --max-steps rows and the prompt budget): the gradient's GFLOP, the
-  share of it spent on real tokens (`real_token_flop_share`, below) and supervised demonstration steps per
-  minute (`demo_steps_per_min`: the batch's real steps over the gradient's seconds);
+- update cost: B oracle demonstration episodes of `general`/train (real lengths, real prompts), padded as
+  collated (--max-steps rows, the prompt budget) and packed as the learner packs them for this family
+  (common/policies/lm/packing.py): compile seconds, the gradient's GFLOP, the share of its token-slot work
+  on real tokens (`real_token_share`: `real_token_flop_share`) and supervised demonstration steps per minute
+  (`demo_steps_per_min`: the batch's real steps over the gradient's seconds); the packed row's two are the
+  JSON's headline keys;
 - wire and snapshot: TRAJ bytes per episode and per step, and what a published snapshot weighs with LoRA
   (adapters and value head) against all parameters.
 

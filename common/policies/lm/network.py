@@ -291,20 +291,20 @@ def _score_padded(agent: LMAgent, decoding: Decoding, obs, choice) -> Scored:
 def _score_packed(agent: LMAgent, decoding: Decoding, obs, choice) -> Scored:
     """The step rows named by obs["train_rows"] (flat b * (T + 1) + t indices, -1 for a bucket's unused
     slot), and the final rows of obs["final_rows"] forward only; scattered back to [B, T (+ 1)]."""
-    prompt, prompt_length = obs["prompt_ids"], obs["prompt_length"]
+    prompt, prompt_length = jnp.asarray(obs["prompt_ids"]), jnp.asarray(obs["prompt_length"])
+    tokens, length = jnp.asarray(choice["action_tokens"]), jnp.asarray(choice["action_length"])
     b, rows, width = prompt.shape
     steps, a = rows - 1, decoding.action_tokens
-    train = obs["train_rows"].reshape(-1)
+    train = jnp.asarray(obs["train_rows"]).reshape(-1)
     used = train >= 0
     at = jnp.where(used, train, 0)
     bi, ti = at // rows, jnp.minimum(at % rows, steps - 1)
     flat_prompt, flat_length = prompt.reshape(b * rows, width), prompt_length.reshape(b * rows)
     token_logp, entropy, values = _score_rows(
         agent, decoding, flat_prompt[at], jnp.where(used, flat_length[at], 1),
-        choice["action_tokens"][bi, ti], jnp.where(used, choice["action_length"][bi, ti], 0),
-        obs["n_elements"][bi, ti],
+        tokens[bi, ti], jnp.where(used, length[bi, ti], 0), jnp.asarray(obs["n_elements"])[bi, ti],
     )  # fmt: skip
-    final = obs["final_rows"].reshape(-1)
+    final = jnp.asarray(obs["final_rows"]).reshape(-1)
     final_values = jax.lax.stop_gradient(_prompt_values(agent, flat_prompt[final], flat_length[final]))
     step_at = jnp.where(used, bi * steps + ti, b * steps)  # an unused slot scatters nowhere
     row_at = jnp.where(used, at, b * rows)
