@@ -28,7 +28,8 @@ LM_RECIPE: dict[str, Any] = {
 }
 """The `lm` family's defaults, by field path in LearnerConfig, chosen for 2 CPU cores (BENCHMARKS.md
 "LM agent"): an update of 2 episodes of up to 10 steps over 352-token prompts (the default
---model.lm-prompt-tokens) takes 30-60 s, so there are about 14 updates in 15 minutes, not thousands; 4
+--model.lm-prompt-tokens) took 30-60 s padded (about half since the packed update, issue 46; not retuned
+for it yet), so there are about 14 updates in 15 minutes, not thousands; 4
 environments per actor keep a batched act near 3 s when the actor has the cores; the
 oracle's demonstrations are noiseless (its random actions are the pointer policy's), and 10 warm-up updates
 on them and 5e-4 with LoRA on the top blocks leave the budget to reinforcement learning. An actor does not
