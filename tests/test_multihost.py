@@ -85,7 +85,10 @@ def test_two_learner_processes_killed_together_resume_consistently_and_lose_noth
     replay = run_dir / "checkpoints" / "replay"
     deadline = time.monotonic() + PAIR_S
     metrics = [run_dir / "metrics.jsonl", run_dir / "process-1" / "metrics.jsonl"]
+    # Checkpoint 6 complete: both ledgers and orbax's own directory (its asynchronous save renames it
+    # into place, on a loaded machine after the ledgers are written; a restart then resumes from 3).
     while not (all((replay / f"6.p{r}.delivery.json").is_file() for r in (0, 1))
+               and (run_dir / "checkpoints" / "6").is_dir()
                and all(m.is_file() and json.loads(m.read_text().splitlines()[-1])["update"] >= 7 for m in metrics)):  # fmt: skip
         assert time.monotonic() < deadline and all(p.poll() is None for p, _ in first), [
             log.read_text(errors="replace")[-3000:] for _, log in first
