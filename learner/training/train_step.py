@@ -47,6 +47,11 @@ def path_names(path: tuple) -> tuple[str, ...]:
     return tuple(str(getattr(k, "key", getattr(k, "name", k))) for k in path)
 
 
+def _is_one(scale) -> bool:
+    """A scale known, at trace time, to be exactly 1 (no multiply in the program); a traced one is not."""
+    return isinstance(scale, int | float) and scale == 1.0
+
+
 def make_train_step(
     graphdef: nnx.GraphDef,
     optimizer: optax.GradientTransformation,
@@ -72,6 +77,10 @@ def make_train_step(
     encoder, `text/encoder/...`; None: no parameter): their own, smaller learning rate. When the
     parameters hold LoRA adapters, only the adapters are differentiated and updated, and `opt_state`
     covers them alone (`split_trained`).
+
+    The two scales are constants folded into the program. A caller may pass `scales=(update_scale,
+    encoder_update_scale)` to the unsharded step instead: they are then traced, so one compile serves
+    every scale (tests compare scales without compiling a step per scale).
     """
 
     def objective(trained, frozen, batch: Batch):
@@ -80,15 +89,16 @@ def make_train_step(
         out = loss_fn(evaluation, batch, loss_params)
         return out.loss, (out.metrics, out.priority_terms)
 
-    def step(params, opt_state, batch):
+    def step(params, opt_state, batch, scales=(update_scale, encoder_update_scale)):
         trained, frozen = split_trained(params)  # frozen: a traced argument, never a folded constant
         grads, (metrics, priorities) = jax.grad(objective, has_aux=True)(trained, frozen, batch)
         updates, new_opt_state = optimizer.update(grads, opt_state, trained)
-        if update_scale != 1.0:
-            updates = jax.tree.map(lambda u: u * update_scale, updates)
-        if encoder_update_scale != 1.0 and scaled_param is not None:
+        scale, encoder_scale = scales
+        if not _is_one(scale):
+            updates = jax.tree.map(lambda u: u * scale, updates)
+        if not _is_one(encoder_scale) and scaled_param is not None:
             updates = jax.tree_util.tree_map_with_path(
-                lambda path, u: u * encoder_update_scale if scaled_param(path_names(path)) else u, updates
+                lambda path, u: u * encoder_scale if scaled_param(path_names(path)) else u, updates
             )
         new_params = optax.apply_updates(trained, updates)
         new_params = new_params if frozen is None else nnx.merge_state(new_params, frozen)
