@@ -31,6 +31,7 @@ BENCHMARKS = {
     "generalization_final": "benchmarks.generalization_final",
     "stopping": "benchmarks.stopping",
     "lm_act": "benchmarks.lm_act",
+    "lm_prompt": "benchmarks.lm_prompt",
 }
 
 

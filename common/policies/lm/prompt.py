@@ -1,12 +1,14 @@
 """The LM policy's prompt: (instruction, screen elements, recent actions) -> token ids within a budget.
 
-The user message is one line per part, each ending in a newline:
-    the grammar line (the actions the model may answer with),
+The system turn is the grammar line (the actions the model may answer with); the user message is one line
+per part, each ending in a newline:
     `Task: <instruction>`,
     `Previous actions: <the last `history` actions, comma separated>` (or `none`; no line when history is 0),
-    `Screen:`, then one line per element, `[i] text | desc: .. | hint: .. | id: .. | Class | flags`.
-With a chat template the prompt is the template applied to that message with the assistant turn opened
-(what `DecoderTokenizer.chat_prompt` renders); without one it is the message followed by `Action: `.
+    `Screen:`, then one line per element, `[i] label (description) hint: .. #id kind flags`
+    (`PromptBuilder.element_line`).
+With a chat template the prompt is the template applied to the system turn and that message with the
+assistant turn opened (what `DecoderTokenizer.chat_prompt` renders; a template without a system turn gets
+the grammar as the message's first line); without one it is the grammar line, the message and `Action: `.
 
 Ids are built piece by piece so that the actor, which builds a prompt every step, tokenises each distinct
 line once: the template's text before and after the user message is tokenised once (rendered around a
@@ -15,8 +17,8 @@ their concatenation. Lines end in a newline, so a piece boundary falls where the
 Special tokens' text inside a line (a screen showing '<|im_end|>') is tokenised as plain text.
 
 Cut rule, so that len(ids) <= max_tokens always:
-1. the fixed parts come first and are never cut: the template's parts (or bos and `Action: `), the grammar
-   line, the history line and the `Screen:` line;
+1. the fixed parts come first and are never cut: the template's parts with the grammar (or bos, the grammar
+   line and `Action: `), the history line and the `Screen:` line;
 2. the instruction line is cut to at most max_tokens // 3 tokens;
 3. each element line is cut to max_line_tokens tokens (a cut line keeps its closing newline);
 4. element lines are added in tree order while they fit, at most max_elements of them; the first that does
@@ -34,14 +36,18 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from common.backbones.checkpoint import CheckpointError
 from common.backbones.decoder.tokenizer import DecoderTokenizer
 from common.types import Observation, UIElement
 
 GRAMMAR_LINE = (
-    'Answer with one action: tap(N) taps element [N], type("text") types into the focused field, '
+    'You operate an Android phone. Answer with one action: tap(N) taps element [N], type("text") types into the focused field, '
     "swipe(up|down|left|right), back(), home(), enter(), done() when the task is complete."
 )
-"""The role/grammar statement that opens every user message."""
+"""The role and grammar: the system turn of every prompt (the first line without one)."""
+CLASS_WORDS = {"TextView": "", "ImageView": ""}
+"""An element's kind by its class's last name where it is not that name lowercased: none for the commonest
+(a label says as much)."""
 NO_TEMPLATE_SUFFIX = "Action: "
 """What follows the user message when the tokenizer has no chat template: the answer starts after it."""
 _SENTINEL = "\ue000PROMPT\ue000"
@@ -118,8 +124,9 @@ class PromptBuilder:
         return Prompt(ids=ids, n_elements=len(shown), cut_elements=len(obs.elements) - len(shown))
 
     def _fixed_parts(self, instruction: str, history: Sequence[str]) -> list[np.ndarray]:
-        """The template's opening, the grammar, task (cut to a third of the budget), history and `Screen:`."""
-        parts = [self._prefix, self._line(GRAMMAR_LINE)]
+        """The template's opening (the grammar in it), task (cut to a third of the budget), history and
+        `Screen:`."""
+        parts = [self._prefix]
         parts.append(self._cut(self._line(f"Task: {one_line(instruction)}"), self.max_tokens // 3))
         if self.history > 0:
             parts.append(self._line(f"Previous actions: {render_history(history, self.history)}"))
@@ -127,9 +134,15 @@ class PromptBuilder:
         return parts
 
     def element_line(self, index: int, el: UIElement) -> str:
-        """One element as the model reads it: `[i] text | desc: .. | hint: .. | id: .. | Class | flags`,
-        empty parts left out, flags only when true ('editable' for EditText classes)."""
+        """One element as the model reads it: `[i] label (description) hint: .. #id kind flags`, empty parts
+        left out. The resource id only for an element with no text, description or hint (otherwise it
+        repeats the label: `#icon` on every launcher icon); the kind from the class, none for the commonest
+        (TextView, ImageView), `field` for an EditText; flags only when true. 28% fewer tokens per line
+        than the `| desc: .. | id: .. | Class` layout it replaced, for the same facts
+        (BENCHMARKS.md "LM prompt")."""
+        text, desc, hint = one_line(el.text), one_line(el.content_desc), one_line(el.hint)
         short_class = el.cls.rsplit(".", 1)[-1]
+        kind = "field" if "EditText" in short_class else CLASS_WORDS.get(short_class, short_class.lower())
         resource = el.resource_id.split(":id/", 1)[-1]
         flags = [
             name
@@ -138,19 +151,19 @@ class PromptBuilder:
                 ("focused", el.focused),
                 ("scrollable", el.scrollable),
                 ("clickable", el.clickable),
-                ("editable", "EditText" in short_class),
             )
             if on
         ]
         parts = [
-            one_line(el.text),
-            _labelled("desc", el.content_desc),
-            _labelled("hint", el.hint),
-            _labelled("id", resource),
-            short_class,
-            " ".join(flags),
+            f"[{index}]",
+            text,
+            (f"({desc})" if text else desc) if desc and desc != text else "",
+            f"hint: {hint}" if hint else "",
+            f"#{resource}" if resource and not (text or desc or hint) else "",
+            kind,
+            *flags,
         ]
-        return f"[{index}] " + " | ".join(part for part in parts if part)
+        return " ".join(part for part in parts if part)
 
     def _element_lines(self, elements: Sequence[UIElement], room: int) -> list[np.ndarray]:
         """The element lines, each cut to max_line_tokens, in tree order while they fit in `room`."""
@@ -200,20 +213,31 @@ class PromptBuilder:
         return _frozen(ids)
 
     def _template_parts(self) -> tuple[np.ndarray, np.ndarray]:
-        """The ids before and after the user message: the chat template rendered around a sentinel and
-        split there, or (bos when the tokenizer adds one, `Action: `) without a template."""
+        """The ids before and after the user message: the chat template rendered around a sentinel with the
+        grammar as its system turn (in place of the model's default system message: SmolLM2's costs 19
+        tokens and says nothing about the task) and split there; a template without a system turn gets the
+        grammar as the user message's first line. Without a template: bos when the tokenizer adds one and
+        the grammar line, then `Action: `."""
         tok = self.tokenizer
+        grammar = self._plain_ids(GRAMMAR_LINE + "\n")
         if tok.chat_template is None:
             bos = [tok.bos_id] if tok.add_bos else []
-            return _frozen(bos), self._plain_ids(NO_TEMPLATE_SUFFIX)
-        rendered = tok.chat_prompt(_SENTINEL)
+            return _frozen([*bos, *grammar]), self._plain_ids(NO_TEMPLATE_SUFFIX)
+        try:
+            before, after = self._split(tok.chat_prompt(_SENTINEL, system=GRAMMAR_LINE))
+        except CheckpointError:  # the template refuses a system turn
+            before, after = self._split(tok.chat_prompt(_SENTINEL))
+            return _frozen([*tok.encode(before), *grammar]), self._plain_ids(after)
+        return _frozen(tok.encode(before)), self._plain_ids(after)
+
+    def _split(self, rendered: str) -> tuple[str, str]:
         if rendered.count(_SENTINEL) != 1:
             raise ValueError(
-                f"{tok.where}: the chat template does not show the user message verbatim once, so the "
-                "prompt cannot be split around it"
+                f"{self.tokenizer.where}: the chat template does not show the user message verbatim once, "
+                "so the prompt cannot be split around it"
             )
         before, after = rendered.split(_SENTINEL)
-        return _frozen(tok.encode(before)), self._plain_ids(after)
+        return before, after
 
     def _check_budget(self) -> None:
         """Fail at construction when the budget cannot hold the fixed parts, a one-word task and a full
@@ -221,7 +245,6 @@ class PromptBuilder:
         least = (
             len(self._prefix)
             + len(self._suffix)
-            + len(self._line(GRAMMAR_LINE))
             + len(self._line("Task: x"))
             + (len(self._line("Previous actions: none")) if self.history > 0 else 0)
             + len(self._line("Screen:"))
@@ -245,11 +268,6 @@ def _specials_as_text(tokenizer: DecoderTokenizer):
         yield
     finally:
         inner.encode_special_tokens = before
-
-
-def _labelled(label: str, value: str) -> str:
-    value = one_line(value)
-    return f"{label}: {value}" if value else ""
 
 
 def _frozen(ids: Sequence[int]) -> np.ndarray:
