@@ -44,6 +44,8 @@ QUEUE_MESSAGES = 64
 """Send and receive high-water marks per actor connection (whole messages)."""
 IDLE_S = 30.0
 """A service with no request for this long takes no parameter copies at publishes (`wants_params`)."""
+STATS = ("requests", "rows", "batches", "padded_rows", "answered", "act_s")
+"""The service's counters (`InferenceService.stats`, `inference/<name>` in a metrics record)."""
 
 
 @dataclass(frozen=True)
@@ -98,8 +100,9 @@ class InferenceService:
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="inference", daemon=True)
-        self.stats: Counter[str] = Counter()
-        """requests, rows, batches, padded_rows, answered; `act_s` the seconds spent acting."""
+        self.stats: Counter[str] = Counter(dict.fromkeys(STATS, 0))
+        """requests, rows, batches, padded_rows, answered; `act_s` the seconds spent acting. Every key from
+        the start, so a metrics record has them all (0) before the first request."""
         self.rejected: Counter[str] = Counter()
         self.drops: Counter[str] = Counter()
 
