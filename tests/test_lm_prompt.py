@@ -303,3 +303,16 @@ def test_same_input_same_ids():
             b.n_elements,
             b.cut_elements,
         )
+
+
+def test_the_prompt_benchmark_measures_both_layouts_on_the_same_episodes(smollm2):
+    """benchmarks/lm_prompt.py on 6 validation episodes: the compact layout is shorter than the one it
+    replaced on the same screens, and its coverage counts episodes the demo writer could write."""
+    from benchmarks import lm_prompt
+
+    before = lm_prompt.measure(lm_prompt.BeforeBuilder, "validation", 6, 352)
+    compact = lm_prompt.measure(PromptBuilder, "validation", 6, 352)
+    assert (before["layout"], compact["layout"]) == ("before", "compact")
+    assert compact["uncut_tokens_mean"] < 0.8 * before["uncut_tokens_mean"]
+    assert compact["prompt_tokens_max"] <= 352 and compact["screens_cut"] == 0.0
+    assert 0.0 <= before["demo_coverage"] <= compact["demo_coverage"] == 1.0
