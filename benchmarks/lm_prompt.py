@@ -36,17 +36,7 @@ class BeforeBuilder(lm_prompt.PromptBuilder):
 
     def element_line(self, index: int, el: UIElement) -> str:
         short_class = el.cls.rsplit(".", 1)[-1]
-        flags = [
-            name
-            for name, on in (
-                ("checked", el.checked),
-                ("focused", el.focused),
-                ("scrollable", el.scrollable),
-                ("clickable", el.clickable),
-                ("editable", "EditText" in short_class),
-            )
-            if on
-        ]
+        flags = [*lm_prompt.flags(el), *(["editable"] if "EditText" in short_class else [])]
         labelled = [(k, lm_prompt.one_line(v)) for k, v in (("desc", el.content_desc), ("hint", el.hint))]
         parts = [
             lm_prompt.one_line(el.text),

@@ -144,16 +144,6 @@ class PromptBuilder:
         short_class = el.cls.rsplit(".", 1)[-1]
         kind = "field" if "EditText" in short_class else CLASS_WORDS.get(short_class, short_class.lower())
         resource = el.resource_id.split(":id/", 1)[-1]
-        flags = [
-            name
-            for name, on in (
-                ("checked", el.checked),
-                ("focused", el.focused),
-                ("scrollable", el.scrollable),
-                ("clickable", el.clickable),
-            )
-            if on
-        ]
         parts = [
             f"[{index}]",
             text,
@@ -161,7 +151,7 @@ class PromptBuilder:
             f"hint: {hint}" if hint else "",
             f"#{resource}" if resource and not (text or desc or hint) else "",
             kind,
-            *flags,
+            *flags(el),
         ]
         return " ".join(part for part in parts if part)
 
@@ -268,6 +258,12 @@ def _specials_as_text(tokenizer: DecoderTokenizer):
         yield
     finally:
         inner.encode_special_tokens = before
+
+
+def flags(el: UIElement) -> list[str]:
+    """The element's states that are on, by name (checked, focused, scrollable, clickable)."""
+    states = (("checked", el.checked), ("focused", el.focused), ("scrollable", el.scrollable))
+    return [name for name, on in (*states, ("clickable", el.clickable)) if on]
 
 
 def _frozen(ids: Sequence[int]) -> np.ndarray:
