@@ -10,10 +10,16 @@ choice is made on the `validation` split (training templates set aside for devel
 
 `before` is the layout this replaced, rebuilt here as the reference: the model's default system message,
 the grammar as the user message's first line, `[i] text | desc: .. | hint: .. | id: .. | Class | flags`.
-Only tokenizer work: seconds, no model.
+The token figures are tokenizer work (a minute). The full run (not `--quick`) also trains the packaged
+SmolLM2 (the recipe's LoRA and learning rate) with the learner's imitation update in each layout on the
+same `dev` seeds (the demonstrations each layout can write), and reports the imitation loss (nats per
+action) on `validation` demonstrations both layouts can write, before and after: the issue's third criterion,
+the same short supervised run for both.
 """
 
 from __future__ import annotations
+
+import time
 
 import numpy as np
 
@@ -53,6 +59,9 @@ class BeforeBuilder(lm_prompt.PromptBuilder):
             lm_prompt.GRAMMAR_LINE.removeprefix("You operate an Android phone. ") + "\n"
         )
         return lm_prompt._frozen([*self.tokenizer.encode(before), *grammar]), self._plain_ids(after)
+
+
+LAYOUTS = (BeforeBuilder, lm_prompt.PromptBuilder)
 
 
 class Recorded:
@@ -97,11 +106,96 @@ def measure(layout: type[lm_prompt.PromptBuilder], split: str, episodes: int, bu
     }
 
 
-def run(quick: bool, budgets: tuple[int, ...] = (352, 256)) -> list[dict]:
+def _policy(layout: type[lm_prompt.PromptBuilder], cfg: ModelConfig):
+    policy = make_policy(cfg)
+    policy._prompts = layout(policy.tokenizer, cfg.lm_prompt_tokens, cfg.lm_history)
+    return policy
+
+
+def _demos(policy, split: str, seeds: range) -> dict[int, object]:
+    """seed -> the validated episode the demo writer records for it, where the layout can write it."""
+    from common.protocol.episodes import pack_episodes, validate_packed
+
+    env = SimPhoneEnv(SimPhoneConfig(tasks="general", split=split, max_steps=MAX_STEPS))
+    rng, out = np.random.default_rng(0), {}
+    for seed in seeds:
+        fields = record_episode(env, seed, 0.0, rng, policy)
+        if fields is not None:
+            out[seed] = validate_packed(pack_episodes([fields]), policy.episode_spec(), MAX_STEPS, 0)[0]
+    return out
+
+
+def imitation(
+    layout: type[lm_prompt.PromptBuilder], cfg: ModelConfig, train: range, val_seeds: list[int], updates: int
+) -> dict:
+    """`updates` imitation updates of 2 demonstrations (the recipe's batch) from the `dev` seeds `train`,
+    with the learner's step; the imitation loss on the `validation` seeds before and after."""
+    import jax
+    import jax.numpy as jnp
+
+    from common.policies.lm import packing
+    from common.policies.lm.family import PROMPT_QUANTUM
+    from learner.batch import collate
+    from learner.losses import LOSSES, LossParams
+    from learner.training.train_step import make_optimizer, make_train_step
+
+    policy = _policy(layout, cfg)
+    graphdef, params = policy.create(0)
+    demos = list(_demos(policy, "dev", train).values())
+    val = list(_demos(policy, "validation", range(max(val_seeds) + 1)).items())
+    val = [ep for seed, ep in val if seed in val_seeds]
+
+    def packed(episodes):
+        batch = collate(episodes, MAX_STEPS)
+        return batch._replace(obs=packing.pack(batch.obs, PROMPT_QUANTUM))
+
+    logp = jax.jit(lambda params, obs, choice: policy.evaluate(graphdef, params, obs, choice, None).logp)
+
+    def nll(params) -> float:
+        total, steps = 0.0, 0
+        for i in range(0, len(val), 2):
+            batch = packed(val[i : i + 2])
+            mask = np.arange(MAX_STEPS)[None] < batch.length[:, None]
+            total -= float(jnp.sum(jnp.where(mask, logp(params, batch.obs, batch.choice), 0.0)))
+            steps += int(mask.sum())
+        return total / steps
+
+    optimizer = make_optimizer(5e-4, 1.0)  # the lm recipe's learning rate (learner/recipes.py)
+    step = make_train_step(graphdef, optimizer, LOSSES["aride"].imitation, LossParams(), policy.evaluate)
+    before = nll(params)
+    opt_state, rng, t0 = optimizer.init(nnx_trained(params)), np.random.default_rng(1), time.perf_counter()
+    for _ in range(updates):
+        chosen = rng.choice(len(demos), 2, replace=False)
+        params, opt_state, _, _ = step(params, opt_state, packed([demos[i] for i in chosen]))
+    jax.block_until_ready(params)
+    return {
+        "layout": "before" if layout is BeforeBuilder else "compact",
+        "train_demos": len(demos),
+        "val_demos": len(val),
+        "updates": updates,
+        "train_s": time.perf_counter() - t0,
+        "val_nll_before": before,
+        "val_nll_after": nll(params),
+    }
+
+
+def nnx_trained(params):
+    """The parameters the optimizer state covers: the adapters and value head under LoRA."""
+    from common.backbones.decoder.lora import split_trained
+
+    return split_trained(params)[0]
+
+
+def run(quick: bool, budgets: tuple[int, ...] = (352, 256), updates: int = 24) -> list[dict]:
     episodes = 60 if quick else 300
     rows = []
     for split in ("validation", "dev"):
         for budget in budgets:
             for layout in (BeforeBuilder, lm_prompt.PromptBuilder):
                 rows.append(measure(layout, split, episodes, budget))
+    if not quick:
+        cfg = ModelConfig(kind="lm")
+        writable = [set(_demos(_policy(layout, cfg), "validation", range(40))) for layout in LAYOUTS]
+        val_seeds = sorted(set.intersection(*writable))[:16]
+        rows += [imitation(layout, cfg, range(200), val_seeds, updates) for layout in LAYOUTS]
     return rows
