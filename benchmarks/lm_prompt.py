@@ -36,6 +36,13 @@ WIDE = 4096
 """A budget no SimPhone prompt reaches: the uncut prompt's length."""
 
 
+BEFORE_GRAMMAR = (
+    'Answer with one action: tap(N) taps element [N], type("text") types into the focused field, '
+    "swipe(up|down|left|right), back(), home(), enter(), done() when the task is complete."
+)
+"""The grammar line of the layout before, verbatim."""
+
+
 class BeforeBuilder(lm_prompt.PromptBuilder):
     """The layout before issue 46's item 3: the model's own system message, the grammar line first in the
     user message, `[i] text | desc: .. | hint: .. | id: .. | Class | flags` element lines."""
@@ -55,9 +62,7 @@ class BeforeBuilder(lm_prompt.PromptBuilder):
 
     def _template_parts(self) -> tuple[np.ndarray, np.ndarray]:
         before, after = self._split(self.tokenizer.chat_prompt(lm_prompt._SENTINEL))
-        grammar = self._plain_ids(
-            lm_prompt.GRAMMAR_LINE.removeprefix("You operate an Android phone. ") + "\n"
-        )
+        grammar = self._plain_ids(BEFORE_GRAMMAR + "\n")
         return lm_prompt._frozen([*self.tokenizer.encode(before), *grammar]), self._plain_ids(after)
 
 

@@ -41,8 +41,8 @@ from common.backbones.decoder.tokenizer import DecoderTokenizer
 from common.types import Observation, UIElement
 
 GRAMMAR_LINE = (
-    'You operate an Android phone. Answer with one action: tap(N) taps element [N], type("text") types into the focused field, '
-    "swipe(up|down|left|right), back(), home(), enter(), done() when the task is complete."
+    'You operate an Android phone. Answer with one action: tap(N) taps element [N], type("text") types into '
+    "the focused field, swipe(up|down|left|right), back(), home(), enter(), done() when the task is complete."
 )
 """The role and grammar: the system turn of every prompt (the first line without one)."""
 CLASS_WORDS = {"TextView": "", "ImageView": ""}
