@@ -138,6 +138,7 @@ def imitation(
     import jax
     import jax.numpy as jnp
 
+    from common.backbones.decoder.lora import split_trained
     from common.policies.lm import packing
     from common.policies.lm.family import PROMPT_QUANTUM
     from learner.batch import collate
@@ -168,7 +169,11 @@ def imitation(
     optimizer = make_optimizer(5e-4, 1.0)  # the lm recipe's learning rate (learner/recipes.py)
     step = make_train_step(graphdef, optimizer, LOSSES["aride"].imitation, LossParams(), policy.evaluate)
     before = nll(params)
-    opt_state, rng, t0 = optimizer.init(nnx_trained(params)), np.random.default_rng(1), time.perf_counter()
+    opt_state, rng, t0 = (
+        optimizer.init(split_trained(params)[0]),
+        np.random.default_rng(1),
+        time.perf_counter(),
+    )
     for _ in range(updates):
         chosen = rng.choice(len(demos), 2, replace=False)
         params, opt_state, _, _ = step(params, opt_state, packed([demos[i] for i in chosen]))
@@ -184,19 +189,12 @@ def imitation(
     }
 
 
-def nnx_trained(params):
-    """The parameters the optimizer state covers: the adapters and value head under LoRA."""
-    from common.backbones.decoder.lora import split_trained
-
-    return split_trained(params)[0]
-
-
 def run(quick: bool, budgets: tuple[int, ...] = (352, 256), updates: int = 24) -> list[dict]:
     episodes = 60 if quick else 300
     rows = []
     for split in ("validation", "dev"):
         for budget in budgets:
-            for layout in (BeforeBuilder, lm_prompt.PromptBuilder):
+            for layout in LAYOUTS:
                 rows.append(measure(layout, split, episodes, budget))
     if not quick:
         cfg = ModelConfig(kind="lm")
