@@ -28,7 +28,7 @@ from jax.sharding import AbstractMesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from common.backbones import CheckpointError, bert
-from tests.conftest import ROOT
+from tests.conftest import CHEAP_XLA, ROOT
 from tests.test_bert_encoder import CONFIG, old_layout, random_tensors, write_checkpoint
 
 SHARD_CONFIG = {
@@ -49,8 +49,7 @@ MESH_ENV = {
     "JAX_PLATFORMS": "cpu",
     # The cheapest XLA pipeline: the check is about layout and equality, and the unsharded reference is
     # compiled the same way.
-    "XLA_FLAGS": "--xla_force_host_platform_device_count=8 --xla_backend_optimization_level=0 "
-    "--xla_llvm_disable_expensive_passes=true",
+    "XLA_FLAGS": f"--xla_force_host_platform_device_count=8 {CHEAP_XLA}",
 }
 TOL = 1e-5
 

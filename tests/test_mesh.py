@@ -21,7 +21,7 @@ from jax.sharding import AbstractMesh, PartitionSpec
 from common.policies.pointer import sizes
 from learner.training import mesh as M
 from learner.training import sharding as S
-from tests.conftest import ROOT
+from tests.conftest import CHEAP_XLA, ROOT
 
 CHECKS_S = 900
 """The mesh checks compile a dozen sharded steps: a minute or two idle, several times that on a busy machine."""
@@ -32,8 +32,7 @@ MESH_ENV = {
     "JAX_PLATFORMS": "cpu",
     # 8 host devices; the cheapest XLA backend pipeline (the check is about partitioning, not speed:
     # the unsharded reference is compiled the same way).
-    "XLA_FLAGS": "--xla_force_host_platform_device_count=8 --xla_backend_optimization_level=0 "
-    "--xla_llvm_disable_expensive_passes=true",
+    "XLA_FLAGS": f"--xla_force_host_platform_device_count=8 {CHEAP_XLA}",
 }
 TOL = 1e-5
 
