@@ -71,6 +71,10 @@ class Client:
         self.ctx.term()
 
 
+def _refused_handshakes(by_reason: dict) -> int:
+    return by_reason.get("auth_failed", 0) + by_reason.get("handshake_failed", 0)
+
+
 def _hello() -> dict:
     return protocol.message(protocol.HELLO, actor="t", num_envs=1, instance="curve-test", first_unacked=1)
 
@@ -134,11 +138,14 @@ def test_only_authorized_actors_can_send_or_receive_and_relays_and_real_actors_u
         deadline = time.monotonic() + REPLY_S
         while time.monotonic() < deadline:
             lines = learner.metrics()
-            if lines and lines[-1]["rejected_by_reason"].get("auth_failed", 0) >= 2:
+            if lines and _refused_handshakes(lines[-1]["rejected_by_reason"]) >= 2:
                 break
             time.sleep(0.2)
         by_reason = lines[-1]["rejected_by_reason"]
-        assert by_reason.get("auth_failed", 0) >= 2, by_reason  # both refused handshakes are counted
+        # Both refused handshakes are counted: the stranger's as auth_failed (CURVE refused its key), the
+        # plain client's as auth_failed, or as handshake_failed when it saw the mechanism mismatch first
+        # and hung up before the learner read its greeting (a timing race seen once in a suite run).
+        assert by_reason.get("auth_failed", 0) >= 1 and _refused_handshakes(by_reason) >= 2, by_reason
         assert lines[-1]["episodes"] == 2  # and only the authorized actor's episodes were stored
 
         # A real actor with its keys trains through CURVE (this was a test of its own, with a learner

@@ -107,7 +107,8 @@ class Transport:
     def count_auth_failures(self) -> None:
         """Count the failed handshakes since the last call: `auth_failed`, a ZeroMQ peer refused by CURVE
         (a key not authorized, or no CURVE at all); `handshake_failed`, anything else that connected and
-        left without a handshake (port scanners, health probes that only open a TCP connection)."""
+        left without a handshake (port scanners, health probes that only open a TCP connection, and a
+        peer without CURVE that saw the mechanism mismatch first and hung up before this side read it)."""
         while self._auth_events is not None and self._auth_events.poll(0):
             event = parse_monitor_message(self._auth_events.recv_multipart())
             refused = event["event"] == zmq.EVENT_HANDSHAKE_FAILED_AUTH or (
