@@ -25,14 +25,15 @@ from tests.conftest import ACTOR_ENV, ROOT, read_jsonl
 from tests.lm_backbone import tiny_lm_folder
 from tests.test_fake_actor import FakeActor, message
 
+PROMPT_TOKENS = 128
+"""Two prompt widths (64, 128) instead of the default budget's six: fewer update shapes to compile (about
+10 s each here), 115 -> 99 CPU-s for the test; long screens lose elements, which it allows."""
 RUN = (
     *("--env", "simphone", "--max-steps", "6", "--local-actors", "1", "--envs-per-actor", "2"),
     *("--batch-size", "2", "--warmup-demos", "12", "--warmup-updates", "2", "--checkpoint-every", "3"),
     *("--log-every", "1", "--actor-timeout", "60", "--model.lora-rank", "4", "--model.lora-layers", "1"),
     *("--insert-slack", "0"),  # the recipe's 2 would leave the hostile fake actor without credit
-    # Two prompt widths (64, 128) instead of the default budget's six: fewer update shapes to compile
-    # (about 10 s each here), 115 -> 99 CPU-s for the test; long screens lose elements, which it allows.
-    *("--model.lm-prompt-tokens", "128"),
+    *("--model.lm-prompt-tokens", str(PROMPT_TOKENS)),
 )
 
 
@@ -112,7 +113,7 @@ def test_lm_learner_trains_refuses_hostile_batches_checkpoints_resumes_and_evalu
     assert final["local_actors_killed"] == 0, first.log()  # it stopped between acts, within the grace
     assert "lm recipe" in first.log()
     # The update trained on packed rows (common/policies/lm/packing.py), compiled per shape as it came:
-    # at most 5 row rungs (1, 2, 3, 4, 6: --max-steps 6) times 2 prompt widths (64 and the 128-token budget).
+    # at most 5 row rungs (1, 2, 3, 4, 6: --max-steps 6) times 2 prompt widths (64 and PROMPT_TOKENS).
     bound = re.search(r"compiles for each batch shape as it first comes \(at most (\d+)\)", first.log())
     assert bound, first.log()
     assert 1 <= final["train/update_shapes"] <= int(bound[1]), final
@@ -154,4 +155,4 @@ def test_lm_learner_trains_refuses_hostile_batches_checkpoints_resumes_and_evalu
         saved = int(re.search(r"a resume starts from checkpoint (\d+)", second.log())[1])
     assert 6 <= saved <= resumed["update"]
     assert report["update"] == saved and report["episodes"] == 4 and report["invalid_actions"] == 0
-    assert 0 < report["mean_prompt_tokens"] <= 128
+    assert 0 < report["mean_prompt_tokens"] <= PROMPT_TOKENS
