@@ -117,6 +117,8 @@ def test_lm_learner_trains_refuses_hostile_batches_checkpoints_resumes_and_evalu
     bound = re.search(r"compiles for each batch shape as it first comes \(at most (\d+)\)", first.log())
     assert bound, first.log()
     assert 1 <= final["train/update_shapes"] <= int(bound[1]), final
+    # ... with the bottom block's output from the cache (common/policies/lm/trunk.py; LoRA on the top one).
+    assert final["train/trunk_misses"] > 0 and final["train/trunk_cache_mb"] > 0, final
     # The actor timed its act's two stages (its final counters; the status line shows their means).
     stopped = (run_dir / "actor-0.log").read_text()
     assert re.search(r"'act_prefill_us': [1-9]", stopped) and re.search(r"'act_decode_us': [1-9]", stopped)

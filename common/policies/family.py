@@ -33,8 +33,10 @@ Spec = dict[str, tuple[tuple[int, ...], str]]
 """Array name -> (shape of one row, dtype string), e.g. {"elem_mask": ((24,), "|b1")}."""
 Arrays = dict[str, Any]
 """Arrays by name with leading batch axes (a batch's observations: [B, T + 1, ...] each)."""
-HostStep = Callable[[Arrays, Arrays | None], tuple[Arrays, Arrays | None]]
-"""(observations, acted observations or None) -> the same with what the update reads added."""
+HostStep = Callable[[Arrays, Arrays | None, Arrays, Any], tuple[Arrays, Arrays | None]]
+"""(observations, acted observations or None, choices, the learner's parameters as they are now) -> the
+observations and acted ones with what the update reads added. A step with a `stats()` method (-> dict of
+floats) reports it in every update's metrics (the lm family's cached trunk)."""
 
 
 class Acted(NamedTuple):
@@ -137,11 +139,12 @@ class ResolvesConfig(Protocol):
 @runtime_checkable
 class HostInputs(Protocol):
     """A family whose update reads inputs computed on the learner's host before each step (the pointer
-    policy's frozen text encoder: its cached states)."""
+    policy's frozen text encoder: its cached states; the lm family's packed rows and cached trunk)."""
 
-    def host_inputs(self) -> HostStep | None:
+    def host_inputs(self, graphdef: Any, cache_bytes: int) -> HostStep | None:
         """The host-side step, built now (it may load what it needs: the learner calls this once, when
-        it builds its training state); None when this run has nothing to add."""
+        it builds its training state, with its parameters' graphdef and the memory a cache of computed
+        inputs may keep, --trunk-cache-mb); None when this run has nothing to add."""
 
 
 @runtime_checkable
@@ -228,9 +231,9 @@ def welcome_fields(policy: PolicyFamily) -> dict[str, Any]:
     return policy.welcome_fields() if isinstance(policy, WelcomeFields) else {}
 
 
-def host_inputs(policy: PolicyFamily) -> HostStep | None:
+def host_inputs(policy: PolicyFamily, graphdef: Any, cache_bytes: int) -> HostStep | None:
     """The family's host-side step before each update (`HostInputs`), or None."""
-    return policy.host_inputs() if isinstance(policy, HostInputs) else None
+    return policy.host_inputs(graphdef, cache_bytes) if isinstance(policy, HostInputs) else None
 
 
 def update_shapes(policy: PolicyFamily, max_steps: int) -> int | None:

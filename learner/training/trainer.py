@@ -162,7 +162,7 @@ class Trainer:
         """The inference service's copy of a frozen base (`serving_copy`), made once."""
         # Process I's demonstration draws: process 0's stream jumped I times (so a restored state stays right).
         self.demo_rng = _jumped(np.random.default_rng(cfg.seed), rank)
-        self.host_inputs = host_inputs(self.policy)
+        self.host_inputs = host_inputs(self.policy, graphdef, cfg.buffer.trunk_cache_mb * 2**20)
         """The family's host-side step before each update (common/policies/family.py:HostInputs; the
         pointer policy's frozen text encoder adds its cached states, the lm family packs the rows that
         matter), applied to the observations and to the acted ones of an augmented batch; None for a
@@ -236,6 +236,7 @@ class Trainer:
         self.update += 1  # with the parameters it counts, whatever happens next
         metrics, terms = jax.device_get(multihost.host_copy((metrics, terms)))
         metrics["update_shapes"] = len(self.shapes)
+        metrics.update(getattr(self.host_inputs, "stats", dict)())
         priorities = None if terms is None else PriorityTerms(*(np.asarray(t)[self.rows] for t in terms))
         skipped = bool(metrics.pop("skipped_nonfinite"))
         return StepResult({k: float(v) for k, v in metrics.items()}, priorities, skipped)
@@ -246,7 +247,7 @@ class Trainer:
         unchanged otherwise."""
         if self.host_inputs is None:
             return batch
-        obs, acted = self.host_inputs(batch.obs, batch.acted_obs)
+        obs, acted = self.host_inputs(batch.obs, batch.acted_obs, batch.choice, self.params)
         return batch._replace(obs=obs, acted_obs=acted)
 
     def new_version(self) -> int:

@@ -257,15 +257,23 @@ class Decoder(nnx.Module):
         mask: jax.Array,
         cache: KVCache | None = None,
         remat: bool = False,
+        trunk: jax.Array | None = None,
     ) -> tuple[jax.Array, KVCache | None]:
         """The final normalized hidden states [B, L, hidden] (before the output head) and the extended
         cache, as `__call__` computes them: for heads of one's own (a value head) and for logits at a few
         chosen positions only (`logits`). `remat` (without a cache) recomputes each block in the backward
         pass instead of keeping its activations: a train step over many prompts then holds one block's
-        attention scores at a time, for about a third more compute."""
+        attention scores at a time, for about a third more compute. `trunk` [B, L, hidden] (without a
+        cache): what `trunk` computed for these tokens, so only the blocks above `frozen_layers` run."""
         mask = jnp.asarray(mask, bool)
         _check_shapes(tokens, positions, mask, cache)
-        x = self.embed_tokens(tokens)
+        if trunk is not None and (cache is not None or trunk.shape != (*tokens.shape, self.cfg.hidden_size)):
+            raise ValueError(
+                f"trunk states must be [B, L, {self.cfg.hidden_size}] for tokens {tokens.shape}, without a "
+                f"cache; got {trunk.shape}"
+            )
+        x = self.embed_tokens(tokens) if trunk is None else trunk.astype(self.param_dtype)
+        first = 0 if trunk is None else self.frozen_layers
         inv_freq = rope_frequencies(self.cfg)
         if cache is None:
             n = tokens.shape[1]
@@ -278,6 +286,8 @@ class Decoder(nnx.Module):
             allowed = (slots[None, :] <= query_slots[:, None])[None] & valid[:, None, :]
             layer_kv = LayerKV(cache.keys, cache.values, cache.end)
         for i, layer in enumerate(self.layers):
+            if i < first:
+                continue
             if remat and layer_kv is None:
                 x = _remat_block(layer, x, positions, allowed, inv_freq)
             else:
@@ -287,6 +297,27 @@ class Decoder(nnx.Module):
             return x, None
         new_end = cache.end + tokens.shape[1]
         return x, KVCache(layer_kv.keys, layer_kv.values, valid, new_end.astype(jnp.int32))
+
+    @property
+    def frozen_layers(self) -> int:
+        """How many blocks from the bottom carry no adapter (0 without LoRA or with every block adapted):
+        with LoRA their output, the `trunk`, is a function of the token ids alone."""
+        lora, n = self.lora, self.cfg.num_hidden_layers
+        return 0 if lora is None or not lora.last_layers else max(0, n - lora.last_layers)
+
+    def trunk(self, tokens: jax.Array, positions: jax.Array, mask: jax.Array) -> jax.Array:
+        """The hidden states [B, L, hidden] after the `frozen_layers` blocks (the embeddings when there
+        are none), as `states` computes them: what `states(..., trunk=)` starts from. Real tokens' states
+        do not depend on padding (masked keys are never attended to), so they can be kept per prompt."""
+        mask = jnp.asarray(mask, bool)
+        _check_shapes(tokens, positions, mask, None)
+        x = self.embed_tokens(tokens)
+        n = tokens.shape[1]
+        allowed = jnp.tril(jnp.ones((n, n), bool))[None] & mask[:, None, :]
+        inv_freq = rope_frequencies(self.cfg)
+        for i in range(self.frozen_layers):
+            x, _ = self.layers[i](x, positions, allowed, inv_freq, None, i)
+        return x
 
     def logits(self, x: jax.Array) -> jax.Array:
         """Final states [..., L, hidden] (`states`) -> float32 logits [..., L, vocab], through the embedding

@@ -33,6 +33,7 @@ from common.policies.lm import grammar, network, packing
 from common.policies.lm.demos import LMDemonstrator
 from common.policies.lm.network import Decoding, LMAgent, actions_in_grammar, score_actions
 from common.policies.lm.prompt import PromptBuilder
+from common.policies.lm.trunk import TrunkCache
 from common.protocol.episodes import EpisodeSpec
 from common.types import Action, ActionType, Observation
 
@@ -140,13 +141,16 @@ class LMPolicy:
     def input_spec(self):
         return dict(self.episode_spec().observations)
 
-    def host_inputs(self) -> HostStep | None:
+    def host_inputs(self, graphdef, cache_bytes: int) -> HostStep | None:
         """The update's rows packed (packing.py): step rows with their gradient, final rows forward only,
-        the batch's common left padding trimmed. None in a multi-process learner, where every process
-        would have to agree on the shape (it trains on the padded rows there)."""
+        the batch's common left padding trimmed; with LoRA below the top blocks and `cache_bytes` > 0,
+        the frozen blocks' output from the cache (trunk.py). None in a multi-process learner, where every
+        process would have to agree on the shape (it trains on the padded rows there)."""
         if jax.process_count() > 1:
             return None
-        return lambda obs, acted_obs: (packing.pack(obs, PROMPT_QUANTUM), acted_obs)
+        lora, layers = self._lora(), _backbone(self.cfg.backbone)[0].num_hidden_layers
+        frozen = lora is not None and 0 < lora.last_layers < layers
+        return _Packing(TrunkCache(graphdef, cache_bytes) if frozen and cache_bytes > 0 else None)
 
     def update_shapes(self, max_steps: int) -> int:
         """The most update shapes packing gives for --max-steps `max_steps` (packing.bound); the learner
@@ -269,6 +273,20 @@ class LMPolicy:
         if parsed.kind == ActionType.SWIPE:
             return Action(ActionType.SWIPE, direction=parsed.direction, note=note)
         return Action(parsed.kind, note=note)
+
+
+class _Packing:
+    """The lm family's host step (`LMPolicy.host_inputs`): pack, then add the cached trunk when kept."""
+
+    def __init__(self, trunk: TrunkCache | None):
+        self.trunk = trunk
+
+    def __call__(self, obs, acted_obs, choice, params):
+        packed = packing.pack(obs, PROMPT_QUANTUM)
+        return (packed if self.trunk is None else self.trunk.add(packed, choice, params)), acted_obs
+
+    def stats(self) -> dict[str, float]:
+        return {} if self.trunk is None else self.trunk.stats()
 
 
 def _center(element, screen_size: tuple[int, int]) -> tuple[float, float]:

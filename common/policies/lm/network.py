@@ -255,7 +255,9 @@ def score_actions(
     With the learner's packed rows (obs "train_rows" and "final_rows", common/policies/lm/packing.py) only
     the rows that matter are computed: each step row once, with its gradient, and each episode's final
     observation forward only (its value is a bootstrap target, read under stop_gradient by every loss);
-    rows past an episode's end are not computed and read 0. Without them every row is (the padded layout)."""
+    rows past an episode's end are not computed and read 0. Without them every row is (the padded layout).
+    With the learner's cached trunk as well (obs "trunk_rows" and "trunk_final", common/policies/lm/trunk.py)
+    only the decoder's adapted blocks run."""
     tokens = choice["action_tokens"]
     if tokens.shape[-1] != decoding.action_tokens:
         raise ValueError(
@@ -303,9 +305,12 @@ def _score_packed(agent: LMAgent, decoding: Decoding, obs, choice) -> Scored:
     token_logp, entropy, values = _score_rows(
         agent, decoding, flat_prompt[at], jnp.where(used, flat_length[at], 1),
         tokens[bi, ti], jnp.where(used, length[bi, ti], 0), jnp.asarray(obs["n_elements"])[bi, ti],
+        None if "trunk_rows" not in obs else _flat_rows(obs["trunk_rows"]),
     )  # fmt: skip
     final = jnp.asarray(obs["final_rows"]).reshape(-1)
-    final_values = jax.lax.stop_gradient(_prompt_values(agent, flat_prompt[final], flat_length[final]))
+    final_values = jax.lax.stop_gradient(
+        _prompt_values(agent, flat_prompt[final], flat_length[final], obs.get("trunk_final"))
+    )
     step_at = jnp.where(used, bi * steps + ti, b * steps)  # an unused slot scatters nowhere
     row_at = jnp.where(used, at, b * rows)
 
@@ -322,25 +327,46 @@ def _score_packed(agent: LMAgent, decoding: Decoding, obs, choice) -> Scored:
     )
 
 
-def _prompt_values(agent: LMAgent, prompt: jax.Array, prompt_length: jax.Array) -> jax.Array:
+def _flat_rows(x) -> jax.Array:
+    """[B, slots, ...] -> [B * slots, ...]."""
+    x = jnp.asarray(x)
+    return x.reshape(x.shape[0] * x.shape[1], *x.shape[2:])
+
+
+def _prompt_values(agent: LMAgent, prompt: jax.Array, prompt_length: jax.Array, trunk=None) -> jax.Array:
     """[N] V(s) of prompts [N, W] alone (no action after them: the state at the last prompt token is the
-    same, attention being causal)."""
+    same, attention being causal); `trunk` [N, W, hidden]: the frozen blocks' output (Decoder.trunk)."""
     mask, positions = prompt_layout(jnp.maximum(prompt_length, 1), prompt.shape[-1])
-    states, _ = agent.decoder.states(prompt, positions, mask)
+    states, _ = agent.decoder.states(prompt, positions, mask, trunk=trunk)
     return agent.value(states[:, -1])
 
 
-def _score_rows(agent: LMAgent, decoding: Decoding, prompt, prompt_length, tokens, length, n_elements):
-    """Rows of prompts [R, W] and actions [R, A] in one forward pass: (token log-probs [R, A], 0 past each
-    action's length; entropy [R], summed along the action; V(s) [R] at the prompt's last token)."""
-    width, a = prompt.shape[-1], tokens.shape[-1]
+def row_layout(prompt, prompt_length, tokens, length) -> tuple[jax.Array, jax.Array, jax.Array]:
+    """(token ids, positions, mask) [R, W + A] of rows of left-padded prompts [R, W] followed by actions
+    [R, A] of `length` tokens: what `_score_rows` and the cached trunk (trunk.py) run the decoder on."""
+    a = tokens.shape[-1]
     # A row without a prompt (padding) gets one pad token: a row attending to nothing is NaN, and NaN * 0
     # is NaN in the masked losses.
-    prompt_mask, _ = prompt_layout(jnp.maximum(prompt_length, 1), width)
+    prompt_mask, _ = prompt_layout(jnp.maximum(prompt_length, 1), prompt.shape[-1])
     mask = jnp.concatenate([prompt_mask, jnp.arange(a) < length[..., None]], axis=-1)
     positions = jnp.maximum(jnp.cumsum(mask, axis=-1) - 1, 0).astype(jnp.int32)
-    seq = jnp.concatenate([prompt, tokens], axis=-1)
-    states, _ = agent.decoder.states(seq, positions, mask, remat=True)
+    return jnp.concatenate([prompt, tokens], axis=-1), positions, mask
+
+
+def _score_rows(
+    agent: LMAgent, decoding: Decoding, prompt, prompt_length, tokens, length, n_elements, trunk=None
+):
+    """Rows of prompts [R, W] and actions [R, A] in one forward pass: (token log-probs [R, A], 0 past each
+    action's length; entropy [R], summed along the action; V(s) [R] at the prompt's last token). `trunk`
+    [R, W + A, hidden]: the frozen blocks' output over prompt + action (Decoder.trunk), when cached.
+
+    The whole decoder runs with rematerialised blocks (the activations of every block of every row would
+    not fit: 24 GB were not enough for the recipe before packing). On the cached trunk only the adapted
+    blocks run, and they keep their activations: for the recipe's update (8 of 30 blocks, 2 episodes)
+    that cost 0.17 GB more peak memory and made it 16% faster (benchmarks/lm_agent.py, BENCHMARKS.md)."""
+    width, a = prompt.shape[-1], tokens.shape[-1]
+    seq, positions, mask = row_layout(prompt, prompt_length, tokens, length)
+    states, _ = agent.decoder.states(seq, positions, mask, remat=trunk is None, trunk=trunk)
     values = agent.value(states[:, width - 1])
     logits = agent.decoder.logits(states[:, width - 1 : width - 1 + a])  # [R, A, V]
     valid = jnp.arange(a) < length[..., None]

@@ -76,10 +76,10 @@ class PointerPolicy:
         frozen = self.cfg.uses_text_encoder and not self.cfg.train_text_encoder
         return featurize.input_spec(self.cfg) if frozen else featurize.feature_spec(self.cfg)
 
-    def host_inputs(self) -> HostStep | None:
+    def host_inputs(self, graphdef, cache_bytes: int) -> HostStep | None:
         """The frozen text encoder's states, added to each training batch on the learner's host (the
-        encoder is loaded now); None without an encoder and with a fine-tuned one, which runs inside the
-        update."""
+        encoder is loaded now, with its own cache: text_encoder.TextEmbedder); None without an encoder and
+        with a fine-tuned one, which runs inside the update."""
         text = self.text
         return None if text is None else functools.partial(_with_states, text)
 
@@ -157,7 +157,9 @@ class PointerPolicy:
         return Action(kind)
 
 
-def _with_states(text: text_encoder.TextEmbedder, obs: Arrays, acted_obs: Arrays | None):
+def _with_states(
+    text: text_encoder.TextEmbedder, obs: Arrays, acted_obs: Arrays | None, choice: Arrays, params
+):
     """`obs` and `acted_obs` (of a renamed batch, or None) with the frozen encoder's states added. Word
     renaming may give renamed words new WordPiece ids; where it did not, the acted observations take the
     very same states instead of being looked up again."""

@@ -1,0 +1,190 @@
+"""The lm family's cached frozen trunk (common/policies/lm/trunk.py): the adapted blocks started from the
+cached output of the blocks below them give the same log-probs, values, loss, gradients and priorities as
+the whole decoder, whether the rows were computed now or kept from a batch of another width, and the cache
+keeps to its byte budget.
+
+A tiny random decoder of 2 blocks with SmolLM2's tokenizer (tests/lm_backbone.py), LoRA on the top one, so
+the trunk is the bottom block; the batch is test_lm_packing's (three episodes of real SimPhone screens,
+actions sampled by the family's constrained act, one terminal). The reference is the uncached packed
+update, which tests/test_lm_packing.py checks against the padded layout.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from flax import nnx
+
+from common.backbones.decoder.lora import split_trained
+from common.config import ModelConfig
+from common.params_file import params_to_flat
+from common.policies import make_policy
+from common.policies.lm import packing
+from common.policies.lm.family import PROMPT_QUANTUM
+from common.policies.lm.network import prompt_layout
+from common.policies.lm.trunk import TrunkCache
+from common.protocol.episodes import episode_fields, pack_episodes, validate_packed
+from learner.batch import collate
+from learner.losses import LOSSES, LossParams
+from learner.training.train_step import make_optimizer, make_train_step
+from tests.lm_backbone import tiny_lm_folder
+from tests.test_lm_packing import _episode_screens, _off_policy
+
+LENGTHS, TERMINAL, MAX_STEPS = (4, 2, 1), (False, True, False), 4
+TOL = 2e-5
+
+
+@pytest.fixture(scope="module")
+def lm(tmp_path_factory):
+    backbone = str(tiny_lm_folder(tmp_path_factory.mktemp("tiny-lm")))
+    cfg = ModelConfig(kind="lm", backbone=backbone, lora_rank=4, lora_layers=1, lm_prompt_tokens=512)
+    policy = make_policy(cfg)
+    agent = nnx.merge(*policy.create(0))
+    assert agent.decoder.frozen_layers == 1  # of 2: the trunk is the bottom block
+    rng = np.random.default_rng(1)
+    # A random value head and adapters (B starts at 0): the adapted block then differs from the base.
+    for var in (agent.value.kernel, *[v for _, v in nnx.iter_graph(agent) if isinstance(v, nnx.LoRAParam)]):
+        var[...] = jnp.asarray(rng.standard_normal(var[...].shape) * 0.1, jnp.float32)
+    graphdef, params = nnx.split(agent)
+    return policy, graphdef, params
+
+
+def _batch(lm, lengths, terminal):
+    policy, graphdef, params = lm
+    act = jax.jit(lambda p, i, k: policy.act(graphdef, p, i, k, False))
+    rng, fields = np.random.default_rng(0), []
+    for i, (n, done) in enumerate(zip(lengths, terminal, strict=True)):
+        features = [policy.featurize(obs) for obs in _episode_screens(i, n)]
+        stacked = {k: np.stack([f[k] for f in features]) for k in features[0]}
+        acted = jax.device_get(act(params, policy.inputs(stacked), jax.random.key(i)))
+        steps = {k: np.asarray(v)[:n] for k, v in acted.choice.items()}
+        base = {
+            "behavior_logp": _off_policy(np.asarray(acted.logp)[:n], rng),
+            "reward": rng.standard_normal(n).astype(np.float32),
+            "policy_version": np.zeros(n, np.int32),
+        }
+        spec = policy.episode_spec()
+        fields.append(episode_fields(f"t{i}", False, not done, stacked, {**steps, **base}, spec=spec))
+    return collate(validate_packed(pack_episodes(fields), policy.episode_spec(), MAX_STEPS, 0), MAX_STEPS)
+
+
+@pytest.fixture(scope="module")
+def batch(lm):
+    return _batch(lm, LENGTHS, TERMINAL)
+
+
+def test_the_adapted_blocks_on_the_trunk_equal_the_whole_decoder(lm):
+    """Decoder.states from Decoder.trunk equals the whole pass, and a real token's trunk state does not
+    depend on how much left padding its prompt has (what lets the cache place it at any width)."""
+    _, graphdef, params = lm
+    decoder = nnx.merge(graphdef, params).decoder
+    ids = jnp.asarray(np.random.default_rng(2).integers(1, 1000, (3, 40)), jnp.int32)
+    mask, positions = prompt_layout(jnp.asarray([40, 17, 1]), 40)
+    whole, _ = decoder.states(ids, positions, mask)
+    trunk = decoder.trunk(ids, positions, mask)
+    above, _ = decoder.states(ids, positions, mask, trunk=trunk, remat=True)
+    real = np.asarray(mask)
+    np.testing.assert_allclose(np.asarray(above)[real], np.asarray(whole)[real], atol=1e-5)
+    assert not np.allclose(np.asarray(trunk), np.asarray(whole), atol=1e-2)  # the top block did something
+    # The second prompt's 17 tokens with 23 slots less of padding: the same trunk states.
+    short_mask, short_positions = prompt_layout(jnp.asarray([17]), 17)
+    short = decoder.trunk(ids[1:2, 23:], short_positions, short_mask)
+    np.testing.assert_allclose(np.asarray(short)[0], np.asarray(trunk)[1, 23:], atol=1e-5)
+    with pytest.raises(ValueError, match="trunk states must be"):
+        decoder.states(ids, positions, mask, trunk=trunk[:, :39])
+
+
+def _evaluate(lm, obs, choice):
+    policy, graphdef, params = lm
+    return jax.device_get(
+        jax.jit(lambda p, o, c: policy.evaluate(graphdef, p, o, c, None))(params, obs, choice)
+    )
+
+
+def test_cached_scores_equal_the_recomputed_ones(lm, batch):
+    _, graphdef, params = lm
+    packed = packing.pack(batch.obs, PROMPT_QUANTUM)
+    cache = TrunkCache(graphdef, 2**30)
+    cached = cache.add(packed, batch.choice, params)
+    rows = int((packed["train_rows"] >= 0).sum()) + len(LENGTHS)
+    assert cache.misses == rows and cache.hits == 0 and cache.evicted == 0
+    assert cached["trunk_rows"].shape[:2] == packed["train_rows"].shape
+    want, got = _evaluate(lm, packed, batch.choice), _evaluate(lm, cached, batch.choice)
+    for name in ("logp", "entropy", "values", "ratio_logp"):
+        np.testing.assert_allclose(getattr(got, name), getattr(want, name), atol=TOL, err_msg=name)
+    assert np.abs(want.values).max() > 0 and np.all(np.isfinite(want.logp))
+    # Drawn again: every row from the cache, nothing computed, the same inputs.
+    again = cache.add(packed, batch.choice, params)
+    assert cache.hits == rows and cache.misses == rows
+    np.testing.assert_array_equal(again["trunk_rows"], cached["trunk_rows"])
+    np.testing.assert_array_equal(again["trunk_final"], cached["trunk_final"])
+
+
+def test_rows_kept_at_one_width_score_the_same_at_another(lm, batch):
+    """Rows kept from a batch trimmed to the longest prompt (one width) placed in a batch of the last
+    episode alone left at the full budget (another width): they come from the cache and score as
+    recomputed."""
+    _, graphdef, params = lm
+    cache = TrunkCache(graphdef, 2**30)
+    narrow = packing.pack(batch.obs, PROMPT_QUANTUM)
+    cache.add(narrow, batch.choice, params)
+    alone = jax.tree.map(lambda x: x[2:], batch)
+    packed = packing.pack(alone.obs, 512)  # no trimming
+    assert packed["prompt_ids"].shape[-1] == 512 > narrow["prompt_ids"].shape[-1]
+    misses = cache.misses
+    cached = cache.add(packed, alone.choice, params)
+    assert cache.misses == misses  # all kept
+    want, got = _evaluate(lm, packed, alone.choice), _evaluate(lm, cached, alone.choice)
+    for name in ("logp", "entropy", "values"):
+        np.testing.assert_allclose(getattr(got, name), getattr(want, name), atol=TOL, err_msg=name)
+
+
+@pytest.mark.parametrize("imitation", [False, True])
+def test_the_update_has_the_same_loss_gradients_and_priorities(lm, batch, imitation):
+    policy, graphdef, params = lm
+    loss = LOSSES["aride"].imitation if imitation else LOSSES["aride"].rl
+    optimizer = make_optimizer(1e-2, 1.0)
+    step = make_train_step(graphdef, optimizer, loss, LossParams(), policy.evaluate)
+    packed = packing.pack(batch.obs, PROMPT_QUANTUM)
+    cached = TrunkCache(graphdef, 2**30).add(packed, batch.choice, params)
+    results = []
+    for obs in (packed, cached):
+        p = jax.tree.map(lambda x: x.copy(), params)
+        opt_state = optimizer.init(split_trained(p)[0])
+        results.append(jax.device_get(step(p, opt_state, batch._replace(obs=obs))))
+    (p_want, _, m_want, t_want), (p_got, _, m_got, t_got) = results
+    assert int(m_want["skipped_nonfinite"]) == 0 and float(m_want["grad_norm"]) > 0
+    for k in m_want:
+        np.testing.assert_allclose(m_got[k], m_want[k], rtol=1e-4, atol=TOL, err_msg=k)
+    if not imitation:
+        for got, want in zip(t_got, t_want, strict=True):
+            np.testing.assert_allclose(got, want, rtol=1e-4, atol=TOL)
+    flat_want, flat_got, before = params_to_flat(p_want), params_to_flat(p_got), params_to_flat(params)
+    assert any(not np.array_equal(flat_want[k], before[k]) for k in before)
+    for k in flat_want:
+        np.testing.assert_allclose(flat_got[k], flat_want[k], rtol=1e-4, atol=1e-6, err_msg=k)
+
+
+def test_the_cache_stays_within_its_budget_and_evicts_the_least_recently_drawn(lm, batch):
+    _, graphdef, params = lm
+    packed = packing.pack(batch.obs, PROMPT_QUANTUM)
+    full = TrunkCache(graphdef, 2**30)
+    want = full.add(packed, batch.choice, params)
+    sizes = sorted(a.nbytes for a in full._rows.values())
+    budget = sum(sizes[:3])  # room for about three of the ten rows
+    small = TrunkCache(graphdef, budget)
+    got = small.add(packed, batch.choice, params)
+    assert 0 < small.bytes <= budget and small.evicted == len(sizes) - len(small._rows) > 0
+    np.testing.assert_array_equal(got["trunk_rows"], want["trunk_rows"])  # evicted or not, the same inputs
+    np.testing.assert_array_equal(got["trunk_final"], want["trunk_final"])
+    kept = list(small._rows)
+    small.add(packed, batch.choice, params)
+    assert small.bytes <= budget and small.misses > len(sizes)  # evicted rows were computed again
+    assert kept[-1] in small._rows or small.evicted > len(sizes) - len(kept)
+    stats = small.stats()
+    assert stats["trunk_cache_mb"] == small.bytes / 2**20 and stats["trunk_misses"] == small.misses
+    none = TrunkCache(graphdef, 0)
+    np.testing.assert_array_equal(none.add(packed, batch.choice, params)["trunk_rows"], want["trunk_rows"])
+    assert none.bytes == 0 and not none._rows
