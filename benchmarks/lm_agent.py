@@ -14,8 +14,9 @@ rank 8 on the top 8 blocks, 352-token prompts, 24 action tokens) on real SimPhon
   on real tokens (`real_token_share`: `real_token_flop_share`) and supervised demonstration steps per minute
   (`demo_steps_per_min`: the batch's real steps over the gradient's seconds); and packed with the frozen
   trunk from the cache (common/policies/lm/trunk.py: the adapted blocks alone, plus the host step that
-  places the kept rows; the trunk's own forward pass timed apart and spread over EPOCHS draws of each row).
-  The JSON's headline keys: the packed row's `real_token_flop_share` and the cached row's amortized
+  places the kept rows; the trunk's own forward pass timed apart and spread over EPOCHS draws of each row),
+  then also with the preamble every prompt starts with computed once per update (packing.share_prefix).
+  The JSON's headline keys: the packed row's `real_token_flop_share` and the last row's amortized
   `demo_steps_per_min`;
 - wire and snapshot: TRAJ bytes per episode and per step, and what a published snapshot weighs with LoRA
   (adapters and value head) against all parameters.
@@ -202,7 +203,7 @@ def _update_rows(policy, graphdef, params, b: int, max_steps: int, repeats: int,
             "gflop": compiled_gflop(grad, trained, frozen, obs), **real_token_share(batch, obs, action_width),
             "demo_steps_per_min": steps / seconds * 60,
         })  # fmt: skip
-    rows.append(_cached_row(policy, graphdef, params, batch, repeats))
+    rows += [_cached_row(policy, graphdef, params, batch, repeats, shared) for shared in (False, True)]
     return rows
 
 
@@ -211,26 +212,28 @@ EPOCHS = 3
 first draw and read at the next two (a warm start of a few epochs over its demonstrations)."""
 
 
-def _cached_row(policy, graphdef, params, batch, repeats: int) -> dict:
-    """The packed update with the frozen trunk from the cache (common/policies/lm/trunk.py): per update
-    the host step on cache hits (placing the kept rows) plus the gradient over the adapted blocks alone;
-    the trunk's computation for the batch (a first draw, forward only) timed apart, and demo steps per
-    minute both with every row kept (`demo_steps_per_min`) and with the trunk's cost spread over EPOCHS
-    draws (`demo_steps_per_min_amortized`)."""
+def _cached_row(policy, graphdef, params, batch, repeats: int, shared: bool) -> dict:
+    """The packed update with the frozen trunk from the cache (common/policies/lm/trunk.py), and with
+    `shared` the preamble cut from every prompt and computed once (packing.share_prefix: the learner's host
+    step, `LMPolicy.host_inputs`): per update the host step on cache hits (placing the kept rows) plus the
+    gradient over the adapted blocks alone; the trunk's computation for the batch (a first draw, forward
+    only) timed apart, and demo steps per minute both with every row kept (`demo_steps_per_min`) and
+    with the trunk's cost spread over EPOCHS draws (`demo_steps_per_min_amortized`)."""
     trained, frozen = split_trained(params)
     steps = int(np.sum(batch.length))
-    packed = packing.pack(batch.obs, PROMPT_QUANTUM)
+    preamble = policy.prompts.preamble if shared else policy.prompts.preamble[:0]
+
+    def host_step(cache: TrunkCache) -> dict:
+        packed = cache.add(packing.pack(batch.obs, PROMPT_QUANTUM), batch.choice, params)
+        return packing.share_prefix(packed, preamble, PROMPT_QUANTUM)
+
     cache = TrunkCache(graphdef, 2**31)
     t0 = time.perf_counter()
-    cache.add(packed, batch.choice, params)  # compiles the trunk
+    host_step(cache)  # compiles the trunk
     trunk_compile_s = time.perf_counter() - t0
-
-    def fill():
-        return TrunkCache(graphdef, 2**31).add(packed, batch.choice, params)
-
-    trunk_s = best_seconds(fill, repeats)
-    host_s = best_seconds(lambda: cache.add(packed, batch.choice, params), repeats)
-    obs = cache.add(packed, batch.choice, params)
+    trunk_s = best_seconds(lambda: host_step(TrunkCache(graphdef, 2**31)), repeats)
+    host_s = best_seconds(lambda: host_step(cache), repeats)
+    obs = host_step(cache)
 
     def loss(trained, frozen, obs):
         ev = policy.evaluate(graphdef, nnx.merge_state(trained, frozen), obs, batch.choice, None)
@@ -242,8 +245,9 @@ def _cached_row(policy, graphdef, params, batch, repeats: int) -> dict:
     compile_s = time.perf_counter() - t0
     seconds = _timed(grad, (trained, frozen, obs), repeats) + host_s
     return {
-        "path": "update (packed, cached trunk)", "episodes": len(batch.length), "steps": steps,
-        "prompt_width": obs["prompt_ids"].shape[-1], "compile_s": compile_s + trunk_compile_s,
+        "path": f"update (packed, cached trunk{', shared preamble' if shared else ''})",
+        "episodes": len(batch.length), "steps": steps, "prompt_width": obs["prompt_ids"].shape[-1],
+        "shared_tokens": len(preamble), "compile_s": compile_s + trunk_compile_s,
         "ms_per_call": seconds * 1e3, "host_ms": host_s * 1e3, "trunk_ms": trunk_s * 1e3,
         "gflop": compiled_gflop(grad, trained, frozen, obs), "trunk_mb": cache.bytes / 2**20,
         "demo_steps_per_min": steps / seconds * 60,
@@ -282,14 +286,13 @@ def run(quick: bool) -> tuple[list[dict], dict]:
     rows.append(
         _learner_row(policy, graphdef, params, screens, 1 if quick else 2, 4 if quick else 10, repeats, ref)
     )
-    padded, packed, cached = _update_rows(
-        policy, graphdef, params, 2, 10, repeats, ref
-    )  # the recipe's update
-    rows += [padded, packed, cached]
+    updates = _update_rows(policy, graphdef, params, 2, 10, repeats, ref)  # the recipe's update
+    rows += updates
+    packed, shared = updates[1], updates[-1]
     rows += _wire_rows(policy, graphdef, params, screens, 5)
     rows.append({"path": "create policy (GGUF load + LoRA)", "seconds": create_s, "ref_matmul_gflops": ref})
     headline = {
         "real_token_flop_share": packed["real_token_flop_share"],
-        "demo_steps_per_min": cached["demo_steps_per_min_amortized"],
+        "demo_steps_per_min": shared["demo_steps_per_min_amortized"],
     }
     return rows, headline

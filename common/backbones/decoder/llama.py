@@ -142,17 +142,30 @@ class Attention(nnx.Module):
         self.q_norm = RMSNorm(d, cfg.rms_norm_eps, param_dtype) if cfg.qk_norm else None
         self.k_norm = RMSNorm(d, cfg.rms_norm_eps, param_dtype) if cfg.qk_norm else None
 
-    def __call__(self, x, positions, allowed, inv_freq, cache: LayerKV | None, layer: int):
+    def __call__(self, x, positions, allowed, inv_freq, cache: LayerKV | None, layer: int, prefix_kv=None):
+        """`prefix_kv`: (keys, values) [1, P, kv_heads, head_dim] of a prefix every row shares (`keys_values`
+        of it), prepended to each row's own; `allowed` then covers P + L keys."""
         b, n, _ = x.shape
         q = self.q_proj(x).reshape(b, n, self.heads, self.head_dim)
-        k = self.k_proj(x).reshape(b, n, self.kv_heads, self.head_dim)
-        v = self.v_proj(x).reshape(b, n, self.kv_heads, self.head_dim)
         if self.q_norm is not None:
-            q, k = self.q_norm(q), self.k_norm(k)
-        q, k = apply_rope(q, positions, inv_freq), apply_rope(k, positions, inv_freq)
+            q = self.q_norm(q)
+        q = apply_rope(q, positions, inv_freq)
+        k, v = self.keys_values(x, positions, inv_freq)
         if cache is not None:
             cache, k, v = cache.write(layer, k, v)
+        if prefix_kv is not None:
+            pk, pv = (jnp.broadcast_to(t, (b, *t.shape[1:])).astype(k.dtype) for t in prefix_kv)
+            k, v = jnp.concatenate([pk, k], axis=1), jnp.concatenate([pv, v], axis=1)
         return self.o_proj(attend(q, k, v, allowed)), cache
+
+    def keys_values(self, x, positions, inv_freq) -> tuple[jax.Array, jax.Array]:
+        """Keys (after RoPE) and values [B, L, kv_heads, head_dim] of normalized inputs x [B, L, hidden]."""
+        b, n, _ = x.shape
+        k = self.k_proj(x).reshape(b, n, self.kv_heads, self.head_dim)
+        v = self.v_proj(x).reshape(b, n, self.kv_heads, self.head_dim)
+        if self.k_norm is not None:
+            k = self.k_norm(k)
+        return apply_rope(k, positions, inv_freq), v
 
 
 class MLP(nnx.Module):
@@ -182,10 +195,17 @@ class DecoderLayer(nnx.Module):
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, param_dtype)
         self.mlp = MLP(cfg, rngs, param_dtype, lora)
 
-    def __call__(self, x, positions, allowed, inv_freq, cache: LayerKV | None, layer: int):
-        out, cache = self.self_attn(self.input_layernorm(x), positions, allowed, inv_freq, cache, layer)
+    def __call__(self, x, positions, allowed, inv_freq, cache: LayerKV | None, layer: int, prefix_kv=None):
+        normed = self.input_layernorm(x)
+        out, cache = self.self_attn(normed, positions, allowed, inv_freq, cache, layer, prefix_kv)
         x = x + out
         return x + self.mlp(self.post_attention_layernorm(x)), cache
+
+    def prefix_pass(self, x, positions, allowed, inv_freq) -> tuple[jax.Array, tuple[jax.Array, jax.Array]]:
+        """A shared prefix [1, P, hidden] through this block: its output and its keys and values, which
+        every row's attention in this block prepends (`__call__`'s `prefix_kv`)."""
+        kv = self.self_attn.keys_values(self.input_layernorm(x), positions, inv_freq)
+        return self(x, positions, allowed, inv_freq, None, 0)[0], kv
 
 
 class Decoder(nnx.Module):
@@ -258,19 +278,27 @@ class Decoder(nnx.Module):
         cache: KVCache | None = None,
         remat: bool = False,
         trunk: jax.Array | None = None,
+        prefix: SharedPrefix | None = None,
     ) -> tuple[jax.Array, KVCache | None]:
         """The final normalized hidden states [B, L, hidden] (before the output head) and the extended
         cache, as `__call__` computes them: for heads of one's own (a value head) and for logits at a few
         chosen positions only (`logits`). `remat` (without a cache) recomputes each block in the backward
         pass instead of keeping its activations: a train step over many prompts then holds one block's
         attention scores at a time, for about a third more compute. `trunk` [B, L, hidden] (without a
-        cache): what `trunk` computed for these tokens, so only the blocks above `frozen_layers` run."""
+        cache): what `trunk` computed for these tokens, so only the blocks above `frozen_layers` run.
+        `prefix` (without a cache): tokens every row starts with, left out of `tokens` and computed once
+        (one row, each block's keys and values prepended to every row's; `positions` then start after it);
+        with `trunk`, its own trunk states come with it."""
         mask = jnp.asarray(mask, bool)
         _check_shapes(tokens, positions, mask, cache)
         if trunk is not None and (cache is not None or trunk.shape != (*tokens.shape, self.cfg.hidden_size)):
             raise ValueError(
                 f"trunk states must be [B, L, {self.cfg.hidden_size}] for tokens {tokens.shape}, without a "
                 f"cache; got {trunk.shape}"
+            )
+        if prefix is not None and (cache is not None or (trunk is None) != (prefix.trunk is None)):
+            raise ValueError(
+                "a shared prefix takes no cache, and trunk states for it exactly when the rows have them"
             )
         x = self.embed_tokens(tokens) if trunk is None else trunk.astype(self.param_dtype)
         first = 0 if trunk is None else self.frozen_layers
@@ -279,6 +307,9 @@ class Decoder(nnx.Module):
             n = tokens.shape[1]
             allowed = jnp.tril(jnp.ones((n, n), bool))[None] & mask[:, None, :]
             layer_kv = None
+            if prefix is not None:
+                px, p_positions, p_allowed = self._prefix_inputs(prefix)
+                allowed = jnp.concatenate([jnp.ones((*allowed.shape[:2], px.shape[1]), bool), allowed], -1)
         else:
             valid = jax.lax.dynamic_update_slice(cache.valid, mask, (0, cache.end))
             slots = jnp.arange(cache.valid.shape[1])
@@ -288,10 +319,13 @@ class Decoder(nnx.Module):
         for i, layer in enumerate(self.layers):
             if i < first:
                 continue
+            prefix_kv = None
+            if prefix is not None:  # the prefix's one row through this block: its keys and values
+                px, prefix_kv = layer.prefix_pass(px, p_positions, p_allowed, inv_freq)
             if remat and layer_kv is None:
-                x = _remat_block(layer, x, positions, allowed, inv_freq)
+                x = _remat_block(layer, x, positions, allowed, inv_freq, prefix_kv)
             else:
-                x, layer_kv = layer(x, positions, allowed, inv_freq, layer_kv, i)
+                x, layer_kv = layer(x, positions, allowed, inv_freq, layer_kv, i, prefix_kv)
         x = self.norm(x)
         if cache is None:
             return x, None
@@ -319,6 +353,16 @@ class Decoder(nnx.Module):
             x, _ = self.layers[i](x, positions, allowed, inv_freq, None, i)
         return x
 
+    def _prefix_inputs(self, prefix: SharedPrefix) -> tuple[jax.Array, jax.Array, jax.Array]:
+        """(states [1, P, hidden] entering the first block `states` runs, positions, causal mask) of a
+        shared prefix."""
+        p = prefix.tokens.shape[-1]
+        if prefix.trunk is None:
+            x = self.embed_tokens(prefix.tokens[None])
+        else:
+            x = prefix.trunk[None].astype(self.param_dtype)
+        return x, jnp.arange(p, dtype=jnp.int32)[None], jnp.tril(jnp.ones((p, p), bool))[None]
+
     def logits(self, x: jax.Array) -> jax.Array:
         """Final states [..., L, hidden] (`states`) -> float32 logits [..., L, vocab], through the embedding
         table when tied."""
@@ -334,14 +378,25 @@ def _adapted(lora: LoraConfig | None, layer: int, layers: int) -> bool:
     return lora is not None and (not lora.last_layers or layer >= layers - lora.last_layers)
 
 
-def _remat_block(layer: DecoderLayer, x: jax.Array, positions, allowed, inv_freq) -> jax.Array:
+def _remat_block(
+    layer: DecoderLayer, x: jax.Array, positions, allowed, inv_freq, prefix_kv=None
+) -> jax.Array:
     """One block without a cache under jax.checkpoint: its activations are recomputed for the gradient."""
     graphdef, state = nnx.split(layer)
 
-    def block(state, x):
-        return nnx.merge(graphdef, state)(x, positions, allowed, inv_freq, None, 0)[0]
+    def block(state, x, prefix_kv):
+        return nnx.merge(graphdef, state)(x, positions, allowed, inv_freq, None, 0, prefix_kv)[0]
 
-    return jax.checkpoint(block)(state, x)
+    return jax.checkpoint(block)(state, x, prefix_kv)
+
+
+class SharedPrefix(NamedTuple):
+    """Tokens every row of a call starts with, computed once for all of them (`Decoder.states`)."""
+
+    tokens: jax.Array
+    """[P] int32 ids."""
+    trunk: jax.Array | None = None
+    """[P, hidden] their `Decoder.trunk` states, when the rows come with theirs."""
 
 
 def _check_shapes(tokens: jax.Array, positions: jax.Array, mask: jax.Array, cache: KVCache | None) -> None:

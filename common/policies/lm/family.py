@@ -150,12 +150,14 @@ class LMPolicy:
             return None
         lora, layers = self._lora(), _backbone(self.cfg.backbone)[0].num_hidden_layers
         frozen = lora is not None and 0 < lora.last_layers < layers
-        return _Packing(TrunkCache(graphdef, cache_bytes) if frozen and cache_bytes > 0 else None)
+        trunk = TrunkCache(graphdef, cache_bytes) if frozen and cache_bytes > 0 else None
+        return _Packing(trunk, self.prompts.preamble)
 
     def update_shapes(self, max_steps: int) -> int:
-        """The most update shapes packing gives for --max-steps `max_steps` (packing.bound); the learner
-        compiles each as a batch first has it (family.ShapedUpdates)."""
-        return packing.bound(max_steps, self.cfg.lm_prompt_tokens, PROMPT_QUANTUM)
+        """The most update shapes packing gives for --max-steps `max_steps` (packing.bound), twice: with
+        and without the shared preamble (a batch whose prompts do not all start with it keeps them whole);
+        the learner compiles each as a batch first has it (family.ShapedUpdates)."""
+        return 2 * packing.bound(max_steps, self.cfg.lm_prompt_tokens, PROMPT_QUANTUM)
 
     def featurize(self, obs: Observation, history: Sequence[Action] = ()) -> dict[str, np.ndarray]:
         """The prompt of `obs` with the episode's recent actions, left-padded to the budget."""
@@ -276,14 +278,18 @@ class LMPolicy:
 
 
 class _Packing:
-    """The lm family's host step (`LMPolicy.host_inputs`): pack, then add the cached trunk when kept."""
+    """The lm family's host step (`LMPolicy.host_inputs`): pack, add the cached trunk when kept, and cut
+    the preamble every prompt shares (packing.share_prefix), so the update computes it once."""
 
-    def __init__(self, trunk: TrunkCache | None):
+    def __init__(self, trunk: TrunkCache | None, preamble: np.ndarray):
         self.trunk = trunk
+        self.preamble = preamble
 
     def __call__(self, obs, acted_obs, choice, params):
         packed = packing.pack(obs, PROMPT_QUANTUM)
-        return (packed if self.trunk is None else self.trunk.add(packed, choice, params)), acted_obs
+        if self.trunk is not None:
+            packed = self.trunk.add(packed, choice, params)
+        return packing.share_prefix(packed, self.preamble, PROMPT_QUANTUM), acted_obs
 
     def stats(self) -> dict[str, float]:
         return {} if self.trunk is None else self.trunk.stats()

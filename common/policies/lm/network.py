@@ -20,7 +20,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from common.backbones.decoder.llama import Decoder, init_cache
+from common.backbones.decoder.llama import Decoder, SharedPrefix, init_cache
 from common.policies.lm import grammar
 
 
@@ -257,7 +257,8 @@ def score_actions(
     observation forward only (its value is a bootstrap target, read under stop_gradient by every loss);
     rows past an episode's end are not computed and read 0. Without them every row is (the padded layout).
     With the learner's cached trunk as well (obs "trunk_rows" and "trunk_final", common/policies/lm/trunk.py)
-    only the decoder's adapted blocks run."""
+    only the decoder's adapted blocks run; with the prompts' shared preamble taken out of them (obs
+    "prefix_ids", and "trunk_prefix" with the trunk: packing.share_prefix) it runs once for every row."""
     tokens = choice["action_tokens"]
     if tokens.shape[-1] != decoding.action_tokens:
         raise ValueError(
@@ -305,11 +306,13 @@ def _score_packed(agent: LMAgent, decoding: Decoding, obs, choice) -> Scored:
     token_logp, entropy, values = _score_rows(
         agent, decoding, flat_prompt[at], jnp.where(used, flat_length[at], 1),
         tokens[bi, ti], jnp.where(used, length[bi, ti], 0), jnp.asarray(obs["n_elements"])[bi, ti],
-        None if "trunk_rows" not in obs else _flat_rows(obs["trunk_rows"]),
+        None if "trunk_rows" not in obs else _flat_rows(obs["trunk_rows"]), _shared_prefix(obs),
     )  # fmt: skip
     final = jnp.asarray(obs["final_rows"]).reshape(-1)
     final_values = jax.lax.stop_gradient(
-        _prompt_values(agent, flat_prompt[final], flat_length[final], obs.get("trunk_final"))
+        _prompt_values(
+            agent, flat_prompt[final], flat_length[final], obs.get("trunk_final"), _shared_prefix(obs)
+        )
     )
     step_at = jnp.where(used, bi * steps + ti, b * steps)  # an unused slot scatters nowhere
     row_at = jnp.where(used, at, b * rows)
@@ -327,35 +330,56 @@ def _score_packed(agent: LMAgent, decoding: Decoding, obs, choice) -> Scored:
     )
 
 
+def _shared_prefix(obs) -> SharedPrefix | None:
+    """The preamble every packed prompt starts with and was cut from (packing.share_prefix), or None.
+    Stored once per episode ([B, P]: the batch axis keeps it shardable like every observation)."""
+    if "prefix_ids" not in obs:
+        return None
+    trunk = obs.get("trunk_prefix")
+    return SharedPrefix(jnp.asarray(obs["prefix_ids"])[0], None if trunk is None else jnp.asarray(trunk)[0])
+
+
 def _flat_rows(x) -> jax.Array:
     """[B, slots, ...] -> [B * slots, ...]."""
     x = jnp.asarray(x)
     return x.reshape(x.shape[0] * x.shape[1], *x.shape[2:])
 
 
-def _prompt_values(agent: LMAgent, prompt: jax.Array, prompt_length: jax.Array, trunk=None) -> jax.Array:
+def _prompt_values(
+    agent: LMAgent,
+    prompt: jax.Array,
+    prompt_length: jax.Array,
+    trunk=None,
+    prefix: SharedPrefix | None = None,
+) -> jax.Array:
     """[N] V(s) of prompts [N, W] alone (no action after them: the state at the last prompt token is the
-    same, attention being causal); `trunk` [N, W, hidden]: the frozen blocks' output (Decoder.trunk)."""
+    same, attention being causal); `trunk` [N, W, hidden]: the frozen blocks' output (Decoder.trunk);
+    `prefix`: the preamble cut from every prompt."""
     mask, positions = prompt_layout(jnp.maximum(prompt_length, 1), prompt.shape[-1])
-    states, _ = agent.decoder.states(prompt, positions, mask, trunk=trunk)
+    offset = 0 if prefix is None else prefix.tokens.shape[-1]
+    states, _ = agent.decoder.states(prompt, positions + offset, mask, trunk=trunk, prefix=prefix)
     return agent.value(states[:, -1])
 
 
-def row_layout(prompt, prompt_length, tokens, length) -> tuple[jax.Array, jax.Array, jax.Array]:
+def row_layout(
+    prompt, prompt_length, tokens, length, offset: int = 0
+) -> tuple[jax.Array, jax.Array, jax.Array]:
     """(token ids, positions, mask) [R, W + A] of rows of left-padded prompts [R, W] followed by actions
-    [R, A] of `length` tokens: what `_score_rows` and the cached trunk (trunk.py) run the decoder on."""
+    [R, A] of `length` tokens: what `_score_rows` and the cached trunk (trunk.py) run the decoder on.
+    `offset`: tokens before each prompt (a shared prefix cut from it), where its positions start."""
     a = tokens.shape[-1]
     # A row without a prompt (padding) gets one pad token: a row attending to nothing is NaN, and NaN * 0
     # is NaN in the masked losses.
     prompt_mask, _ = prompt_layout(jnp.maximum(prompt_length, 1), prompt.shape[-1])
     mask = jnp.concatenate([prompt_mask, jnp.arange(a) < length[..., None]], axis=-1)
-    positions = jnp.maximum(jnp.cumsum(mask, axis=-1) - 1, 0).astype(jnp.int32)
+    positions = (jnp.maximum(jnp.cumsum(mask, axis=-1) - 1, 0) + offset).astype(jnp.int32)
     return jnp.concatenate([prompt, tokens], axis=-1), positions, mask
 
 
 def _score_rows(
-    agent: LMAgent, decoding: Decoding, prompt, prompt_length, tokens, length, n_elements, trunk=None
-):
+    agent: LMAgent, decoding: Decoding, prompt, prompt_length, tokens, length, n_elements, trunk=None,
+    prefix: SharedPrefix | None = None,
+):  # fmt: skip
     """Rows of prompts [R, W] and actions [R, A] in one forward pass: (token log-probs [R, A], 0 past each
     action's length; entropy [R], summed along the action; V(s) [R] at the prompt's last token). `trunk`
     [R, W + A, hidden]: the frozen blocks' output over prompt + action (Decoder.trunk), when cached.
@@ -365,8 +389,9 @@ def _score_rows(
     blocks run, and they keep their activations: for the recipe's update (8 of 30 blocks, 2 episodes)
     that cost 0.17 GB more peak memory and made it 16% faster (benchmarks/lm_agent.py, BENCHMARKS.md)."""
     width, a = prompt.shape[-1], tokens.shape[-1]
-    seq, positions, mask = row_layout(prompt, prompt_length, tokens, length)
-    states, _ = agent.decoder.states(seq, positions, mask, remat=trunk is None, trunk=trunk)
+    offset = 0 if prefix is None else prefix.tokens.shape[-1]
+    seq, positions, mask = row_layout(prompt, prompt_length, tokens, length, offset)
+    states, _ = agent.decoder.states(seq, positions, mask, remat=trunk is None, trunk=trunk, prefix=prefix)
     values = agent.value(states[:, width - 1])
     logits = agent.decoder.logits(states[:, width - 1 : width - 1 + a])  # [R, A, V]
     valid = jnp.arange(a) < length[..., None]

@@ -57,3 +57,54 @@ def pack(obs: dict[str, np.ndarray], quantum: int) -> dict[str, np.ndarray]:
         "train_rows": train.reshape(b, slots),
         "final_rows": (np.arange(b) * rows + present - 1).astype(np.int32),
     }
+
+
+def share_prefix(obs: dict[str, np.ndarray], prefix: np.ndarray, quantum: int) -> dict[str, np.ndarray]:
+    """Packed observations with `prefix` (the prompt builder's preamble, which every prompt starts with)
+    cut from every prompt: `prompt_ids` trimmed to the longest rest (rounded up to `quantum`) and
+    `prompt_length` less the prefix, the prefix itself as `prefix_ids` [B, P] (the same in every row;
+    network.score_actions runs it once for all), and with the cached trunk its states as `trunk_prefix`
+    [B, P, hidden] and the rows' trunk states cut the same way. Unchanged when some present row does not
+    start with `prefix` (prompts from another builder): the update then computes every row whole."""
+    ids, length = obs["prompt_ids"], obs["prompt_length"]
+    b, _, width = ids.shape
+    p = len(prefix)
+    present = length > 0
+    if p == 0 or np.any(present & (length <= p)):
+        return obs
+    starts = width - length[..., None] + np.arange(p)  # [B, T + 1, P] columns of each row's first P ids
+    heads = np.take_along_axis(ids, np.clip(starts, 0, width - 1), axis=-1)
+    if not np.all((heads == prefix) | ~present[..., None]):
+        return obs
+    rest = np.where(present, length - p, 0).astype(length.dtype)
+    keep = min(width, -(-int(rest.max(initial=1)) // quantum) * quantum)
+    real = np.arange(width) >= (width - rest[..., None])  # [B, T + 1, width] slots after the cut
+    out = {
+        **obs,
+        "prompt_ids": np.where(real, ids, 0)[..., width - keep :],
+        "prompt_length": rest,
+        "prefix_ids": np.broadcast_to(np.asarray(prefix, ids.dtype), (b, p)).copy(),
+    }
+    if "trunk_rows" in obs:
+        out.update(_cut_trunk(obs, real, width, keep, p))
+    return out
+
+
+def _cut_trunk(obs: dict[str, np.ndarray], real: np.ndarray, width: int, keep: int, p: int) -> dict:
+    """`share_prefix`'s cut of the cached trunk states: each row's prompt part to the `keep` slots after
+    the prefix (padding 0), the action part as it was, and the prefix's own states from a final row."""
+    flat_real = real.reshape(-1, width)
+    train, final = obs["train_rows"].reshape(-1), obs["final_rows"].reshape(-1)
+    rows = obs["trunk_rows"]
+    b, slots = rows.shape[:2]
+    rows = rows.reshape(b * slots, *rows.shape[2:])
+    prompt_part = rows[:, :width] * flat_real[np.maximum(train, 0)][..., None]
+    cut_rows = np.concatenate([prompt_part[:, width - keep :], rows[:, width:]], axis=1)
+    finals = obs["trunk_final"] * flat_real[final][..., None]
+    first = int(obs["prompt_length"].reshape(-1)[final[0]])
+    prefix_states = obs["trunk_final"][0, width - first : width - first + p]
+    return {
+        "trunk_rows": cut_rows.reshape(b, slots, *cut_rows.shape[1:]),
+        "trunk_final": finals[:, width - keep :],
+        "trunk_prefix": np.broadcast_to(prefix_states, (b, *prefix_states.shape)).copy(),
+    }

@@ -110,6 +110,12 @@ class PromptBuilder:
         self._newline = self._plain_ids("\n")
         self._check_budget()
 
+    @property
+    def preamble(self) -> np.ndarray:
+        """The ids every prompt starts with (the template's opening with the grammar in it): the learner
+        computes them once per update for all rows (packing.share_prefix)."""
+        return self._prefix
+
     def build(self, obs: Observation, history: Sequence[str]) -> Prompt:
         """The prompt for `obs`, given the episode's past actions in the grammar (oldest first)."""
         fixed = self._fixed_parts(obs.instruction, history)
