@@ -3,7 +3,8 @@ rank 8 on the top 8 blocks, 352-token prompts, 24 action tokens) on real SimPhon
 
 - act: the family's jitted act (prefill, then KV-cached constrained decoding) on N environments' prompts,
   split into the prefill alone (the family's first stage, as the actor times it: the decoder over the
-  prompts into the KV cache) and the decoding after it (per decoder pass: the loop runs until every
+  prompts into the KV cache, the preamble every prompt starts with computed once for all rows; the same
+  prompts whole, `prefill_whole_ms`, for comparison) and the decoding after it (per decoder pass: the loop runs until every
   row has ended; a constrained action's completing token and forced end-of-turn are not fed back);
 - learner: the jitted gradient of the family's evaluate (one forward pass over prompt + action tokens with
   rematerialised blocks, the grammar mask rebuilt) over the trained parameters, on B episodes of T steps:
@@ -44,7 +45,7 @@ from common.config import ModelConfig
 from common.params_file import params_to_flat
 from common.policies import make_policy
 from common.policies.lm import packing
-from common.policies.lm.family import PROMPT_QUANTUM
+from common.policies.lm.family import PROMPT_QUANTUM, whole_inputs
 from common.policies.lm.trunk import TrunkCache
 from common.protocol.episodes import episode_fields, pack_episodes
 
@@ -92,12 +93,14 @@ def _act_rows(policy, graphdef, params, screens, sizes, repeats: int, ref: float
         positions = int(np.max(acted.choice["action_length"])) - (2 if policy.cfg.lm_constrained else 0)
         pre_args = (params, inputs)
         pre_s = _timed(prefill_jit, pre_args, repeats)
-        prompt_tokens = int(np.sum(inputs["prompt_length"]))
+        whole_s = _timed(prefill_jit, (params, whole_inputs(_features(policy, screens[:n]))), repeats)
+        shared = len(inputs.get("prefix_ids", ()))  # the preamble, computed once for all rows
+        prompt_tokens = int(np.sum(inputs["prompt_length"])) + shared
         rows.append({
-            "path": "act", "envs": n, "prompt_width": inputs["prompt_ids"].shape[-1],
+            "path": "act", "envs": n, "prompt_width": inputs["prompt_ids"].shape[-1], "shared_tokens": shared,
             "ms_per_call": act_s * 1e3, "ms_per_env_step": act_s * 1e3 / n, "prefill_ms": pre_s * 1e3,
             "decode_ms_per_position": (act_s - pre_s) * 1e3 / max(positions, 1), "decoded_positions": positions,
-            "prefill_tokens_per_s": prompt_tokens / pre_s,
+            "prefill_tokens_per_s": prompt_tokens / pre_s, "prefill_whole_ms": whole_s * 1e3,
             "vs_matmul": compiled_gflop(prefill_jit, *pre_args) / pre_s / ref,
         })  # fmt: skip
     return rows

@@ -1,7 +1,9 @@
 """The lm family's cached frozen trunk (common/policies/lm/trunk.py): the adapted blocks started from the
 cached output of the blocks below them give the same log-probs, values, loss, gradients and priorities as
 the whole decoder, whether the rows were computed now or kept from a batch of another width, and the cache
-keeps to its byte budget.
+keeps to its byte budget. And the preamble every prompt starts with, cut from the rows and run once as a
+shared row (packing.share_prefix, the decoder's `prefix`; the actor's prefill too): the same scores and
+update, with the trunk recomputed or cached; a batch with a prompt that does not start with it stays whole.
 
 A tiny random decoder of 2 blocks with SmolLM2's tokenizer (tests/lm_backbone.py), LoRA on the top one, so
 the trunk is the bottom block; the batch is test_lm_packing's (three episodes of real SimPhone screens,
@@ -17,6 +19,7 @@ import numpy as np
 import pytest
 from flax import nnx
 
+from common.backbones.decoder.llama import SharedPrefix
 from common.backbones.decoder.lora import split_trained
 from common.config import ModelConfig
 from common.params_file import params_to_flat
@@ -141,12 +144,12 @@ def test_rows_kept_at_one_width_score_the_same_at_another(lm, batch):
         np.testing.assert_allclose(getattr(got, name), getattr(want, name), atol=TOL, err_msg=name)
 
 
-@pytest.mark.parametrize("imitation", [False, True])
-def test_the_update_has_the_same_loss_gradients_and_priorities(lm, batch, imitation):
+def test_the_update_has_the_same_loss_gradients_and_priorities(lm, batch):
+    """One A-RIDE update (its priorities included) from the same parameters; the imitation update on the
+    cached trunk is compared below, with the preamble cut as the learner's host step cuts it."""
     policy, graphdef, params = lm
-    loss = LOSSES["aride"].imitation if imitation else LOSSES["aride"].rl
     optimizer = make_optimizer(1e-2, 1.0)
-    step = make_train_step(graphdef, optimizer, loss, LossParams(), policy.evaluate)
+    step = make_train_step(graphdef, optimizer, LOSSES["aride"].rl, LossParams(), policy.evaluate)
     packed = packing.pack(batch.obs, PROMPT_QUANTUM)
     cached = TrunkCache(graphdef, 2**30).add(packed, batch.choice, params)
     results = []
@@ -158,9 +161,8 @@ def test_the_update_has_the_same_loss_gradients_and_priorities(lm, batch, imitat
     assert int(m_want["skipped_nonfinite"]) == 0 and float(m_want["grad_norm"]) > 0
     for k in m_want:
         np.testing.assert_allclose(m_got[k], m_want[k], rtol=1e-4, atol=TOL, err_msg=k)
-    if not imitation:
-        for got, want in zip(t_got, t_want, strict=True):
-            np.testing.assert_allclose(got, want, rtol=1e-4, atol=TOL)
+    for got, want in zip(t_got, t_want, strict=True):
+        np.testing.assert_allclose(got, want, rtol=1e-4, atol=TOL)
     flat_want, flat_got, before = params_to_flat(p_want), params_to_flat(p_got), params_to_flat(params)
     assert any(not np.array_equal(flat_want[k], before[k]) for k in before)
     for k in flat_want:
@@ -188,3 +190,120 @@ def test_the_cache_stays_within_its_budget_and_evicts_the_least_recently_drawn(l
     none = TrunkCache(graphdef, 0)
     np.testing.assert_array_equal(none.add(packed, batch.choice, params)["trunk_rows"], want["trunk_rows"])
     assert none.bytes == 0 and not none._rows
+
+
+# ---- the preamble every prompt starts with, computed once (packing.share_prefix, Decoder.states(prefix=))
+
+
+def test_rows_after_a_shared_prefix_equal_the_whole_rows(lm):
+    """Decoder.states of rows without their common first P tokens, given them as a SharedPrefix, equals
+    the whole rows' states on the rest (with the trunk recomputed and from Decoder.trunk)."""
+    _, graphdef, params = lm
+    decoder = nnx.merge(graphdef, params).decoder
+    rng = np.random.default_rng(3)
+    p, n = 9, 30
+    head = rng.integers(1, 1000, p)
+    ids = np.concatenate([np.broadcast_to(head, (3, p)), rng.integers(1, 1000, (3, n - p))], axis=1)
+    lengths = np.array([30, 20, 12])  # left-padded: row i's real tokens are its last lengths[i]
+    for i, m in enumerate(lengths):
+        ids[i, n - m : n - m + p] = head
+        ids[i, : n - m] = 0
+    mask, positions = prompt_layout(jnp.asarray(lengths), n)
+    whole, _ = decoder.states(jnp.asarray(ids, jnp.int32), positions, mask)
+    rest_mask, rest_positions = prompt_layout(jnp.asarray(lengths - p), n)
+    rest = jnp.asarray(np.where(rest_mask, ids, 0), jnp.int32)
+    shared, _ = decoder.states(rest, rest_positions + p, rest_mask, prefix=SharedPrefix(jnp.asarray(head)))
+    real = np.asarray(rest_mask)
+    np.testing.assert_allclose(np.asarray(shared)[real], np.asarray(whole)[real], atol=1e-5)
+    trunk = decoder.trunk(rest, rest_positions + p, rest_mask)  # wrong for the rows: they need the prefix
+    full_trunk = decoder.trunk(jnp.asarray(ids, jnp.int32), positions, mask)
+    prefix_trunk = full_trunk[0, :p]
+    cut = jnp.where(rest_mask[..., None], full_trunk, 0.0)
+    with_trunk, _ = decoder.states(
+        rest, rest_positions + p, rest_mask, trunk=cut, prefix=SharedPrefix(jnp.asarray(head), prefix_trunk)
+    )
+    np.testing.assert_allclose(np.asarray(with_trunk)[real], np.asarray(whole)[real], atol=1e-5)
+    assert not np.allclose(np.asarray(trunk)[real], np.asarray(cut)[real], atol=1e-3)  # the prefix matters
+    with pytest.raises(ValueError, match="shared prefix"):
+        decoder.states(rest, rest_positions + p, rest_mask, trunk=cut, prefix=SharedPrefix(jnp.asarray(head)))
+
+
+def _shared(lm, batch, cached: bool):
+    policy, graphdef, params = lm
+    """(the packed observations, the same with the trunk from the cache when `cached` and the preamble cut)."""
+    packed = packing.pack(batch.obs, PROMPT_QUANTUM)
+    source = TrunkCache(graphdef, 2**30).add(packed, batch.choice, params) if cached else packed
+    return packed, packing.share_prefix(source, policy.prompts.preamble, PROMPT_QUANTUM)
+
+
+@pytest.mark.parametrize("cached", [False, True])
+def test_scores_with_the_prefix_cut_equal_the_whole_rows(lm, batch, cached):
+    policy, _, _ = lm
+    packed, shared = _shared(lm, batch, cached)
+    p = len(policy.prompts.preamble)
+    assert p > 20 and shared["prefix_ids"].shape == (len(LENGTHS), p)
+    assert np.array_equal(
+        shared["prompt_length"], np.where(packed["prompt_length"] > 0, packed["prompt_length"] - p, 0)
+    )
+    assert shared["prompt_ids"].shape[-1] <= packed["prompt_ids"].shape[-1]
+    want, got = _evaluate(lm, packed, batch.choice), _evaluate(lm, shared, batch.choice)
+    for name in ("logp", "entropy", "values", "ratio_logp"):
+        np.testing.assert_allclose(getattr(got, name), getattr(want, name), atol=TOL, err_msg=name)
+    assert np.abs(want.values).max() > 0
+
+
+def test_a_prompt_without_the_preamble_leaves_the_batch_whole(lm, batch):
+    policy, _, _ = lm
+    packed = packing.pack(batch.obs, PROMPT_QUANTUM)
+    foreign = {**packed, "prompt_ids": packed["prompt_ids"].copy()}
+    row = packed["prompt_ids"][1, 0]
+    foreign["prompt_ids"][1, 0, row.shape[-1] - packed["prompt_length"][1, 0]] += 1  # its first id
+    assert packing.share_prefix(foreign, policy.prompts.preamble, PROMPT_QUANTUM) is foreign
+    assert packing.share_prefix(packed, policy.prompts.preamble[:0], PROMPT_QUANTUM) is packed
+
+
+@pytest.mark.parametrize("imitation", [False, True])
+def test_the_update_with_the_prefix_cut_and_the_trunk_cached_is_the_same(lm, batch, imitation):
+    policy, graphdef, params = lm
+    loss = LOSSES["aride"].imitation if imitation else LOSSES["aride"].rl
+    optimizer = make_optimizer(1e-2, 1.0)
+    step = make_train_step(graphdef, optimizer, loss, LossParams(), policy.evaluate)
+    results = []
+    for obs in _shared(lm, batch, True):  # whole rows recomputed, then cut rows on the cached trunk
+        p = jax.tree.map(lambda x: x.copy(), params)
+        opt_state = optimizer.init(split_trained(p)[0])
+        results.append(jax.device_get(step(p, opt_state, batch._replace(obs=obs))))
+    (p_want, _, m_want, t_want), (p_got, _, m_got, t_got) = results
+    assert int(m_want["skipped_nonfinite"]) == 0 and float(m_want["grad_norm"]) > 0
+    for k in m_want:
+        np.testing.assert_allclose(m_got[k], m_want[k], rtol=1e-4, atol=TOL, err_msg=k)
+    if not imitation:
+        for got, want in zip(t_got, t_want, strict=True):
+            np.testing.assert_allclose(got, want, rtol=1e-4, atol=TOL)
+    flat_want, flat_got = params_to_flat(p_want), params_to_flat(p_got)
+    for k in flat_want:
+        np.testing.assert_allclose(flat_got[k], flat_want[k], rtol=1e-4, atol=1e-6, err_msg=k)
+
+
+def test_the_actor_computes_the_preamble_once_and_acts_as_on_whole_prompts(lm):
+    """The family's `inputs` cuts the preamble (`prefix_ids`); prefill runs it as one row and decoding
+    continues from it: the actions sampled with the same key, their token log-probs, entropies and the values
+    are those of the whole prompts, so the learner's ratios stay 1 (greedy decoding takes the same path)."""
+    policy, graphdef, params = lm
+    features = [policy.featurize(obs) for obs in _episode_screens(5, 5)]
+    stacked = {k: np.stack([f[k] for f in features]) for k in features[0]}
+    inputs = policy.inputs(stacked)
+    p = len(policy.prompts.preamble)
+    assert inputs["prefix_ids"].shape == (p,)
+    np.testing.assert_array_equal(inputs["prompt_length"], stacked["prompt_length"] - p)
+    act = jax.jit(lambda x, key: policy.act(graphdef, params, x, key, False))
+    shared = jax.device_get(act(inputs, jax.random.key(3)))
+    whole = jax.device_get(act(stacked, jax.random.key(3)))  # untrimmed, nothing cut
+    np.testing.assert_array_equal(shared.choice["action_tokens"], whole.choice["action_tokens"])
+    np.testing.assert_allclose(shared.choice["token_logp"], whole.choice["token_logp"], atol=1e-5)
+    np.testing.assert_allclose(shared.value, whole.value, atol=1e-5)
+    np.testing.assert_allclose(shared.entropy, whole.entropy, atol=1e-4)
+    assert np.abs(whole.value).max() > 0
+    # Prompts from another builder are left whole.
+    foreign = {**stacked, "prompt_ids": stacked["prompt_ids"] + (stacked["prompt_ids"] > 0)}
+    assert "prefix_ids" not in policy.inputs(foreign)

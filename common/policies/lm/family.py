@@ -172,11 +172,16 @@ class LMPolicy:
         }
 
     def inputs(self, features: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-        """The batch with its common left padding trimmed to a multiple of PROMPT_QUANTUM."""
-        width = features["prompt_ids"].shape[-1]
-        longest = int(np.max(features["prompt_length"], initial=1))
-        keep = min(width, -(-longest // PROMPT_QUANTUM) * PROMPT_QUANTUM)
-        return {**features, "prompt_ids": features["prompt_ids"][..., width - keep :]}
+        """The batch with the preamble every prompt starts with cut from it (`prefix_ids` [P]: `prefill`
+        computes it once for all rows) and the common left padding trimmed to a multiple of
+        PROMPT_QUANTUM. A single row, or prompts from another builder (not starting with it), stay whole:
+        one row has nothing to share, and its prefill in two passes measured slower (BENCHMARKS.md)."""
+        preamble = self.prompts.preamble
+        cut = packing.cut_prefix(features["prompt_ids"], features["prompt_length"], preamble, PROMPT_QUANTUM)
+        if cut is not None and features["prompt_ids"].shape[0] > 1:
+            ids, rest = cut
+            return {**features, "prompt_ids": ids, "prompt_length": rest, "prefix_ids": preamble}
+        return whole_inputs(features)
 
     def create(self, seed: int):
         pretrained = load_pretrained(self.cfg.backbone, lora=self._lora(), seed=seed)
@@ -196,16 +201,18 @@ class LMPolicy:
         """The decoder over the prompts (act's first stage, common.policies.family.StagedAct)."""
         agent = nnx.merge(graphdef, params)
         return network.prefill(
-            agent, inputs["prompt_ids"], inputs["prompt_length"], self.decoding.action_tokens
-        )
+            agent, inputs["prompt_ids"], inputs["prompt_length"], self.decoding.action_tokens,
+            inputs.get("prefix_ids"),
+        )  # fmt: skip
 
     def decode(self, graphdef, params, inputs, prefilled, key, greedy: bool) -> Acted:
         """The action decoded from the prefilled prompts (act's second stage)."""
+        shared = 0 if "prefix_ids" not in inputs else inputs["prefix_ids"].shape[-1]
         s = network.decode(
             nnx.merge(graphdef, params),
             self.decoding,
             prefilled,
-            inputs["prompt_length"],
+            inputs["prompt_length"] + shared,  # the positions count the prefix
             inputs["n_elements"],
             key,
             greedy,
@@ -275,6 +282,14 @@ class LMPolicy:
         if parsed.kind == ActionType.SWIPE:
             return Action(ActionType.SWIPE, direction=parsed.direction, note=note)
         return Action(parsed.kind, note=note)
+
+
+def whole_inputs(features: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """A batch of whole prompts with their common left padding trimmed to a multiple of PROMPT_QUANTUM."""
+    width = features["prompt_ids"].shape[-1]
+    longest = int(np.max(features["prompt_length"], initial=1))
+    keep = min(width, -(-longest // PROMPT_QUANTUM) * PROMPT_QUANTUM)
+    return {**features, "prompt_ids": features["prompt_ids"][..., width - keep :]}
 
 
 class _Packing:

@@ -20,7 +20,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from common.backbones.decoder.llama import Decoder, SharedPrefix, init_cache
+from common.backbones.decoder.llama import Decoder, KVCache, SharedPrefix, init_cache
 from common.policies.lm import grammar
 
 
@@ -107,15 +107,29 @@ class Prefilled(NamedTuple):
     """[N] float32 V(s)."""
 
 
-def prefill(agent: LMAgent, prompt: jax.Array, prompt_length: jax.Array, action_tokens: int) -> Prefilled:
-    """One pass of the decoder over prompts [N, P] (left-padded; `prompt_length` real tokens each): the KV
-    cache, the first action token's logits and the value. The actor times it apart from `decode`."""
+def prefill(
+    agent: LMAgent, prompt: jax.Array, prompt_length: jax.Array, action_tokens: int, prefix=None
+) -> Prefilled:
+    """One pass of the decoder over prompts [N, W] (left-padded; `prompt_length` real tokens each): the KV
+    cache, the first action token's logits and the value. The actor times it apart from `decode`.
+
+    `prefix` [P]: ids every prompt starts with, cut from them (the family's `inputs`): computed once, as one
+    row whose keys and values every row's cache then starts with, and the prompts' positions after it."""
     n, width = prompt.shape
     decoder = agent.decoder
     mask, positions = prompt_layout(prompt_length, width)
     dtype = decoder.embed_tokens.embedding[...].dtype
-    cache = init_cache(decoder.cfg, n, width + action_tokens, dtype)
-    states, cache = decoder.states(prompt, positions, mask, cache)
+    p = 0 if prefix is None else prefix.shape[-1]
+    cache = init_cache(decoder.cfg, 1 if p else n, p + width + action_tokens, dtype)
+    if p:
+        ones = jnp.ones((1, p), bool)
+        _, cache = decoder.states(prefix[None], jnp.arange(p, dtype=jnp.int32)[None], ones, cache)
+        cache = KVCache(
+            *(jnp.broadcast_to(t, (t.shape[0], n, *t.shape[2:])) for t in (cache.keys, cache.values)),
+            jnp.broadcast_to(cache.valid, (n, cache.valid.shape[1])),
+            cache.end,
+        )
+    states, cache = decoder.states(prompt, positions + p, mask, cache)
     return Prefilled(cache, decoder.logits(states[:, -1:])[:, 0], agent.value(states[:, -1]))
 
 

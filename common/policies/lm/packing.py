@@ -61,33 +61,46 @@ def pack(obs: dict[str, np.ndarray], quantum: int) -> dict[str, np.ndarray]:
 
 def share_prefix(obs: dict[str, np.ndarray], prefix: np.ndarray, quantum: int) -> dict[str, np.ndarray]:
     """Packed observations with `prefix` (the prompt builder's preamble, which every prompt starts with)
-    cut from every prompt: `prompt_ids` trimmed to the longest rest (rounded up to `quantum`) and
-    `prompt_length` less the prefix, the prefix itself as `prefix_ids` [B, P] (the same in every row;
+    cut from every prompt (`cut_prefix`), the prefix itself as `prefix_ids` [B, P] (the same in every row;
     network.score_actions runs it once for all), and with the cached trunk its states as `trunk_prefix`
     [B, P, hidden] and the rows' trunk states cut the same way. Unchanged when some present row does not
     start with `prefix` (prompts from another builder): the update then computes every row whole."""
     ids, length = obs["prompt_ids"], obs["prompt_length"]
-    b, _, width = ids.shape
-    p = len(prefix)
-    present = length > 0
-    if p == 0 or np.any(present & (length <= p)):
+    cut = cut_prefix(ids, length, prefix, quantum)
+    if cut is None:
         return obs
-    starts = width - length[..., None] + np.arange(p)  # [B, T + 1, P] columns of each row's first P ids
-    heads = np.take_along_axis(ids, np.clip(starts, 0, width - 1), axis=-1)
-    if not np.all((heads == prefix) | ~present[..., None]):
-        return obs
-    rest = np.where(present, length - p, 0).astype(length.dtype)
-    keep = min(width, -(-int(rest.max(initial=1)) // quantum) * quantum)
-    real = np.arange(width) >= (width - rest[..., None])  # [B, T + 1, width] slots after the cut
+    rest_ids, rest = cut
+    width, keep, p = ids.shape[-1], rest_ids.shape[-1], len(prefix)
     out = {
         **obs,
-        "prompt_ids": np.where(real, ids, 0)[..., width - keep :],
+        "prompt_ids": rest_ids,
         "prompt_length": rest,
-        "prefix_ids": np.broadcast_to(np.asarray(prefix, ids.dtype), (b, p)).copy(),
+        "prefix_ids": np.broadcast_to(np.asarray(prefix, ids.dtype), (ids.shape[0], p)).copy(),
     }
     if "trunk_rows" in obs:
+        real = np.arange(width) >= (width - rest[..., None])  # [B, T + 1, width] slots after the cut
         out.update(_cut_trunk(obs, real, width, keep, p))
     return out
+
+
+def cut_prefix(
+    ids: np.ndarray, length: np.ndarray, prefix: np.ndarray, quantum: int
+) -> tuple[np.ndarray, np.ndarray] | None:
+    """Left-padded prompts [..., W] of `length` real ids (0: no prompt) without their first len(prefix)
+    ids: (the rest, left-padded and trimmed to the longest rounded up to `quantum`; the rest's lengths),
+    or None when `prefix` is empty or some prompt does not start with it."""
+    width, p = ids.shape[-1], len(prefix)
+    present = length > 0
+    if p == 0 or np.any(present & (length <= p)):
+        return None
+    starts = width - length[..., None] + np.arange(p)  # [..., P] columns of each prompt's first P ids
+    heads = np.take_along_axis(ids, np.clip(starts, 0, width - 1), axis=-1)
+    if not np.all((heads == prefix) | ~present[..., None]):
+        return None
+    rest = np.where(present, length - p, 0).astype(length.dtype)
+    keep = min(width, -(-int(rest.max(initial=1)) // quantum) * quantum)
+    real = np.arange(width) >= (width - rest[..., None])
+    return np.where(real, ids, 0)[..., width - keep :], rest
 
 
 def _cut_trunk(obs: dict[str, np.ndarray], real: np.ndarray, width: int, keep: int, p: int) -> dict:
