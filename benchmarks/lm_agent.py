@@ -190,15 +190,7 @@ def _update_rows(policy, graphdef, params, b: int, max_steps: int, repeats: int,
     action_width = batch.choice["action_tokens"].shape[-1]
     rows = []
     for layout, obs in (("padded", batch.obs), ("packed", packing.pack(batch.obs, PROMPT_QUANTUM))):
-
-        def loss(trained, frozen, obs):
-            ev = policy.evaluate(graphdef, nnx.merge_state(trained, frozen), obs, batch.choice, None)
-            return -ev.logp.sum() + jnp.square(ev.values).sum()
-
-        grad = jax.jit(jax.value_and_grad(loss))
-        t0 = time.perf_counter()
-        grad.lower(trained, frozen, obs).compile()
-        compile_s = time.perf_counter() - t0
+        grad, compile_s = _update_gradient(policy, graphdef, batch, trained, frozen, obs)
         seconds = _timed(grad, (trained, frozen, obs), repeats)
         rows.append({
             "path": f"update ({layout})", "episodes": b, "max_steps": max_steps, "steps": steps,
@@ -213,6 +205,20 @@ def _update_rows(policy, graphdef, params, b: int, max_steps: int, repeats: int,
 EPOCHS = 3
 """Draws of each row the cached update's amortized figure assumes: the trunk of a row is computed at its
 first draw and read at the next two (a warm start of a few epochs over its demonstrations)."""
+
+
+def _update_gradient(policy, graphdef, batch, trained, frozen, obs):
+    """(the jitted gradient of the family's evaluate over the trained parameters, as an update
+    differentiates it, on `obs` and the batch's choices; its compile seconds)."""
+
+    def loss(trained, frozen, obs):
+        ev = policy.evaluate(graphdef, nnx.merge_state(trained, frozen), obs, batch.choice, None)
+        return -ev.logp.sum() + jnp.square(ev.values).sum()
+
+    grad = jax.jit(jax.value_and_grad(loss))
+    t0 = time.perf_counter()
+    grad.lower(trained, frozen, obs).compile()
+    return grad, time.perf_counter() - t0
 
 
 def _cached_row(policy, graphdef, params, batch, repeats: int, shared: bool) -> dict:
@@ -237,15 +243,7 @@ def _cached_row(policy, graphdef, params, batch, repeats: int, shared: bool) -> 
     trunk_s = best_seconds(lambda: host_step(TrunkCache(graphdef, 2**31)), repeats)
     host_s = best_seconds(lambda: host_step(cache), repeats)
     obs = host_step(cache)
-
-    def loss(trained, frozen, obs):
-        ev = policy.evaluate(graphdef, nnx.merge_state(trained, frozen), obs, batch.choice, None)
-        return -ev.logp.sum() + jnp.square(ev.values).sum()
-
-    grad = jax.jit(jax.value_and_grad(loss))
-    t0 = time.perf_counter()
-    grad.lower(trained, frozen, obs).compile()
-    compile_s = time.perf_counter() - t0
+    grad, compile_s = _update_gradient(policy, graphdef, batch, trained, frozen, obs)
     seconds = _timed(grad, (trained, frozen, obs), repeats) + host_s
     return {
         "path": f"update (packed, cached trunk{', shared preamble' if shared else ''})",

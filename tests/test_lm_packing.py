@@ -41,9 +41,7 @@ def lm(tmp_path_factory):
     agent = nnx.merge(*policy.create(0))
     # The value head starts at zero; a random one makes the values' comparison mean something.
     kernel = agent.value.kernel
-    kernel.value = jnp.asarray(
-        np.random.default_rng(1).standard_normal(kernel.value.shape) * 0.1, jnp.float32
-    )
+    kernel[...] = jnp.asarray(np.random.default_rng(1).standard_normal(kernel[...].shape) * 0.1, jnp.float32)
     graphdef, params = nnx.split(agent)
     return policy, graphdef, params
 
@@ -73,11 +71,16 @@ def _off_policy(logp: np.ndarray, rng: np.random.Generator) -> np.ndarray:
 
 @pytest.fixture(scope="module")
 def batch(lm):
-    """The three episodes as the learner collates them, each step's action sampled by the family's act."""
+    return collated_batch(lm, LENGTHS, TERMINAL)
+
+
+def collated_batch(lm, lengths, terminal):
+    """Episodes of these lengths (terminal or truncated) as the learner collates them, each step's action
+    sampled by the family's act on real screens, behaviour log-probs moved off-policy."""
     policy, graphdef, params = lm
     act = jax.jit(lambda p, i, k: policy.act(graphdef, p, i, k, False))
     rng, fields = np.random.default_rng(0), []
-    for i, (n, terminal) in enumerate(zip(LENGTHS, TERMINAL, strict=True)):
+    for i, (n, done) in enumerate(zip(lengths, terminal, strict=True)):
         features = [policy.featurize(obs) for obs in _episode_screens(i, n)]
         stacked = {k: np.stack([f[k] for f in features]) for k in features[0]}
         acted = jax.device_get(act(params, policy.inputs(stacked), jax.random.key(i)))
@@ -88,9 +91,37 @@ def batch(lm):
             "policy_version": np.zeros(n, np.int32),
         }
         spec = policy.episode_spec()
-        fields.append(episode_fields(f"t{i}", False, not terminal, stacked, {**steps, **base}, spec=spec))
+        fields.append(episode_fields(f"t{i}", False, not done, stacked, {**steps, **base}, spec=spec))
     episodes = validate_packed(pack_episodes(fields), policy.episode_spec(), MAX_STEPS, 0)
     return collate(episodes, MAX_STEPS)
+
+
+def assert_same_update(lm, batch, imitation: bool, want_obs: dict, got_obs: dict) -> None:
+    """One update (A-RIDE's, or its imitation update) from the same parameters on two layouts of `batch`:
+    every metric (the loss parts and the gradient's norm), the replay priority terms and the updated
+    parameters agree, and the update moved them."""
+    policy, graphdef, params = lm
+    loss = LOSSES["aride"].imitation if imitation else LOSSES["aride"].rl
+    optimizer = make_optimizer(1e-2, 1.0)
+    step = make_train_step(graphdef, optimizer, loss, LossParams(), policy.evaluate)
+    results = []
+    for obs in (want_obs, got_obs):
+        p = jax.tree.map(lambda x: x.copy(), params)
+        opt_state = optimizer.init(split_trained(p)[0])  # the adapters and the value head
+        results.append(jax.device_get(step(p, opt_state, batch._replace(obs=obs))))
+    (p_want, _, m_want, t_want), (p_got, _, m_got, t_got) = results
+    assert set(m_want) == set(m_got) and int(m_want["skipped_nonfinite"]) == 0
+    for k in m_want:
+        np.testing.assert_allclose(m_got[k], m_want[k], rtol=1e-4, atol=TOL, err_msg=k)
+    assert float(m_want["grad_norm"]) > 0
+    if not imitation:  # ratios on both sides of the clip: both branches of the truncation compared
+        assert 0 < float(m_want["rho_clipped_fraction"]) < 1
+        for got, want in zip(t_got, t_want, strict=True):
+            np.testing.assert_allclose(got, want, rtol=1e-4, atol=TOL)
+    flat_want, flat_got, before = params_to_flat(p_want), params_to_flat(p_got), params_to_flat(params)
+    assert any(not np.array_equal(flat_want[k], before[k]) for k in before)
+    for k in flat_want:
+        np.testing.assert_allclose(flat_got[k], flat_want[k], rtol=1e-4, atol=1e-6, err_msg=k)
 
 
 def test_the_packed_rows_are_the_steps_and_the_final_observations(batch):
@@ -121,28 +152,5 @@ def test_scores_match_the_padded_layout_on_every_row_a_loss_reads(lm, batch):
 
 @pytest.mark.parametrize("imitation", [False, True])
 def test_the_update_has_the_same_loss_gradients_and_priorities(lm, batch, imitation):
-    """One A-RIDE update (and one imitation update) from the same parameters on both layouts: every metric
-    (the loss parts and the gradient's norm), the replay priority terms and the updated parameters agree."""
-    policy, graphdef, params = lm
-    loss = LOSSES["aride"].imitation if imitation else LOSSES["aride"].rl
-    optimizer = make_optimizer(1e-2, 1.0)
-    step = make_train_step(graphdef, optimizer, loss, LossParams(), policy.evaluate)
-    results = []
-    for obs in (batch.obs, packing.pack(batch.obs, PROMPT_QUANTUM)):
-        p = jax.tree.map(lambda x: x.copy(), params)
-        opt_state = optimizer.init(split_trained(p)[0])  # the adapters and the value head
-        results.append(jax.device_get(step(p, opt_state, batch._replace(obs=obs))))
-    (p_pad, _, m_pad, t_pad), (p_pack, _, m_pack, t_pack) = results
-    assert set(m_pad) == set(m_pack) and int(m_pad["skipped_nonfinite"]) == 0
-    for k in m_pad:
-        np.testing.assert_allclose(m_pack[k], m_pad[k], rtol=1e-4, atol=TOL, err_msg=k)
-    assert float(m_pad["grad_norm"]) > 0
-    if not imitation:  # ratios on both sides of the clip: both branches of the truncation compared
-        assert 0 < float(m_pad["rho_clipped_fraction"]) < 1
-    if not imitation:
-        for got, want in zip(t_pack, t_pad, strict=True):
-            np.testing.assert_allclose(got, want, rtol=1e-4, atol=TOL)
-    flat_pad, flat_pack, before = params_to_flat(p_pad), params_to_flat(p_pack), params_to_flat(params)
-    assert any(not np.array_equal(flat_pad[k], before[k]) for k in before)
-    for k in flat_pad:
-        np.testing.assert_allclose(flat_pack[k], flat_pad[k], rtol=1e-4, atol=1e-6, err_msg=k)
+    """One A-RIDE update (and one imitation update) from the same parameters on both layouts."""
+    assert_same_update(lm, batch, imitation, batch.obs, packing.pack(batch.obs, PROMPT_QUANTUM))

@@ -20,20 +20,14 @@ import pytest
 from flax import nnx
 
 from common.backbones.decoder.llama import SharedPrefix
-from common.backbones.decoder.lora import split_trained
 from common.config import ModelConfig
-from common.params_file import params_to_flat
 from common.policies import make_policy
 from common.policies.lm import packing
 from common.policies.lm.family import PROMPT_QUANTUM
 from common.policies.lm.network import prompt_layout
 from common.policies.lm.trunk import TrunkCache
-from common.protocol.episodes import episode_fields, pack_episodes, validate_packed
-from learner.batch import collate
-from learner.losses import LOSSES, LossParams
-from learner.training.train_step import make_optimizer, make_train_step
 from tests.lm_backbone import tiny_lm_folder
-from tests.test_lm_packing import _episode_screens, _off_policy
+from tests.test_lm_packing import _episode_screens, assert_same_update, collated_batch
 
 LENGTHS, TERMINAL, MAX_STEPS = (4, 2, 1), (False, True, False), 4
 TOL = 2e-5
@@ -54,28 +48,9 @@ def lm(tmp_path_factory):
     return policy, graphdef, params
 
 
-def _batch(lm, lengths, terminal):
-    policy, graphdef, params = lm
-    act = jax.jit(lambda p, i, k: policy.act(graphdef, p, i, k, False))
-    rng, fields = np.random.default_rng(0), []
-    for i, (n, done) in enumerate(zip(lengths, terminal, strict=True)):
-        features = [policy.featurize(obs) for obs in _episode_screens(i, n)]
-        stacked = {k: np.stack([f[k] for f in features]) for k in features[0]}
-        acted = jax.device_get(act(params, policy.inputs(stacked), jax.random.key(i)))
-        steps = {k: np.asarray(v)[:n] for k, v in acted.choice.items()}
-        base = {
-            "behavior_logp": _off_policy(np.asarray(acted.logp)[:n], rng),
-            "reward": rng.standard_normal(n).astype(np.float32),
-            "policy_version": np.zeros(n, np.int32),
-        }
-        spec = policy.episode_spec()
-        fields.append(episode_fields(f"t{i}", False, not done, stacked, {**steps, **base}, spec=spec))
-    return collate(validate_packed(pack_episodes(fields), policy.episode_spec(), MAX_STEPS, 0), MAX_STEPS)
-
-
 @pytest.fixture(scope="module")
 def batch(lm):
-    return _batch(lm, LENGTHS, TERMINAL)
+    return collated_batch(lm, LENGTHS, TERMINAL)
 
 
 def test_the_adapted_blocks_on_the_trunk_equal_the_whole_decoder(lm):
@@ -145,28 +120,13 @@ def test_rows_kept_at_one_width_score_the_same_at_another(lm, batch):
 
 
 def test_the_update_has_the_same_loss_gradients_and_priorities(lm, batch):
-    """One A-RIDE update (its priorities included) from the same parameters; the imitation update on the
-    cached trunk is compared below, with the preamble cut as the learner's host step cuts it."""
-    policy, graphdef, params = lm
-    optimizer = make_optimizer(1e-2, 1.0)
-    step = make_train_step(graphdef, optimizer, LOSSES["aride"].rl, LossParams(), policy.evaluate)
+    """One A-RIDE update (its priorities included); the imitation update on the cached trunk is compared
+    below, with the preamble cut as the learner's host step cuts it."""
+    _, graphdef, params = lm
     packed = packing.pack(batch.obs, PROMPT_QUANTUM)
-    cached = TrunkCache(graphdef, 2**30).add(packed, batch.choice, params)
-    results = []
-    for obs in (packed, cached):
-        p = jax.tree.map(lambda x: x.copy(), params)
-        opt_state = optimizer.init(split_trained(p)[0])
-        results.append(jax.device_get(step(p, opt_state, batch._replace(obs=obs))))
-    (p_want, _, m_want, t_want), (p_got, _, m_got, t_got) = results
-    assert int(m_want["skipped_nonfinite"]) == 0 and float(m_want["grad_norm"]) > 0
-    for k in m_want:
-        np.testing.assert_allclose(m_got[k], m_want[k], rtol=1e-4, atol=TOL, err_msg=k)
-    for got, want in zip(t_got, t_want, strict=True):
-        np.testing.assert_allclose(got, want, rtol=1e-4, atol=TOL)
-    flat_want, flat_got, before = params_to_flat(p_want), params_to_flat(p_got), params_to_flat(params)
-    assert any(not np.array_equal(flat_want[k], before[k]) for k in before)
-    for k in flat_want:
-        np.testing.assert_allclose(flat_got[k], flat_want[k], rtol=1e-4, atol=1e-6, err_msg=k)
+    assert_same_update(
+        lm, batch, False, packed, TrunkCache(graphdef, 2**30).add(packed, batch.choice, params)
+    )
 
 
 def test_the_cache_stays_within_its_budget_and_evicts_the_least_recently_drawn(lm, batch):
@@ -264,25 +224,7 @@ def test_a_prompt_without_the_preamble_leaves_the_batch_whole(lm, batch):
 
 @pytest.mark.parametrize("imitation", [False, True])
 def test_the_update_with_the_prefix_cut_and_the_trunk_cached_is_the_same(lm, batch, imitation):
-    policy, graphdef, params = lm
-    loss = LOSSES["aride"].imitation if imitation else LOSSES["aride"].rl
-    optimizer = make_optimizer(1e-2, 1.0)
-    step = make_train_step(graphdef, optimizer, loss, LossParams(), policy.evaluate)
-    results = []
-    for obs in _shared(lm, batch, True):  # whole rows recomputed, then cut rows on the cached trunk
-        p = jax.tree.map(lambda x: x.copy(), params)
-        opt_state = optimizer.init(split_trained(p)[0])
-        results.append(jax.device_get(step(p, opt_state, batch._replace(obs=obs))))
-    (p_want, _, m_want, t_want), (p_got, _, m_got, t_got) = results
-    assert int(m_want["skipped_nonfinite"]) == 0 and float(m_want["grad_norm"]) > 0
-    for k in m_want:
-        np.testing.assert_allclose(m_got[k], m_want[k], rtol=1e-4, atol=TOL, err_msg=k)
-    if not imitation:
-        for got, want in zip(t_got, t_want, strict=True):
-            np.testing.assert_allclose(got, want, rtol=1e-4, atol=TOL)
-    flat_want, flat_got = params_to_flat(p_want), params_to_flat(p_got)
-    for k in flat_want:
-        np.testing.assert_allclose(flat_got[k], flat_want[k], rtol=1e-4, atol=1e-6, err_msg=k)
+    assert_same_update(lm, batch, imitation, *_shared(lm, batch, True))
 
 
 def test_the_actor_computes_the_preamble_once_and_acts_as_on_whole_prompts(lm):
