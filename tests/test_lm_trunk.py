@@ -137,6 +137,10 @@ def test_the_cache_stays_within_its_budget_and_evicts_the_least_recently_drawn(l
     sizes = sorted(a.nbytes for a in full._rows.values())
     budget = sum(sizes[:3])  # room for about three of the ten rows
     small = TrunkCache(graphdef, budget)
+    shapes, compute = [], small._compute
+    small._compute = lambda params, prompt, *rest: (
+        shapes.append(prompt.shape) or compute(params, prompt, *rest)
+    )
     got = small.add(packed, batch.choice, params)
     assert 0 < small.bytes <= budget and small.evicted == len(sizes) - len(small._rows) > 0
     np.testing.assert_array_equal(got["trunk_rows"], want["trunk_rows"])  # evicted or not, the same inputs
@@ -144,6 +148,10 @@ def test_the_cache_stays_within_its_budget_and_evicts_the_least_recently_drawn(l
     kept = list(small._rows)
     small.add(packed, batch.choice, params)
     assert small.bytes <= budget and small.misses > len(sizes)  # evicted rows were computed again
+    # Few shapes compile: rows padded to a power of two (at least ROW_BUCKET), widths to the quantum.
+    assert len(shapes) == 2 and all(
+        r >= 8 and r & (r - 1) == 0 and w % PROMPT_QUANTUM == 0 for r, w in shapes
+    )
     assert kept[-1] in small._rows or small.evicted > len(sizes) - len(kept)
     stats = small.stats()
     assert stats["trunk_cache_mb"] == small.bytes / 2**20 and stats["trunk_misses"] == small.misses

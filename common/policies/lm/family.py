@@ -150,7 +150,7 @@ class LMPolicy:
             return None
         lora, layers = self._lora(), _backbone(self.cfg.backbone)[0].num_hidden_layers
         frozen = lora is not None and 0 < lora.last_layers < layers
-        trunk = TrunkCache(graphdef, cache_bytes) if frozen and cache_bytes > 0 else None
+        trunk = TrunkCache(graphdef, cache_bytes, PROMPT_QUANTUM) if frozen and cache_bytes > 0 else None
         return _Packing(trunk, self.prompts.preamble)
 
     def update_shapes(self, max_steps: int) -> int:

@@ -30,16 +30,18 @@ from flax import nnx
 from common.policies.lm import network
 
 ROW_BUCKET = 8
-"""Rows a trunk computation is padded to a multiple of (rounded up to a power of two above it): few shapes,
-few compiles."""
+"""The fewest rows a trunk computation is padded to (more: the next power of two); with its prompt width
+rounded up to the family's quantum, few shapes compile."""
 
 
 class TrunkCache:
     """Frozen-trunk states of the rows the learner's updates draw, within `budget_bytes`; see the module
     docstring. Single-threaded: the learner calls it from its update (the helper thread)."""
 
-    def __init__(self, graphdef: Any, budget_bytes: int):
+    def __init__(self, graphdef: Any, budget_bytes: int, quantum: int = 64):
         self.budget_bytes = budget_bytes
+        self.quantum = quantum
+        """A trunk computation's prompt width is a multiple of this (the family's PROMPT_QUANTUM)."""
         self._rows: OrderedDict[tuple[bytes, bytes], np.ndarray] = OrderedDict()
         self.bytes = 0
         """Bytes the kept states take now (at most `budget_bytes`)."""
@@ -112,7 +114,8 @@ class TrunkCache:
         budget allows."""
         n = len(missing)
         self.misses += n
-        width = max(max(len(ids) // 4 for ids, _ in missing), 1)
+        longest = max(max(len(ids) // 4 for ids, _ in missing), 1)
+        width = -(-longest // self.quantum) * self.quantum
         size = max(ROW_BUCKET, 1 << (n - 1).bit_length())
         prompt = np.zeros((size, width), np.int32)
         prompt_length = np.ones(size, np.int32)
