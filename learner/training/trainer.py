@@ -165,7 +165,7 @@ class Trainer:
         self.host_inputs = host_inputs(self.policy, graphdef, cfg.buffer.trunk_cache_mb * 2**20)
         """The family's host-side step before each update (common/policies/family.py:HostInputs; the
         pointer policy's frozen text encoder adds its cached states, the lm family packs the rows that
-        matter), applied to the observations and to the acted ones of an augmented batch; None for a
+        matter, adds its cached frozen trunk and cuts the shared preamble), applied to the observations and to the acted ones of an augmented batch; None for a
         family or run without one."""
         self.shape_bound = update_shapes(self.policy, cfg.max_steps) if self.host_inputs else None
         """How many batch shapes the host step gives, at most (common/policies/family.py:ShapedUpdates);

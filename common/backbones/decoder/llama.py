@@ -336,8 +336,7 @@ class Decoder(nnx.Module):
     def frozen_layers(self) -> int:
         """How many blocks from the bottom carry no adapter (0 without LoRA or with every block adapted):
         with LoRA their output, the `trunk`, is a function of the token ids alone."""
-        lora, n = self.lora, self.cfg.num_hidden_layers
-        return 0 if lora is None or not lora.last_layers else max(0, n - lora.last_layers)
+        return frozen_layers(self.lora, self.cfg.num_hidden_layers)
 
     def trunk(self, tokens: jax.Array, positions: jax.Array, mask: jax.Array) -> jax.Array:
         """The hidden states [B, L, hidden] after the `frozen_layers` blocks (the embeddings when there
@@ -375,7 +374,13 @@ class Decoder(nnx.Module):
 
 def _adapted(lora: LoraConfig | None, layer: int, layers: int) -> bool:
     """Whether block `layer` of `layers` gets adapters (LoraConfig.last_layers)."""
-    return lora is not None and (not lora.last_layers or layer >= layers - lora.last_layers)
+    return lora is not None and layer >= frozen_layers(lora, layers)
+
+
+def frozen_layers(lora: LoraConfig | None, layers: int) -> int:
+    """How many of `layers` blocks from the bottom get no adapter under `lora` (0 without LoRA or with
+    every block adapted, last_layers 0)."""
+    return 0 if lora is None or not lora.last_layers else max(0, layers - lora.last_layers)
 
 
 def _remat_block(

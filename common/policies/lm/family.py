@@ -22,7 +22,7 @@ import numpy as np
 from flax import nnx
 
 from common.backbones.decoder import snapshot as decoder_snapshot
-from common.backbones.decoder.llama import Decoder
+from common.backbones.decoder.llama import Decoder, frozen_layers
 from common.backbones.decoder.lora import HeadParam, LoraConfig
 from common.backbones.decoder.tokenizer import DecoderTokenizer
 from common.backbones.pretrained import load_pretrained
@@ -144,12 +144,11 @@ class LMPolicy:
     def host_inputs(self, graphdef, cache_bytes: int) -> HostStep | None:
         """The update's rows packed (packing.py): step rows with their gradient, final rows forward only,
         the batch's common left padding trimmed; with LoRA below the top blocks and `cache_bytes` > 0,
-        the frozen blocks' output from the cache (trunk.py). None in a multi-process learner, where every
+        the frozen blocks' output from the cache (trunk.py); the shared preamble cut (packing.share_prefix). None in a multi-process learner, where every
         process would have to agree on the shape (it trains on the padded rows there)."""
         if jax.process_count() > 1:
             return None
-        lora, layers = self._lora(), _backbone(self.cfg.backbone)[0].num_hidden_layers
-        frozen = lora is not None and 0 < lora.last_layers < layers
+        frozen = frozen_layers(self._lora(), _backbone(self.cfg.backbone)[0].num_hidden_layers)
         trunk = TrunkCache(graphdef, cache_bytes, PROMPT_QUANTUM) if frozen and cache_bytes > 0 else None
         return _Packing(trunk, self.prompts.preamble)
 
@@ -287,8 +286,7 @@ class LMPolicy:
 def whole_inputs(features: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
     """A batch of whole prompts with their common left padding trimmed to a multiple of PROMPT_QUANTUM."""
     width = features["prompt_ids"].shape[-1]
-    longest = int(np.max(features["prompt_length"], initial=1))
-    keep = min(width, -(-longest // PROMPT_QUANTUM) * PROMPT_QUANTUM)
+    keep = min(width, packing.quantized(int(np.max(features["prompt_length"], initial=1)), PROMPT_QUANTUM))
     return {**features, "prompt_ids": features["prompt_ids"][..., width - keep :]}
 
 

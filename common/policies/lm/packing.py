@@ -21,6 +21,11 @@ ROW_RUNGS = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64)
 next rung (at most a third more slots than rows), and to T past the last rung below it."""
 
 
+def quantized(n: int, quantum: int) -> int:
+    """`n` rounded up to a multiple of `quantum`: a prompt width, so few shapes compile."""
+    return -(-n // quantum) * quantum
+
+
 def row_slots(rows: int, episodes: int, max_steps: int) -> int:
     """Slots per episode for `rows` step rows of `episodes` episodes: the next rung, at most max_steps."""
     need = -(-rows // episodes)
@@ -50,7 +55,7 @@ def pack(obs: dict[str, np.ndarray], quantum: int) -> dict[str, np.ndarray]:
     train[: len(flat)] = flat
     width = obs["prompt_ids"].shape[-1]
     longest = int(prompt_length.max(initial=1))
-    keep = min(width, -(-longest // quantum) * quantum)
+    keep = min(width, quantized(longest, quantum))
     return {
         **obs,
         "prompt_ids": obs["prompt_ids"][..., width - keep :],
@@ -98,7 +103,7 @@ def cut_prefix(
     if not np.all((heads == prefix) | ~present[..., None]):
         return None
     rest = np.where(present, length - p, 0).astype(length.dtype)
-    keep = min(width, -(-int(rest.max(initial=1)) // quantum) * quantum)
+    keep = min(width, quantized(int(rest.max(initial=1)), quantum))
     real = np.arange(width) >= (width - rest[..., None])
     return np.where(real, ids, 0)[..., width - keep :], rest
 

@@ -27,7 +27,7 @@ import jax
 import numpy as np
 from flax import nnx
 
-from common.policies.lm import network
+from common.policies.lm import network, packing
 
 ROW_BUCKET = 8
 """The fewest rows a trunk computation is padded to (more: the next power of two); with its prompt width
@@ -115,7 +115,7 @@ class TrunkCache:
         n = len(missing)
         self.misses += n
         longest = max(max(len(ids) // 4 for ids, _ in missing), 1)
-        width = -(-longest // self.quantum) * self.quantum
+        width = packing.quantized(longest, self.quantum)
         size = max(ROW_BUCKET, 1 << (n - 1).bit_length())
         prompt = np.zeros((size, width), np.int32)
         prompt_length = np.ones(size, np.int32)
