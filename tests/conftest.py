@@ -226,10 +226,20 @@ def pytest_collection_modifyitems(config, items):
     items.sort(key=lambda item: item.get_closest_marker("long") is None)
 
 
-ONE_WORKER_MODULES = ("tests/test_mesh.py", "tests/test_fuzz_ingest.py", "tests/test_cluster_ray.py")
-"""Modules whose tests share a module-scoped fixture (the mesh checks compile for half a minute; the
-fuzz world's second test reads what the first did; the Ray tests share one local cluster), so all their
-tests run on one xdist worker."""
+ONE_WORKER_MODULES = tuple(
+    f"tests/test_{name}.py"
+    for name in (
+        "mesh", "fuzz_ingest", "cluster_ray",  # shared state: below
+        "lm_packing", "lm_trunk", "lm_policy", "session", "lm_prompt", "lm_grammar", "decoder_tokenizer",
+        "learner_lifecycle", "curve", "actor_configs", "recipe_slurm",  # an expensive fixture: below
+    )
+)  # fmt: skip
+"""Modules whose tests share a module-scoped fixture, so all their tests run on one xdist worker: the
+mesh checks compile for half a minute, the fuzz world's second test reads what the first did, the Ray
+tests share one local cluster; the others' fixtures (a compiled tiny decoder and its collated batch, a
+learner session, the packaged tokenizer, refused command lines run in one process, a recipe's fake
+cluster) cost 2-15 CPU-s each, paid once per worker that runs one of the module's tests: 45 CPU-s of a
+suite run, measured 2026-12-06, when the modules' tests went to both workers."""
 
 
 @pytest.hookimpl(optionalhook=True)  # an xdist hook: no error where xdist is not installed

@@ -18,7 +18,7 @@ import numpy as np
 import pytest
 
 from common.backbones.checkpoint import CheckpointError
-from common.backbones.gguf.file import file_sha256, read_gguf
+from common.backbones.gguf.file import file_sha256, read_gguf, read_metadata
 from common.backbones.gguf.rope import llama3_factors
 from common.backbones.packaged import SMOLLM2_SHA256, packaged_smollm2
 
@@ -324,6 +324,23 @@ def test_every_bad_file_gets_its_message(tmp_path):
     with pytest.raises(CheckpointError, match=r"good\.gguf: sha256 mismatch: expected 0{64}, got [0-9a-f]{64}.*download it again"):  # fmt: skip
         read_gguf(good, sha256="0" * 64)
     assert read_gguf(good, sha256=file_sha256(good)).config["model_type"] == "llama"
+
+
+def test_metadata_is_parsed_once_per_file_version_and_each_caller_gets_its_own_copy(tmp_path):
+    path = write_gguf(
+        tmp_path / "m.gguf", "llama", TINY, hf_tensors("llama", TINY), metadata={"test.label": "one"}
+    )
+    first = read_metadata(path)
+    assert first["test.label"] == "one" and first["tokenizer.ggml.eos_token_id"] == 2
+    first["test.label"] = "changed by a caller"
+    again = read_metadata(path)
+    assert again["test.label"] == "one" and again is not first
+    # The file rewritten in place (another size, a new mtime): parsed again, not served from the cache.
+    write_gguf(path, "llama", TINY, hf_tensors("llama", TINY), metadata={"test.label": "the second version"})
+    assert read_metadata(path)["test.label"] == "the second version"
+    path.write_text("not a model any more")
+    with pytest.raises(CheckpointError, match=r"m\.gguf: not a complete GGUF file"):
+        read_metadata(path)
 
 
 def test_the_config_is_one_decoder_config_reads(tmp_path):

@@ -133,11 +133,24 @@ def read_gguf(path, *, sha256: str | None = None) -> GgufCheckpoint:
 
 
 def read_metadata(path) -> dict[str, Any]:
-    """Only the file's metadata (the tokenizer, the chat template), without dequantising any tensor."""
+    """Only the file's metadata (the tokenizer, the chat template), without dequantising any tensor.
+
+    Parsed once per process while the file is unchanged: the metadata holds the whole vocabulary and its
+    merges, which gguf's reader builds field by field (2.1 s for SmolLM2's 49,152 tokens on the 2-core
+    machine, each time). Every call gets its own dict and lists, so a caller may change them."""
     path = Path(path)
     if not path.is_file():
         raise CheckpointError(f"{path}: no such file (give the path of a .gguf file)")
-    return _metadata(_open(path), path)
+    stat = path.stat()
+    cached = _cached_metadata(str(path), str(path.resolve()), stat.st_size, stat.st_mtime_ns)
+    return {k: list(v) if isinstance(v, list) else v for k, v in cached.items()}
+
+
+@lru_cache(maxsize=4)
+def _cached_metadata(where: str, resolved: str, size: int, mtime_ns: int) -> dict[str, Any]:
+    """The parsed metadata of one version of a file (`where` is the path its errors name)."""
+    del resolved, size, mtime_ns  # the cache key only
+    return _metadata(_open(Path(where)), Path(where))
 
 
 def _open(path: Path):
