@@ -26,11 +26,17 @@ if "JAX_COMPILATION_CACHE_DIR" not in os.environ:  # pytest-xdist workers inheri
     atexit.register(shutil.rmtree, os.environ["JAX_COMPILATION_CACHE_DIR"], ignore_errors=True)
 os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0.2")
 
-CHEAP_XLA = "--xla_backend_optimization_level=0 --xla_llvm_disable_expensive_passes=true"
+CHEAP_XLA = (
+    "--xla_backend_optimization_level=0 --xla_llvm_disable_expensive_passes=true"
+    " --xla_cpu_use_fusion_emitters=false"
+)
 """XLA's cheapest backend pipeline, for the tests' own processes: the same HLO programs, compiled by LLVM
-without its optimization passes. The in-process tests check what programs compute, not how fast, and
-compiling is most of their CPU: these flags cut the lm policy and text-encoder tests' CPU by a third
-(161 -> 107 s) and the in-process share of a suite run from 669 to 559 CPU-s. Learners and actors a test
+without its optimization passes, and their fusions by XLA:CPU's older LLVM IR emitters instead of the MLIR
+fusion emitters. The in-process tests check what programs compute, not how fast, and compiling is most of
+their CPU: the first two flags cut the lm policy and text-encoder tests' CPU by a third (161 -> 107 s) and
+the in-process share of a suite run from 669 to 559 CPU-s; without the fusion emitters, compiling at this
+level takes half the CPU again (the mesh checks 64 -> 32 CPU-s, the trunk and text-encoder fine-tuning
+tests 114 -> 74; at XLA's default level it changes nothing measurable). Learners and actors a test
 starts keep XLA's defaults (ACTOR_ENV): their learning runs were calibrated with them, and there the
 slower updates ate what the faster compiles saved (measured 2026-12-06)."""
 if CHEAP_XLA not in os.environ.get("XLA_FLAGS", ""):  # before JAX starts its backend
