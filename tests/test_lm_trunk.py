@@ -196,11 +196,41 @@ def test_rows_after_a_shared_prefix_equal_the_whole_rows(lm):
         decoder.states(rest, rest_positions + p, rest_mask, trunk=cut, prefix=SharedPrefix(jnp.asarray(head)))
 
 
+def test_the_cache_fills_rows_after_the_preamble_as_the_whole_rows(lm, batch):
+    """TrunkCache with the preamble (as the learner builds it) computes the preamble once per fill and
+    each row after it (Decoder.trunk_after): the same states as the whole rows' trunk, and the whole
+    rows are never computed; a batch with a prompt that does not start with the preamble is filled whole."""
+    policy, graphdef, params = lm
+    packed = packing.pack(batch.obs, PROMPT_QUANTUM)
+    want = TrunkCache(graphdef, 2**30).add(packed, batch.choice, params)
+    cache = TrunkCache(graphdef, 2**30, PROMPT_QUANTUM, policy.prompts.preamble)
+    widths, after = [], cache._compute_after
+    cache._compute = None  # the whole-row computation: must not run
+    cache._compute_after = lambda params, prompt, *rest: (
+        widths.append(prompt.shape[-1]) or after(params, prompt, *rest)
+    )
+    got = cache.add(packed, batch.choice, params)
+    assert widths and max(widths) < packed["prompt_ids"].shape[-1]  # rows without the preamble
+    for name in ("trunk_rows", "trunk_final"):
+        np.testing.assert_allclose(got[name], want[name], atol=TOL, err_msg=name)
+    assert np.abs(want["trunk_final"]).max() > 0
+    foreign = {**packed, "prompt_ids": packed["prompt_ids"].copy()}
+    row = packed["prompt_ids"][1, 0]
+    foreign["prompt_ids"][1, 0, row.shape[-1] - packed["prompt_length"][1, 0]] += 1  # its first id
+    whole = TrunkCache(graphdef, 2**30, PROMPT_QUANTUM, policy.prompts.preamble)
+    whole._compute_after = None  # the prefix path: must not run for this batch
+    np.testing.assert_array_equal(
+        whole.add(foreign, batch.choice, params)["trunk_rows"],
+        TrunkCache(graphdef, 2**30).add(foreign, batch.choice, params)["trunk_rows"],
+    )
+
+
 def _shared(lm, batch, cached: bool):
     policy, graphdef, params = lm
     """(the packed observations, the same with the trunk from the cache when `cached` and the preamble cut)."""
     packed = packing.pack(batch.obs, PROMPT_QUANTUM)
-    source = TrunkCache(graphdef, 2**30).add(packed, batch.choice, params) if cached else packed
+    cache = TrunkCache(graphdef, 2**30, PROMPT_QUANTUM, policy.prompts.preamble)  # as the learner's
+    source = cache.add(packed, batch.choice, params) if cached else packed
     return packed, packing.share_prefix(source, policy.prompts.preamble, PROMPT_QUANTUM)
 
 

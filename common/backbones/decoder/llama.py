@@ -342,15 +342,31 @@ class Decoder(nnx.Module):
         """The hidden states [B, L, hidden] after the `frozen_layers` blocks (the embeddings when there
         are none), as `states` computes them: what `states(..., trunk=)` starts from. Real tokens' states
         do not depend on padding (masked keys are never attended to), so they can be kept per prompt."""
+        return self.trunk_after(tokens, positions, mask, None)[0]
+
+    def trunk_after(
+        self, tokens: jax.Array, positions: jax.Array, mask: jax.Array, prefix: jax.Array | None
+    ) -> tuple[jax.Array, jax.Array | None]:
+        """`trunk` of rows that all follow the shared `prefix` [P] ids (left out of `tokens`, `positions`
+        starting after it), the prefix computed once as `states` does it: (the rows' states [B, L,
+        hidden], the prefix's own [P, hidden]). Equal to the trunk of the whole rows at their positions
+        after the prefix, for a P-th of the work per row. Without a prefix, (`trunk`, None)."""
         mask = jnp.asarray(mask, bool)
         _check_shapes(tokens, positions, mask, None)
         x = self.embed_tokens(tokens)
         n = tokens.shape[1]
         allowed = jnp.tril(jnp.ones((n, n), bool))[None] & mask[:, None, :]
         inv_freq = rope_frequencies(self.cfg)
+        px = None
+        if prefix is not None:
+            px, p_positions, p_allowed = self._prefix_inputs(SharedPrefix(prefix))
+            allowed = jnp.concatenate([jnp.ones((*allowed.shape[:2], px.shape[1]), bool), allowed], -1)
         for i in range(self.frozen_layers):
-            x, _ = self.layers[i](x, positions, allowed, inv_freq, None, i)
-        return x
+            prefix_kv = None
+            if px is not None:
+                px, prefix_kv = self.layers[i].prefix_pass(px, p_positions, p_allowed, inv_freq)
+            x, _ = self.layers[i](x, positions, allowed, inv_freq, None, i, prefix_kv)
+        return x, None if px is None else px[0]
 
     def _prefix_inputs(self, prefix: SharedPrefix) -> tuple[jax.Array, jax.Array, jax.Array]:
         """(states [1, P, hidden] entering the first block `states` runs, positions, causal mask) of a

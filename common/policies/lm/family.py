@@ -149,7 +149,11 @@ class LMPolicy:
         if jax.process_count() > 1:
             return None
         frozen = frozen_layers(self._lora(), _backbone(self.cfg.backbone)[0].num_hidden_layers)
-        trunk = TrunkCache(graphdef, cache_bytes, PROMPT_QUANTUM) if frozen and cache_bytes > 0 else None
+        trunk = (
+            TrunkCache(graphdef, cache_bytes, PROMPT_QUANTUM, self.prompts.preamble)
+            if frozen and cache_bytes > 0
+            else None
+        )
         return _Packing(trunk, self.prompts.preamble)
 
     def update_shapes(self, max_steps: int) -> int:

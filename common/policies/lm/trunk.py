@@ -8,7 +8,9 @@ adapted, most of an update's forward work); `TrunkCache` computes it once per di
 action ids) when a batch first draws it, keeps it on the learner's host in float32 within a byte budget
 (--trunk-cache-mb; the least recently drawn row is evicted first, and recomputed if drawn again), and
 adds each batch's rows to the packed observations as `trunk_rows` [train slots, W + A, hidden] and
-`trunk_final` [B, W, hidden], which `network.score_actions` starts the adapted blocks from.
+`trunk_final` [B, W, hidden], which `network.score_actions` starts the adapted blocks from. A fill runs
+the prompt builder's preamble (63 of a prompt's mean 187 tokens) once, as one row whose keys and values
+every row's attention prepends (`Decoder.trunk_after`), and each row only after it.
 
 Exact: a real token's trunk state does not depend on the padding around it (masked keys are never
 attended to), so a row's states are kept for its real tokens only and placed at whatever width a later
@@ -38,10 +40,13 @@ class TrunkCache:
     """Frozen-trunk states of the rows the learner's updates draw, within `budget_bytes`; see the module
     docstring. Single-threaded: the learner calls it from its update (the helper thread)."""
 
-    def __init__(self, graphdef: Any, budget_bytes: int, quantum: int = 64):
+    def __init__(self, graphdef: Any, budget_bytes: int, quantum: int = 64, prefix: np.ndarray | None = None):
         self.budget_bytes = budget_bytes
         self.quantum = quantum
         """A trunk computation's prompt width is a multiple of this (the family's PROMPT_QUANTUM)."""
+        self.prefix = np.asarray(prefix if prefix is not None else [], np.int32)
+        """Ids every prompt starts with (the prompt builder's preamble): computed once per fill, not once
+        per row, when every missing row starts with them (Decoder.trunk_after)."""
         self._rows: OrderedDict[tuple[bytes, bytes], np.ndarray] = OrderedDict()
         self.bytes = 0
         """Bytes the kept states take now (at most `budget_bytes`)."""
@@ -56,7 +61,13 @@ class TrunkCache:
             decoder = nnx.merge(graphdef, params).decoder
             return decoder.trunk(*network.row_layout(prompt, prompt_length, tokens, length))
 
+        def compute_after(params, prompt, prompt_length, tokens, length, prefix):
+            decoder = nnx.merge(graphdef, params).decoder
+            layout = network.row_layout(prompt, prompt_length, tokens, length, offset=prefix.shape[-1])
+            return decoder.trunk_after(*layout, prefix)
+
         self._compute = jax.jit(compute)
+        self._compute_after = jax.jit(compute_after)
 
     def stats(self) -> dict[str, float]:
         """For the update's metrics: the cache's size and this process's totals so far."""
@@ -110,29 +121,49 @@ class TrunkCache:
         return self._rows[key]
 
     def _fill(self, missing: list[tuple[bytes, bytes]], params: Any, a: int) -> dict:
-        """The trunk of each missing row, computed in one call (rows padded to a bucket), kept while the
-        budget allows."""
+        """The trunk of each missing row, computed in one call (rows padded to a bucket; the shared
+        prefix once, when every row starts with it), kept while the budget allows."""
+        self.misses += len(missing)
+        prompts = [np.frombuffer(ids, np.int32) for ids, _ in missing]
+        cut = len(self.prefix) if self._all_follow_prefix(prompts) else 0
+        prompt, prompt_length, tokens, length = self._layout(missing, [p[cut:] for p in prompts], a)
+        width = prompt.shape[-1]
+        if cut:
+            states, prefix_states = jax.device_get(
+                self._compute_after(params, prompt, prompt_length, tokens, length, self.prefix)
+            )
+        else:
+            states = jax.device_get(self._compute(params, prompt, prompt_length, tokens, length))
+            prefix_states = np.zeros((0, states.shape[-1]), np.float32)
+        states, prefix_states = np.asarray(states), np.asarray(prefix_states)
+        out = {}
+        for i, (_, action) in enumerate(missing):
+            p, t = int(prompt_length[i]), len(action) // 4
+            kept = np.concatenate([prefix_states, states[i, width - p : width], states[i, width : width + t]])
+            out[missing[i]] = kept
+            self._keep(missing[i], kept)
+        return out
+
+    def _all_follow_prefix(self, prompts: list[np.ndarray]) -> bool:
+        """Whether every prompt starts with the prefix and has ids after it."""
+        p = len(self.prefix)
+        return p > 0 and all(len(ids) > p and np.array_equal(ids[:p], self.prefix) for ids in prompts)
+
+    def _layout(self, missing: list[tuple[bytes, bytes]], prompts: list[np.ndarray], a: int) -> tuple:
+        """(prompt [R, W] left-padded, prompt_length [R], action tokens [R, A], length [R]) of the rows,
+        R a bucket (padding rows: one pad id, no action), W the longest rounded up to the quantum."""
         n = len(missing)
-        self.misses += n
-        longest = max(max(len(ids) // 4 for ids, _ in missing), 1)
-        width = packing.quantized(longest, self.quantum)
+        width = packing.quantized(max(max(len(p) for p in prompts), 1), self.quantum)
         size = max(ROW_BUCKET, 1 << (n - 1).bit_length())
         prompt = np.zeros((size, width), np.int32)
         prompt_length = np.ones(size, np.int32)
         tokens = np.zeros((size, a), np.int32)
         length = np.zeros(size, np.int32)
-        for i, (ids, action) in enumerate(missing):
-            p, t = np.frombuffer(ids, np.int32), np.frombuffer(action, np.int32)
+        for i, ((_, action), p) in enumerate(zip(missing, prompts, strict=True)):
+            t = np.frombuffer(action, np.int32)
             prompt[i, width - len(p) :], prompt_length[i] = p, len(p)
             tokens[i, : len(t)], length[i] = t, len(t)
-        states = np.asarray(jax.device_get(self._compute(params, prompt, prompt_length, tokens, length)))
-        out = {}
-        for i, (ids, action) in enumerate(missing):
-            p, t = len(ids) // 4, len(action) // 4
-            kept = np.concatenate([states[i, width - p : width], states[i, width : width + t]])
-            out[(ids, action)] = kept
-            self._keep((ids, action), kept)
-        return out
+        return prompt, prompt_length, tokens, length
 
     def _keep(self, key: tuple[bytes, bytes], states: np.ndarray) -> None:
         if states.nbytes > self.budget_bytes:
