@@ -158,6 +158,11 @@ def test_the_cache_stays_within_its_budget_and_evicts_the_least_recently_drawn(l
     none = TrunkCache(graphdef, 0)
     np.testing.assert_array_equal(none.add(packed, batch.choice, params)["trunk_rows"], want["trunk_rows"])
     assert none.bytes == 0 and not none._rows
+    misses = full.misses
+    full.clear()  # the benchmark's first draw again: every row computed, the same states
+    assert full.bytes == 0 and not full._rows
+    np.testing.assert_array_equal(full.add(packed, batch.choice, params)["trunk_rows"], want["trunk_rows"])
+    assert full.misses == 2 * misses and full.bytes > 0
 
 
 # ---- the preamble every prompt starts with, computed once (packing.share_prefix, Decoder.states(prefix=))

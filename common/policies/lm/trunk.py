@@ -116,6 +116,11 @@ class TrunkCache:
             trunk_final[i, width - len(k[0]) // 4 :] = states[k]
         return {**obs, "trunk_rows": trunk_rows.reshape(b, -1, width + a, hidden), "trunk_final": trunk_final}
 
+    def clear(self) -> None:
+        """Drops every kept row (the counts stay, the compiled trunk too): the next draws compute again."""
+        self._rows.clear()
+        self.bytes = 0
+
     def _take(self, key: tuple[bytes, bytes]) -> np.ndarray:
         self._rows.move_to_end(key)
         return self._rows[key]
