@@ -350,7 +350,8 @@ class Decoder(nnx.Module):
         """`trunk` of rows that all follow the shared `prefix` [P] ids (left out of `tokens`, `positions`
         starting after it), the prefix computed once as `states` does it: (the rows' states [B, L,
         hidden], the prefix's own [P, hidden]). Equal to the trunk of the whole rows at their positions
-        after the prefix, for a P-th of the work per row. Without a prefix, (`trunk`, None)."""
+        after the prefix, with the prefix's work done once instead of in every row. Without a prefix,
+        (`trunk`, None)."""
         mask = jnp.asarray(mask, bool)
         _check_shapes(tokens, positions, mask, None)
         x = self.embed_tokens(tokens)
