@@ -10,16 +10,16 @@ rank 8 on the top 8 blocks, 352-token prompts, 24 action tokens) on real SimPhon
   rematerialised blocks, the grammar mask rebuilt) over the trained parameters, on B episodes of T steps:
   the shape of one update of the recipe;
 - update cost: B oracle demonstration episodes of `general`/train (real lengths, real prompts), padded as
-  collated (--max-steps rows, the prompt budget) and packed as the learner packs them for this family
-  (common/policies/lm/packing.py): compile seconds, the gradient's GFLOP, the share of its token-slot work
-  on real tokens (`real_token_share`: `real_token_flop_share`) and supervised demonstration steps per minute
-  (`demo_steps_per_min`: the batch's real steps over the gradient's seconds); and packed with the frozen
-  trunk from the cache (common/policies/lm/trunk.py: the adapted blocks alone, plus the host step that
-  places the kept rows; the trunk's own forward pass timed apart and spread over EPOCHS draws of each row),
-  then also with the preamble every prompt starts with computed once per update (packing.share_prefix);
-  and that last row again with LoRA on the top 4 blocks (a lever measured, not the recipe).
-  The JSON's headline keys: the packed row's `real_token_flop_share` and the last row's amortized
-  `demo_steps_per_min`;
+  collated (--max-steps rows, the prompt budget) and as the learner's host step lays them out for this
+  family (`host_inputs`: the step rows and truncated final rows, their real tokens packed end to end into
+  rows of segments.SEGMENT_WIDTH, the preamble every prompt shares run once), with the whole decoder
+  rematerialised ("packed sequences") and with the frozen trunk from the cache (common/policies/lm/trunk.py:
+  the adapted blocks alone, plus the host step that places the kept rows; the trunk's own forward pass
+  timed apart and spread over EPOCHS draws of each row): compile seconds, the gradient's GFLOP, the share
+  of its token-slot work on real tokens (`real_token_share`: `real_token_flop_share`) and supervised
+  demonstration steps per minute (`demo_steps_per_min`: the batch's real steps over the update's seconds);
+  and the cached row again with LoRA on the top 4 blocks (a lever measured, not the recipe). The JSON's
+  headline keys: the cached row's `real_token_flop_share` and amortized `demo_steps_per_min`;
 - wire and snapshot: TRAJ bytes per episode and per step, and what a published snapshot weighs with LoRA
   (adapters and value head) against all parameters.
 
@@ -45,9 +45,7 @@ from common.backbones.decoder.lora import split_trained
 from common.config import ModelConfig
 from common.params_file import params_to_flat
 from common.policies import make_policy
-from common.policies.lm import packing
-from common.policies.lm.family import PROMPT_QUANTUM, whole_inputs
-from common.policies.lm.trunk import TrunkCache
+from common.policies.lm.family import whole_inputs
 from common.protocol.episodes import episode_fields, pack_episodes
 
 
@@ -138,25 +136,26 @@ the rematerialised forward and the backward's two matmuls per weight)."""
 
 def real_token_share(batch, obs: dict[str, np.ndarray], action_width: int) -> dict[str, float]:
     """How an update's token slots divide, weighted by what each costs (FORWARD_SHARE for a row only read),
-    on `batch` in the layout `obs` gives it (the padded observations, or packing.pack's).
+    on `batch` in the layout `obs` gives it (the padded observations, or the learner's host step's packed
+    sequences: segments.packed_sequences).
 
     `real` is the prompt and action tokens of every step row and the prompt tokens of a truncated
-    episode's final row (forward only). The rest is waste: in the padded layout rows past an episode's
-    end, the final row of a terminal episode (its value is never read), the backward through a truncated
-    one's final row, left padding and action slots past the action's end; packed, the unused slots of a
-    row rung, the final rows of terminal episodes and the padding left after trimming. Counted per token
-    slot, so attention's quadratic part is weighed as if linear (a few percent of a 135M decoder's FLOPs
-    at 400 tokens)."""
+    episode's final row (forward only), a preamble cut from every prompt counted once. The rest is waste:
+    in the padded layout rows past an episode's end, the final row of a terminal episode (its value is
+    never read), the backward through a truncated one's final row, left padding and action slots past the
+    action's end; packed, the slots left empty at the packed rows' ends, the final rows of terminal
+    episodes and the preamble's second pass for the final rows. Counted per token slot, so attention's
+    quadratic part is weighed as if linear (a few percent of a 135M decoder's FLOPs at 500 tokens)."""
     b, rows = batch.obs["prompt_length"].shape
-    width = obs["prompt_ids"].shape[-1]
-    if "train_rows" in obs:
-        total = obs["train_rows"].size * (width + action_width) + FORWARD_SHARE * b * width
+    p = obs["prefix_ids"].shape[-1] if "prefix_ids" in obs else 0
+    if "steps_segments" in obs:
+        total = obs["steps_segments"].size + p + FORWARD_SHARE * (obs["finals_segments"].size + p)
     else:
-        total = b * rows * (width + action_width)
-    real = 0.0
+        total = b * rows * (obs["prompt_ids"].shape[-1] + action_width)
+    real = float(p)
     for i in range(b):
         n = int(batch.length[i])
-        prompts = batch.obs["prompt_length"][i]
+        prompts = batch.obs["prompt_length"][i] - p
         real += float(np.sum(prompts[:n]) + np.sum(batch.choice["action_length"][i, :n]))
         if not batch.terminal[i]:
             real += FORWARD_SHARE * float(prompts[n])
@@ -182,25 +181,23 @@ def _demo_batch(policy, b: int, max_steps: int):
     return collate(episodes, max_steps)
 
 
-def _update_rows(policy, graphdef, params, b: int, max_steps: int, repeats: int, ref: float) -> list[dict]:
-    """The update's cost on b real demonstrations, padded as collated and packed as the learner packs them
-    (common/policies/lm/packing.py): compile seconds, GFLOP, real-token share, demo steps per minute."""
+def _update_rows(policy, graphdef, params, b: int, max_steps: int, repeats: int) -> list[dict]:
+    """The update's cost on b real demonstrations, padded as collated and packed as the learner's host
+    step packs them (packing.py, segments.py), without and with the cached trunk (trunk.py)."""
     batch = _demo_batch(policy, b, max_steps)
     trained, frozen = split_trained(params)
+    grad, compile_s = _update_gradient(policy, graphdef, batch, trained, frozen, batch.obs)
+    seconds = _timed(grad, (trained, frozen, batch.obs), repeats)
     steps = int(np.sum(batch.length))
-    action_width = batch.choice["action_tokens"].shape[-1]
-    rows = []
-    for layout, obs in (("padded", batch.obs), ("packed", packing.pack(batch.obs, PROMPT_QUANTUM))):
-        grad, compile_s = _update_gradient(policy, graphdef, batch, trained, frozen, obs)
-        seconds = _timed(grad, (trained, frozen, obs), repeats)
-        rows.append({
-            "path": f"update ({layout})", "episodes": b, "max_steps": max_steps, "steps": steps,
-            "prompt_width": obs["prompt_ids"].shape[-1], "compile_s": compile_s, "ms_per_call": seconds * 1e3,
-            "gflop": compiled_gflop(grad, trained, frozen, obs), **real_token_share(batch, obs, action_width),
-            "demo_steps_per_min": steps / seconds * 60,
-        })  # fmt: skip
-    rows += [_cached_row(policy, graphdef, params, batch, repeats, shared) for shared in (False, True)]
-    return rows
+    padded = {
+        "path": "update (padded)", "episodes": b, "max_steps": max_steps, "steps": steps,
+        "compile_s": compile_s, "ms_per_call": seconds * 1e3, "gflop": compiled_gflop(grad, trained, frozen, batch.obs),
+        **real_token_share(batch, batch.obs, batch.choice["action_tokens"].shape[-1]),
+        "demo_steps_per_min": steps / seconds * 60,
+    }  # fmt: skip
+    return [padded] + [
+        _packed_row(policy, graphdef, params, batch, repeats, cached) for cached in (False, True)
+    ]
 
 
 EPOCHS = 3
@@ -222,52 +219,53 @@ def _update_gradient(policy, graphdef, batch, trained, frozen, obs):
     return grad, time.perf_counter() - t0
 
 
-def _cached_row(policy, graphdef, params, batch, repeats: int, shared: bool) -> dict:
-    """The packed update with the frozen trunk from the cache (common/policies/lm/trunk.py), and with
-    `shared` the preamble cut from every prompt and computed once (packing.share_prefix: the learner's host
-    step, `LMPolicy.host_inputs`): per update the host step on cache hits (placing the kept rows) plus the
-    gradient over the adapted blocks alone; the trunk's computation for the batch (a first draw, forward
-    only) timed apart, and demo steps per minute both with every row kept (`demo_steps_per_min`) and
-    with the trunk's cost spread over EPOCHS draws (`demo_steps_per_min_amortized`)."""
+def _packed_row(policy, graphdef, params, batch, repeats: int, cached: bool) -> dict:
+    """The update on the learner's host step's layout (the family's `host_inputs`: the step rows and
+    truncated final rows as sequences end to end, the shared preamble once), without a trunk cache (the
+    whole decoder, rematerialised) or with it (`cached`: only the adapted blocks). Per update the host step
+    (with the cache, on hits: placing the kept rows) plus the gradient; with the cache the trunk's
+    computation for the batch (a first draw, forward only) timed apart, and demo steps per minute both with
+    every row kept (`demo_steps_per_min`) and with the trunk's cost spread over EPOCHS draws
+    (`demo_steps_per_min_amortized`)."""
     trained, frozen = split_trained(params)
     steps = int(np.sum(batch.length))
-    preamble = policy.prompts.preamble if shared else policy.prompts.preamble[:0]
+    host = policy.host_inputs(graphdef, 2**31 if cached else 0)
+    trunk = host.trunk
 
-    def host_step(cache: TrunkCache) -> dict:
-        packed = cache.add(packing.pack(batch.obs, PROMPT_QUANTUM), batch.choice, params)
-        return packing.share_prefix(packed, preamble, PROMPT_QUANTUM)
+    def host_step() -> dict:
+        return host(batch.obs, None, batch.choice, params)[0]
 
-    def first_draw(cache: TrunkCache) -> dict:
-        cache.clear()  # every row computed again, by the trunk already compiled
-        return host_step(cache)
+    def first_draw() -> dict:
+        trunk.clear()  # every row computed again, by the trunk already compiled
+        return host_step()
 
-    cache = TrunkCache(graphdef, 2**31, PROMPT_QUANTUM, preamble)  # as the learner's, with `shared`
     t0 = time.perf_counter()
-    host_step(cache)  # compiles the trunk
-    trunk_compile_s = time.perf_counter() - t0
-    trunk_s = best_seconds(lambda: first_draw(cache), repeats)
-    host_s = best_seconds(lambda: host_step(cache), repeats)
-    obs = host_step(cache)
+    obs = host_step()  # compiles the trunk, when cached
+    trunk_compile_s = time.perf_counter() - t0 if cached else 0.0
+    trunk_s = best_seconds(first_draw, repeats) if cached else 0.0
+    host_s = best_seconds(host_step, repeats)
     grad, compile_s = _update_gradient(policy, graphdef, batch, trained, frozen, obs)
     seconds = _timed(grad, (trained, frozen, obs), repeats) + host_s
     return {
-        "path": f"update (packed, cached trunk{', shared preamble' if shared else ''})",
-        "episodes": len(batch.length), "steps": steps, "prompt_width": obs["prompt_ids"].shape[-1],
-        "shared_tokens": len(preamble), "compile_s": compile_s + trunk_compile_s,
-        "ms_per_call": seconds * 1e3, "host_ms": host_s * 1e3, "trunk_ms": trunk_s * 1e3,
-        "gflop": compiled_gflop(grad, trained, frozen, obs), "trunk_mb": cache.bytes / 2**20,
+        "path": f"update (packed sequences{', cached trunk' if cached else ''})",
+        "episodes": len(batch.length), "steps": steps, "packed_rows": obs["steps_ids"].shape[:2],
+        "width": obs["steps_ids"].shape[-1], "shared_tokens": obs["prefix_ids"].shape[-1] if "prefix_ids" in obs else 0,
+        "compile_s": compile_s + trunk_compile_s, "ms_per_call": seconds * 1e3, "host_ms": host_s * 1e3,
+        "trunk_ms": trunk_s * 1e3, "gflop": compiled_gflop(grad, trained, frozen, obs),
+        "trunk_mb": trunk.bytes / 2**20 if cached else 0.0,
+        **real_token_share(batch, obs, batch.choice["action_tokens"].shape[-1]),
         "demo_steps_per_min": steps / seconds * 60,
         "demo_steps_per_min_amortized": steps / (seconds + trunk_s / EPOCHS) * 60,
     }  # fmt: skip
 
 
 def _fewer_adapted_row(layers: int, repeats: int) -> dict:
-    """The last update row (cached trunk, shared preamble) with LoRA on the top `layers` blocks instead
+    """The last update row (packed sequences, cached trunk) with LoRA on the top `layers` blocks instead
     of the recipe's 8: a lever measured for the recipe's choice, not the recipe (what fewer adapted blocks
     cost in learning is another question: issue 47)."""
     policy = make_policy(ModelConfig(kind="lm", lora_layers=layers))
     graphdef, params = policy.create(0)
-    row = _cached_row(policy, graphdef, params, _demo_batch(policy, 2, 10), repeats, True)
+    row = _packed_row(policy, graphdef, params, _demo_batch(policy, 2, 10), repeats, True)
     return {**row, "path": f"{row['path']}, top {layers} blocks adapted (not the recipe)"}
 
 
@@ -302,14 +300,14 @@ def run(quick: bool) -> tuple[list[dict], dict]:
     rows.append(
         _learner_row(policy, graphdef, params, screens, 1 if quick else 2, 4 if quick else 10, repeats, ref)
     )
-    updates = _update_rows(policy, graphdef, params, 2, 10, repeats, ref)  # the recipe's update
+    updates = _update_rows(policy, graphdef, params, 2, 10, repeats)  # the recipe's update
     rows += updates
     rows.append(_fewer_adapted_row(4, repeats))
-    packed, shared = updates[1], updates[-1]
+    cached = updates[-1]
     rows += _wire_rows(policy, graphdef, params, screens, 5)
     rows.append({"path": "create policy (GGUF load + LoRA)", "seconds": create_s, "ref_matmul_gflops": ref})
     headline = {
-        "real_token_flop_share": packed["real_token_flop_share"],
-        "demo_steps_per_min": shared["demo_steps_per_min_amortized"],
+        "real_token_flop_share": cached["real_token_flop_share"],
+        "demo_steps_per_min": cached["demo_steps_per_min_amortized"],
     }
     return rows, headline

@@ -139,8 +139,6 @@ def imitation(
     import jax.numpy as jnp
 
     from common.backbones.decoder.lora import split_trained
-    from common.policies.lm import packing
-    from common.policies.lm.family import PROMPT_QUANTUM
     from learner.batch import collate
     from learner.losses import LOSSES, LossParams
     from learner.training.train_step import make_optimizer, make_train_step
@@ -151,9 +149,11 @@ def imitation(
     val = list(_demos(policy, "validation", range(max(val_seeds) + 1)).items())
     val = [ep for seed, ep in val if seed in val_seeds]
 
+    host = policy.host_inputs(graphdef, 0)  # the learner's host step, without a trunk cache
+
     def packed(episodes):
         batch = collate(episodes, MAX_STEPS)
-        return batch._replace(obs=packing.pack(batch.obs, PROMPT_QUANTUM))
+        return batch._replace(obs=host(batch.obs, None, batch.choice, params)[0])
 
     logp = jax.jit(lambda params, obs, choice: policy.evaluate(graphdef, params, obs, choice, None).logp)
 

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from common.backbones.decoder.lora import ADAPTERS, BASE, PROJECTIONS, LoraConfig
+from common.backbones.decoder.lora import ADAPTERS, BASE, PROJECTIONS, LoraConfig, lora_delta
 from common.backbones.decoder.weights import checkpoint_layout, load_folder, merge_lora, to_tensors
 from tests.decoder_reference import VARIANTS, left_padded_batch, write_hf_folder
 from tests.test_decoder_model import forward
@@ -118,3 +118,18 @@ def test_bad_lora_configs_are_refused(kwargs, says):
     with pytest.raises(ValueError, match=says):
         LoraConfig(**kwargs)
     assert set(PROJECTIONS) == set(LoraConfig(rank=2).targets)
+
+
+def test_the_adapter_delta_s_gradient_is_the_plain_one():
+    """lora_delta writes its gradient out (so XLA:CPU transposes the thin factors, not the activations):
+    against a float64 numpy reference of d/dx, d/da, d/db of sum(w * (x a) b), batched tokens [2, 5, d]."""
+    rng = np.random.default_rng(4)
+    x, a, b, w = (rng.standard_normal(s) for s in ((2, 5, 6), (6, 3), (3, 7), (2, 5, 7)))
+    grads = jax.grad(
+        lambda x, a, b: jnp.sum(jnp.asarray(w, jnp.float32) * lora_delta(x, a, b)), argnums=(0, 1, 2)
+    )(*(jnp.asarray(t, jnp.float32) for t in (x, a, b)))
+    gb = w @ b.T  # [2, 5, 3]
+    want = (gb @ a.T, np.einsum("tnr,tni->ir", gb, x), np.einsum("tni,ir,tno->ro", x, a, w))
+    for got, ref in zip(grads, want, strict=True):
+        np.testing.assert_allclose(np.asarray(got), ref, rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(np.asarray(lora_delta(x, a, b)), x @ a @ b, rtol=1e-5, atol=1e-5)

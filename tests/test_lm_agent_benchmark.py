@@ -9,7 +9,8 @@ import numpy as np
 import pytest
 
 from benchmarks.lm_agent import FORWARD_SHARE, real_token_share
-from common.policies.lm import packing
+from common.policies.lm import packing, segments
+from common.policies.lm.segments import SEGMENT_WIDTH
 
 
 def test_real_tokens_are_the_step_rows_and_a_truncated_episodes_final_prompt():
@@ -28,10 +29,18 @@ def test_real_tokens_are_the_step_rows_and_a_truncated_episodes_final_prompt():
     assert share["slots"] == 2 * 4 * 14
     assert share["real_token_flop_share"] == pytest.approx(real / (2 * 4 * 14))
 
-    # Packed (packing.pack, quantum 4): 3 step rows in 2 slots per episode (one unused); the longest prompt,
-    # 9, rounded up to 12 keeps all 10 columns; both final rows forward only (the terminal one's unread).
-    packed = packing.pack(batch.obs, quantum=4)
-    assert packed["train_rows"].shape == (2, 2) and packed["prompt_ids"].shape[-1] == 10
-    share = real_token_share(batch, packed, action_width=4)
-    assert share["slots"] == pytest.approx(4 * 14 + FORWARD_SHARE * 2 * 10)
+    # Packed as the learner's host step lays it out, every prompt starting with a 2-token preamble: the
+    # preamble once (trained), each step row's rest and action end to end (7, 7 and 7 tokens in one row
+    # of SEGMENT_WIDTH, rounded up to a row per episode), the final rows' rests (6 and 7, forward only)
+    # in rows 8 wide (quantum 4) and the preamble's second pass for them.
+    prefix = np.array([5, 6])
+    ids = np.zeros((2, 4, 10), np.int32)
+    for (i, t), n in np.ndenumerate(lengths):
+        ids[i, t, 10 - n :] = np.r_[prefix, np.arange(7, 5 + n)][:n] if n else []
+    choice = {"action_length": batch.choice["action_length"], "action_tokens": np.ones((2, 3, 4), np.int32)}
+    obs = segments.packed_sequences(packing.pack({**batch.obs, "prompt_ids": ids}), choice, prefix, 4)
+    assert obs["steps_segments"].shape == (2, 1, SEGMENT_WIDTH) and obs["finals_segments"].shape == (2, 1, 8)
+    share = real_token_share(batch, obs, action_width=4)
+    assert share["slots"] == pytest.approx(2 * SEGMENT_WIDTH + 2 + FORWARD_SHARE * (2 * 8 + 2))
+    real = 2 + (4 + 3) + (5 + 2) + (3 + 4) + FORWARD_SHARE * 7
     assert share["real_token_flop_share"] == pytest.approx(real / share["slots"])

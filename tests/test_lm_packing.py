@@ -4,8 +4,8 @@ the losses the same values as the padded layout, and the update the same loss, g
 Three episodes of real SimPhone screens on a tiny random decoder with SmolLM2's tokenizer and grammar
 (tests/lm_backbone.py), actions sampled by the family's own constrained act: lengths 4, 2 and 1 of
 --max-steps 4, the middle one terminal (its final row's value is never read), the others truncated (their
-final rows are bootstrap targets, computed forward only). A 512-token budget leaves left padding every
-prompt shares, so the packed batch is also trimmed.
+final rows are bootstrap targets, computed forward only). The packed layout is the learner's host step
+without a trunk cache: the rows' real tokens end to end (segments.py), the preamble cut and run once.
 """
 
 from __future__ import annotations
@@ -23,7 +23,6 @@ from common.config import ModelConfig
 from common.params_file import params_to_flat
 from common.policies import make_policy
 from common.policies.lm import packing
-from common.policies.lm.family import PROMPT_QUANTUM
 from common.protocol.episodes import episode_fields, pack_episodes, validate_packed
 from learner.batch import collate
 from learner.losses import LOSSES, LossParams
@@ -124,15 +123,20 @@ def assert_same_update(lm, batch, imitation: bool, want_obs: dict, got_obs: dict
         np.testing.assert_allclose(flat_got[k], flat_want[k], rtol=1e-4, atol=1e-6, err_msg=k)
 
 
+def packed(lm, batch) -> dict:
+    """The batch's observations as the learner's host step gives them without a trunk cache: the rows that
+    matter (packing.pack), their real tokens end to end, the preamble cut (segments.packed_sequences)."""
+    policy, graphdef, params = lm
+    return policy.host_inputs(graphdef, 0)(batch.obs, None, batch.choice, params)[0]
+
+
 def test_the_packed_rows_are_the_steps_and_the_final_observations(batch):
-    packed = packing.pack(batch.obs, PROMPT_QUANTUM)
+    packed = packing.pack(batch.obs)
     rows = MAX_STEPS + 1
     # 7 step rows over 3 episodes: 3 slots each (the rung for ceil(7 / 3)), 2 unused.
     want = [0, 1, 2, 3, rows, rows + 1, 2 * rows, -1, -1]
     np.testing.assert_array_equal(packed["train_rows"], np.reshape(want, (3, 3)))
     np.testing.assert_array_equal(packed["final_rows"], [4, rows + 2, 2 * rows + 1])
-    longest = int(batch.obs["prompt_length"].max())
-    assert packed["prompt_ids"].shape[-1] == -(-longest // PROMPT_QUANTUM) * PROMPT_QUANTUM < 512
     assert packing.row_slots(7, 3, MAX_STEPS) == 3 and packing.row_slots(13, 3, MAX_STEPS) == 4
 
 
@@ -140,17 +144,19 @@ def test_scores_match_the_padded_layout_on_every_row_a_loss_reads(lm, batch):
     policy, graphdef, params = lm
     evaluate = jax.jit(lambda p, o, c: policy.evaluate(graphdef, p, o, c, None))
     padded = jax.device_get(evaluate(params, batch.obs, batch.choice))
-    packed = jax.device_get(evaluate(params, packing.pack(batch.obs, PROMPT_QUANTUM), batch.choice))
+    packed_obs = packed(lm, batch)
+    assert "steps_ids" in packed_obs and "prefix_ids" in packed_obs
+    packed_ = jax.device_get(evaluate(params, packed_obs, batch.choice))
     for b, (n, terminal) in enumerate(zip(LENGTHS, TERMINAL, strict=True)):
         for name in ("logp", "entropy", "ratio_logp"):
-            np.testing.assert_allclose(getattr(packed, name)[b, :n], getattr(padded, name)[b, :n], atol=TOL)
-            assert not np.any(getattr(packed, name)[b, n:])  # not computed: 0
+            np.testing.assert_allclose(getattr(packed_, name)[b, :n], getattr(padded, name)[b, :n], atol=TOL)
+            assert not np.any(getattr(packed_, name)[b, n:])  # not computed: 0
         read = n if terminal else n + 1  # a terminal episode's final value is never read
-        np.testing.assert_allclose(packed.values[b, :read], padded.values[b, :read], atol=TOL)
+        np.testing.assert_allclose(packed_.values[b, :read], padded.values[b, :read], atol=TOL)
     assert np.all(np.isfinite(padded.logp)) and np.abs(padded.values).max() > 0
 
 
 @pytest.mark.parametrize("imitation", [False, True])
 def test_the_update_has_the_same_loss_gradients_and_priorities(lm, batch, imitation):
     """One A-RIDE update (and one imitation update) from the same parameters on both layouts."""
-    assert_same_update(lm, batch, imitation, batch.obs, packing.pack(batch.obs, PROMPT_QUANTUM))
+    assert_same_update(lm, batch, imitation, batch.obs, packed(lm, batch))

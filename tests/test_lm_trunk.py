@@ -1,9 +1,9 @@
 """The lm family's cached frozen trunk (common/policies/lm/trunk.py): the adapted blocks started from the
 cached output of the blocks below them give the same log-probs, values, loss, gradients and priorities as
-the whole decoder, whether the rows were computed now or kept from a batch of another width, and the cache
-keeps to its byte budget. And the preamble every prompt starts with, cut from the rows and run once as a
-shared row (packing.share_prefix, the decoder's `prefix`; the actor's prefill too): the same scores and
-update, with the trunk recomputed or cached; a batch with a prompt that does not start with it stays whole.
+the whole decoder, whether the rows were computed now or kept from another batch, and the cache keeps to
+its byte budget. And the preamble every prompt starts with, cut from the rows and run once as a shared row
+(segments.packed_sequences, the decoder's `prefix`; the cache's fill and the actor's prefill too): the
+same states and scores; a batch with a prompt that does not start with it stays whole.
 
 A tiny random decoder of 2 blocks with SmolLM2's tokenizer (tests/lm_backbone.py), LoRA on the top one, so
 the trunk is the bottom block; the batch is test_lm_packing's (three episodes of real SimPhone screens,
@@ -23,9 +23,10 @@ from common.backbones.decoder.llama import SharedPrefix
 from common.config import ModelConfig
 from common.policies import make_policy
 from common.policies.lm import packing
-from common.policies.lm.family import PROMPT_QUANTUM
+from common.policies.lm.family import PROMPT_QUANTUM, _Packing
 from common.policies.lm.network import prompt_layout
-from common.policies.lm.trunk import TrunkCache
+from common.policies.lm.segments import SEGMENT_WIDTH
+from common.policies.lm.trunk import EXACT_ROWS, TrunkCache
 from tests.lm_backbone import tiny_lm_folder
 from tests.test_lm_packing import _episode_screens, assert_same_update, collated_batch
 
@@ -81,91 +82,94 @@ def _evaluate(lm, obs, choice):
     )
 
 
-def test_cached_scores_equal_the_recomputed_ones(lm, batch):
-    _, graphdef, params = lm
-    packed = packing.pack(batch.obs, PROMPT_QUANTUM)
-    cache = TrunkCache(graphdef, 2**30)
-    cached = cache.add(packed, batch.choice, params)
-    rows = int((packed["train_rows"] >= 0).sum()) + len(LENGTHS)
-    assert cache.misses == rows and cache.hits == 0 and cache.evicted == 0
-    assert cached["trunk_rows"].shape[:2] == packed["train_rows"].shape
-    want, got = _evaluate(lm, packed, batch.choice), _evaluate(lm, cached, batch.choice)
+def _host(lm, cache: TrunkCache | None, batch) -> dict:
+    """The learner's host step (the family's `_Packing`) with `cache`, or without a trunk cache."""
+    policy, _, params = lm
+    return _Packing(cache, policy.prompts.preamble)(batch.obs, None, batch.choice, params)[0]
+
+
+def _cache(lm, budget: int = 2**30) -> TrunkCache:
+    policy, graphdef, _ = lm
+    return TrunkCache(graphdef, budget, PROMPT_QUANTUM, policy.prompts.preamble)  # as the learner's
+
+
+def _assert_same_scores(got, want) -> None:
     for name in ("logp", "entropy", "values", "ratio_logp"):
         np.testing.assert_allclose(getattr(got, name), getattr(want, name), atol=TOL, err_msg=name)
     assert np.abs(want.values).max() > 0 and np.all(np.isfinite(want.logp))
+
+
+def test_cached_scores_equal_the_recomputed_ones(lm, batch):
+    recomputed = _host(lm, None, batch)
+    cache = _cache(lm)
+    cached = _host(lm, cache, batch)
+    rows = int((packing.pack(batch.obs)["train_rows"] >= 0).sum()) + len(LENGTHS)
+    assert cache.misses == rows and cache.hits == 0 and cache.evicted == 0
+    assert cached["steps_trunk"].shape == (*cached["steps_ids"].shape, 32) and "trunk_prefix" in cached
+    _assert_same_scores(_evaluate(lm, cached, batch.choice), _evaluate(lm, recomputed, batch.choice))
     # Drawn again: every row from the cache, nothing computed, the same inputs.
-    again = cache.add(packed, batch.choice, params)
+    again = _host(lm, cache, batch)
     assert cache.hits == rows and cache.misses == rows
-    np.testing.assert_array_equal(again["trunk_rows"], cached["trunk_rows"])
-    np.testing.assert_array_equal(again["trunk_final"], cached["trunk_final"])
+    for name in ("steps_trunk", "finals_trunk", "trunk_prefix"):
+        np.testing.assert_array_equal(again[name], cached[name])
 
 
-def test_rows_kept_at_one_width_score_the_same_at_another(lm, batch):
-    """Rows kept from a batch trimmed to the longest prompt (one width) placed in a batch of the last
-    episode alone left at the full budget (another width): they come from the cache and score as
-    recomputed."""
-    _, graphdef, params = lm
-    cache = TrunkCache(graphdef, 2**30)
-    narrow = packing.pack(batch.obs, PROMPT_QUANTUM)
-    cache.add(narrow, batch.choice, params)
+def test_rows_kept_from_one_batch_score_the_same_in_another(lm, batch):
+    """Rows kept from the whole batch, drawn again in a batch of the last episode alone (laid out
+    elsewhere): they come from the cache and score as recomputed."""
+    cache = _cache(lm)
+    _host(lm, cache, batch)
     alone = jax.tree.map(lambda x: x[2:], batch)
-    packed = packing.pack(alone.obs, 512)  # no trimming
-    assert packed["prompt_ids"].shape[-1] == 512 > narrow["prompt_ids"].shape[-1]
     misses = cache.misses
-    cached = cache.add(packed, alone.choice, params)
+    cached = _host(lm, cache, alone)
     assert cache.misses == misses  # all kept
-    want, got = _evaluate(lm, packed, alone.choice), _evaluate(lm, cached, alone.choice)
-    for name in ("logp", "entropy", "values"):
-        np.testing.assert_allclose(getattr(got, name), getattr(want, name), atol=TOL, err_msg=name)
-
-
-def test_the_update_has_the_same_loss_gradients_and_priorities(lm, batch):
-    """One A-RIDE update (its priorities included); the imitation update on the cached trunk is compared
-    below, with the preamble cut as the learner's host step cuts it."""
-    _, graphdef, params = lm
-    packed = packing.pack(batch.obs, PROMPT_QUANTUM)
-    assert_same_update(
-        lm, batch, False, packed, TrunkCache(graphdef, 2**30).add(packed, batch.choice, params)
+    _assert_same_scores(
+        _evaluate(lm, cached, alone.choice), _evaluate(lm, _host(lm, None, alone), alone.choice)
     )
+
+
+@pytest.mark.parametrize("imitation", [False, True])
+def test_the_update_has_the_same_loss_gradients_and_priorities(lm, batch, imitation):
+    """One A-RIDE update (its priorities included) and one imitation update, on the trunk from the cache
+    and recomputed."""
+    assert_same_update(lm, batch, imitation, _host(lm, None, batch), _host(lm, _cache(lm), batch))
 
 
 def test_the_cache_stays_within_its_budget_and_evicts_the_least_recently_drawn(lm, batch):
-    _, graphdef, params = lm
-    packed = packing.pack(batch.obs, PROMPT_QUANTUM)
-    full = TrunkCache(graphdef, 2**30)
-    want = full.add(packed, batch.choice, params)
+    packed = packing.pack(batch.obs)
+    full = _cache(lm)
+    _, _, params = lm
+    want = full.row_states(packed, batch.choice, params)
     sizes = sorted(a.nbytes for a in full._rows.values())
     budget = sum(sizes[:3])  # room for about three of the ten rows
-    small = TrunkCache(graphdef, budget)
-    shapes, compute = [], small._compute
-    small._compute = lambda params, prompt, *rest: (
-        shapes.append(prompt.shape) or compute(params, prompt, *rest)
-    )
-    got = small.add(packed, batch.choice, params)
+    small = _cache(lm, budget)
+    shapes, compute = [], small._compute_after
+    small._compute_after = lambda params, ids, *rest: shapes.append(ids.shape) or compute(params, ids, *rest)
+    got = small.row_states(packed, batch.choice, params)
     assert 0 < small.bytes <= budget and small.evicted == len(sizes) - len(small._rows) > 0
-    np.testing.assert_array_equal(got["trunk_rows"], want["trunk_rows"])  # evicted or not, the same inputs
-    np.testing.assert_array_equal(got["trunk_final"], want["trunk_final"])
+    for g, w in zip(got[0] + got[1], want[0] + want[1], strict=True):
+        np.testing.assert_array_equal(g, w)  # evicted or not, the same states
     kept = list(small._rows)
-    small.add(packed, batch.choice, params)
+    small.row_states(packed, batch.choice, params)
     assert small.bytes <= budget and small.misses > len(sizes)  # evicted rows were computed again
-    # Few shapes compile: rows padded to a power of two (at least ROW_BUCKET), widths to the quantum.
-    assert len(shapes) == 2 and all(
-        r >= 8 and r & (r - 1) == 0 and w % PROMPT_QUANTUM == 0 for r, w in shapes
-    )
+    # Few shapes compile: rows packed SEGMENT_WIDTH wide, exactly as many as needed up to EXACT_ROWS.
+    assert len(shapes) == 2 and all(r <= EXACT_ROWS and w == SEGMENT_WIDTH for r, w in shapes)
     assert kept[-1] in small._rows or small.evicted > len(sizes) - len(kept)
     stats = small.stats()
     assert stats["trunk_cache_mb"] == small.bytes / 2**20 and stats["trunk_misses"] == small.misses
-    none = TrunkCache(graphdef, 0)
-    np.testing.assert_array_equal(none.add(packed, batch.choice, params)["trunk_rows"], want["trunk_rows"])
+    none = _cache(lm, 0)
+    for g, w in zip(none.row_states(packed, batch.choice, params)[0], want[0], strict=True):
+        np.testing.assert_array_equal(g, w)
     assert none.bytes == 0 and not none._rows
     misses = full.misses
     full.clear()  # the benchmark's first draw again: every row computed, the same states
     assert full.bytes == 0 and not full._rows
-    np.testing.assert_array_equal(full.add(packed, batch.choice, params)["trunk_rows"], want["trunk_rows"])
+    for g, w in zip(full.row_states(packed, batch.choice, params)[0], want[0], strict=True):
+        np.testing.assert_array_equal(g, w)
     assert full.misses == 2 * misses and full.bytes > 0
 
 
-# ---- the preamble every prompt starts with, computed once (packing.share_prefix, Decoder.states(prefix=))
+# ---- the preamble every prompt starts with, computed once (segments.packed_sequences, Decoder.states(prefix=))
 
 
 def test_rows_after_a_shared_prefix_equal_the_whole_rows(lm):
@@ -205,69 +209,49 @@ def test_the_cache_fills_rows_after_the_preamble_as_the_whole_rows(lm, batch):
     """TrunkCache with the preamble (as the learner builds it) computes the preamble once per fill and
     each row after it (Decoder.trunk_after): the same states as the whole rows' trunk, and the whole
     rows are never computed; a batch with a prompt that does not start with the preamble is filled whole."""
-    policy, graphdef, params = lm
-    packed = packing.pack(batch.obs, PROMPT_QUANTUM)
-    want = TrunkCache(graphdef, 2**30).add(packed, batch.choice, params)
-    cache = TrunkCache(graphdef, 2**30, PROMPT_QUANTUM, policy.prompts.preamble)
-    widths, after = [], cache._compute_after
+    _, graphdef, params = lm
+    packed = packing.pack(batch.obs)
+    want = TrunkCache(graphdef, 2**30).row_states(packed, batch.choice, params)  # no preamble: whole rows
+    cache = _cache(lm)
     cache._compute = None  # the whole-row computation: must not run
-    cache._compute_after = lambda params, prompt, *rest: (
-        widths.append(prompt.shape[-1]) or after(params, prompt, *rest)
-    )
-    got = cache.add(packed, batch.choice, params)
-    assert widths and max(widths) < packed["prompt_ids"].shape[-1]  # rows without the preamble
-    for name in ("trunk_rows", "trunk_final"):
-        np.testing.assert_allclose(got[name], want[name], atol=TOL, err_msg=name)
-    assert np.abs(want["trunk_final"]).max() > 0
-    foreign = {**packed, "prompt_ids": packed["prompt_ids"].copy()}
-    row = packed["prompt_ids"][1, 0]
-    foreign["prompt_ids"][1, 0, row.shape[-1] - packed["prompt_length"][1, 0]] += 1  # its first id
-    whole = TrunkCache(graphdef, 2**30, PROMPT_QUANTUM, policy.prompts.preamble)
+    got = cache.row_states(packed, batch.choice, params)
+    for g, w in zip(got[0] + got[1], want[0] + want[1], strict=True):
+        np.testing.assert_allclose(g, w, atol=TOL)
+    assert np.abs(want[1][0]).max() > 0
+    foreign = _foreign(packed)
+    whole = _cache(lm)
     whole._compute_after = None  # the prefix path: must not run for this batch
-    np.testing.assert_array_equal(
-        whole.add(foreign, batch.choice, params)["trunk_rows"],
-        TrunkCache(graphdef, 2**30).add(foreign, batch.choice, params)["trunk_rows"],
-    )
+    for g, w in zip(
+        whole.row_states(foreign, batch.choice, params)[0],
+        TrunkCache(graphdef, 2**30).row_states(foreign, batch.choice, params)[0],
+        strict=True,
+    ):
+        np.testing.assert_array_equal(g, w)
 
 
-def _shared(lm, batch, cached: bool):
-    policy, graphdef, params = lm
-    """(the packed observations, the same with the trunk from the cache when `cached` and the preamble cut)."""
-    packed = packing.pack(batch.obs, PROMPT_QUANTUM)
-    cache = TrunkCache(graphdef, 2**30, PROMPT_QUANTUM, policy.prompts.preamble)  # as the learner's
-    source = cache.add(packed, batch.choice, params) if cached else packed
-    return packed, packing.share_prefix(source, policy.prompts.preamble, PROMPT_QUANTUM)
+def _foreign(obs: dict) -> dict:
+    """`obs` with the first id of episode 1's first prompt changed: that prompt no longer starts with the
+    preamble."""
+    foreign = {**obs, "prompt_ids": obs["prompt_ids"].copy()}
+    row = obs["prompt_ids"][1, 0]
+    foreign["prompt_ids"][1, 0, row.shape[-1] - obs["prompt_length"][1, 0]] += 1
+    return foreign
 
 
 @pytest.mark.parametrize("cached", [False, True])
-def test_scores_with_the_prefix_cut_equal_the_whole_rows(lm, batch, cached):
-    policy, _, _ = lm
-    packed, shared = _shared(lm, batch, cached)
-    p = len(policy.prompts.preamble)
-    assert p > 20 and shared["prefix_ids"].shape == (len(LENGTHS), p)
-    assert np.array_equal(
-        shared["prompt_length"], np.where(packed["prompt_length"] > 0, packed["prompt_length"] - p, 0)
-    )
-    assert shared["prompt_ids"].shape[-1] <= packed["prompt_ids"].shape[-1]
-    want, got = _evaluate(lm, packed, batch.choice), _evaluate(lm, shared, batch.choice)
-    for name in ("logp", "entropy", "values", "ratio_logp"):
-        np.testing.assert_allclose(getattr(got, name), getattr(want, name), atol=TOL, err_msg=name)
-    assert np.abs(want.values).max() > 0
-
-
-def test_a_prompt_without_the_preamble_leaves_the_batch_whole(lm, batch):
-    policy, _, _ = lm
-    packed = packing.pack(batch.obs, PROMPT_QUANTUM)
-    foreign = {**packed, "prompt_ids": packed["prompt_ids"].copy()}
-    row = packed["prompt_ids"][1, 0]
-    foreign["prompt_ids"][1, 0, row.shape[-1] - packed["prompt_length"][1, 0]] += 1  # its first id
-    assert packing.share_prefix(foreign, policy.prompts.preamble, PROMPT_QUANTUM) is foreign
-    assert packing.share_prefix(packed, policy.prompts.preamble[:0], PROMPT_QUANTUM) is packed
-
-
-@pytest.mark.parametrize("imitation", [False, True])
-def test_the_update_with_the_prefix_cut_and_the_trunk_cached_is_the_same(lm, batch, imitation):
-    assert_same_update(lm, batch, imitation, *_shared(lm, batch, True))
+def test_a_prompt_without_the_preamble_leaves_the_rows_whole(lm, batch, cached):
+    """The host step cuts the preamble only when every prompt starts with it; otherwise the rows stay
+    whole (no `prefix_ids`), and score as the padded layout does."""
+    foreign = batch._replace(obs=_foreign(batch.obs))
+    host = _host(lm, _cache(lm) if cached else None, foreign)
+    assert "prefix_ids" not in host and "trunk_prefix" not in host
+    assert "prefix_ids" in _host(lm, None, batch)
+    got, padded = _evaluate(lm, host, batch.choice), _evaluate(lm, foreign.obs, batch.choice)
+    for b, (n, terminal) in enumerate(zip(LENGTHS, TERMINAL, strict=True)):  # the rows a loss reads
+        for name in ("logp", "entropy", "ratio_logp"):
+            np.testing.assert_allclose(getattr(got, name)[b, :n], getattr(padded, name)[b, :n], atol=TOL)
+        read = n if terminal else n + 1
+        np.testing.assert_allclose(got.values[b, :read], padded.values[b, :read], atol=TOL)
 
 
 def test_the_actor_computes_the_preamble_once_and_acts_as_on_whole_prompts(lm):

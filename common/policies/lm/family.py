@@ -29,7 +29,7 @@ from common.backbones.pretrained import load_pretrained
 from common.config import ModelConfig
 from common.policies.evaluation import Evaluation
 from common.policies.family import Acted, DemoOracle, HostStep
-from common.policies.lm import grammar, network, packing
+from common.policies.lm import grammar, network, packing, segments
 from common.policies.lm.demos import LMDemonstrator
 from common.policies.lm.network import Decoding, LMAgent, actions_in_grammar, score_actions
 from common.policies.lm.prompt import PromptBuilder
@@ -143,9 +143,10 @@ class LMPolicy:
 
     def host_inputs(self, graphdef, cache_bytes: int) -> HostStep | None:
         """The update's rows packed (packing.py): step rows with their gradient, final rows forward only,
-        the batch's common left padding trimmed; with LoRA below the top blocks and `cache_bytes` > 0,
-        the frozen blocks' output from the cache (trunk.py); the shared preamble cut (packing.share_prefix). None in a multi-process learner, where every
-        process would have to agree on the shape (it trains on the padded rows there)."""
+        their real tokens end to end (segments.py), the shared preamble cut and run once; with LoRA below
+        the top blocks and `cache_bytes` > 0, the frozen blocks' output from the cache (trunk.py). None in
+        a multi-process learner, where every process would have to agree on the shape (it trains on the
+        padded rows there)."""
         if jax.process_count() > 1:
             return None
         frozen = frozen_layers(self._lora(), _backbone(self.cfg.backbone)[0].num_hidden_layers)
@@ -157,10 +158,15 @@ class LMPolicy:
         return _Packing(trunk, self.prompts.preamble)
 
     def update_shapes(self, max_steps: int) -> int:
-        """The most update shapes packing gives for --max-steps `max_steps` (packing.bound), twice: with
-        and without the shared preamble (a batch whose prompts do not all start with it keeps them whole);
-        the learner compiles each as a batch first has it (family.ShapedUpdates)."""
-        return 2 * packing.bound(max_steps, self.cfg.lm_prompt_tokens, PROMPT_QUANTUM)
+        """The most update shapes packing gives for --max-steps `max_steps`: the train slots' rungs times
+        the packed step rows per episode (at most the slots), times the final rows' widths, twice (with and
+        without the shared preamble: prompts from another builder stay whole). The learner compiles each
+        as a batch first has it (family.ShapedUpdates), and reports how many it did."""
+        rungs = {min(max_steps, r) for r in packing.ROW_RUNGS} | {max_steps}
+        longest = self.cfg.lm_prompt_tokens + self.cfg.lm_action_tokens
+        widths = segments.bound(longest, segments.SEGMENT_WIDTH, PROMPT_QUANTUM, 1)
+        finals = -(-self.cfg.lm_prompt_tokens // PROMPT_QUANTUM)
+        return 2 * sum(rungs) * widths * finals
 
     def featurize(self, obs: Observation, history: Sequence[Action] = ()) -> dict[str, np.ndarray]:
         """The prompt of `obs` with the episode's recent actions, left-padded to the budget."""
@@ -295,18 +301,18 @@ def whole_inputs(features: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
 
 
 class _Packing:
-    """The lm family's host step (`LMPolicy.host_inputs`): pack, add the cached trunk when kept, and cut
-    the preamble every prompt shares (packing.share_prefix), so the update computes it once."""
+    """The lm family's host step (`LMPolicy.host_inputs`): pick the rows that matter (packing.pack), lay
+    them out as sequences end to end (segments.py) with the preamble every prompt shares cut and computed
+    once, and their frozen trunk from the cache when kept."""
 
     def __init__(self, trunk: TrunkCache | None, preamble: np.ndarray):
         self.trunk = trunk
         self.preamble = preamble
 
     def __call__(self, obs, acted_obs, choice, params):
-        packed = packing.pack(obs, PROMPT_QUANTUM)
-        if self.trunk is not None:
-            packed = self.trunk.add(packed, choice, params)
-        return packing.share_prefix(packed, self.preamble, PROMPT_QUANTUM), acted_obs
+        packed = packing.pack(obs)
+        states = None if self.trunk is None else self.trunk.row_states(packed, choice, params)
+        return segments.packed_sequences(packed, choice, self.preamble, PROMPT_QUANTUM, states), acted_obs
 
     def stats(self) -> dict[str, float]:
         return {} if self.trunk is None else self.trunk.stats()

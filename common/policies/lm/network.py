@@ -269,10 +269,11 @@ def score_actions(
     With the learner's packed rows (obs "train_rows" and "final_rows", common/policies/lm/packing.py) only
     the rows that matter are computed: each step row once, with its gradient, and each episode's final
     observation forward only (its value is a bootstrap target, read under stop_gradient by every loss);
-    rows past an episode's end are not computed and read 0. Without them every row is (the padded layout).
-    With the learner's cached trunk as well (obs "trunk_rows" and "trunk_final", common/policies/lm/trunk.py)
-    only the decoder's adapted blocks run; with the prompts' shared preamble taken out of them (obs
-    "prefix_ids", and "trunk_prefix" with the trunk: packing.share_prefix) it runs once for every row."""
+    rows past an episode's end are not computed and read 0. Their real tokens come packed end to end
+    (obs "steps_*" and "finals_*", common/policies/lm/segments.py), the preamble every prompt shares cut
+    from them and run once (obs "prefix_ids"), and with the learner's cached trunk (obs "steps_trunk",
+    "finals_trunk", "trunk_prefix": common/policies/lm/trunk.py) only the decoder's adapted blocks run.
+    Without them every row is computed whole (the padded layout)."""
     tokens = choice["action_tokens"]
     if tokens.shape[-1] != decoding.action_tokens:
         raise ValueError(
@@ -307,27 +308,29 @@ def _score_padded(agent: LMAgent, decoding: Decoding, obs, choice) -> Scored:
 
 def _score_packed(agent: LMAgent, decoding: Decoding, obs, choice) -> Scored:
     """The step rows named by obs["train_rows"] (flat b * (T + 1) + t indices, -1 for a bucket's unused
-    slot), and the final rows of obs["final_rows"] forward only; scattered back to [B, T (+ 1)]."""
-    prompt, prompt_length = jnp.asarray(obs["prompt_ids"]), jnp.asarray(obs["prompt_length"])
+    slot), and the final rows of obs["final_rows"] forward only, as the sequences packed end to end that
+    segments.packed_sequences laid out; scattered back to [B, T (+ 1)]."""
+    if "steps_ids" not in obs:
+        raise ValueError(
+            "packed rows (train_rows) come with their packed sequences (segments.packed_sequences)"
+        )
     tokens, length = jnp.asarray(choice["action_tokens"]), jnp.asarray(choice["action_length"])
-    b, rows, width = prompt.shape
+    b, rows = obs["prompt_length"].shape
     steps, a = rows - 1, decoding.action_tokens
     train = jnp.asarray(obs["train_rows"]).reshape(-1)
     used = train >= 0
     at = jnp.where(used, train, 0)
     bi, ti = at // rows, jnp.minimum(at % rows, steps - 1)
-    flat_prompt, flat_length = prompt.reshape(b * rows, width), prompt_length.reshape(b * rows)
-    token_logp, entropy, values = _score_rows(
-        agent, decoding, flat_prompt[at], jnp.where(used, flat_length[at], 1),
-        tokens[bi, ti], jnp.where(used, length[bi, ti], 0), jnp.asarray(obs["n_elements"])[bi, ti],
-        None if "trunk_rows" not in obs else _flat_rows(obs["trunk_rows"]), _shared_prefix(obs),
-    )  # fmt: skip
-    final = jnp.asarray(obs["final_rows"]).reshape(-1)
-    final_values = jax.lax.stop_gradient(
-        _prompt_values(
-            agent, flat_prompt[final], flat_length[final], obs.get("trunk_final"), _shared_prefix(obs)
-        )
+    token_logp, entropy, values = _score_sequences(
+        agent,
+        decoding,
+        obs,
+        tokens[bi, ti],
+        jnp.where(used, length[bi, ti], 0),
+        jnp.asarray(obs["n_elements"])[bi, ti],
     )
+    final = jnp.asarray(obs["final_rows"]).reshape(-1)
+    final_values = jax.lax.stop_gradient(_sequence_values(agent, obs, "finals"))
     step_at = jnp.where(used, bi * steps + ti, b * steps)  # an unused slot scatters nowhere
     row_at = jnp.where(used, at, b * rows)
 
@@ -344,8 +347,42 @@ def _score_packed(agent: LMAgent, decoding: Decoding, obs, choice) -> Scored:
     )
 
 
+def _sequence_states(agent: LMAgent, obs, name: str) -> jax.Array:
+    """[rows * width, hidden] the decoder's final states over obs's packed sequences `name` ("steps" or
+    "finals": `{name}_ids`, `_positions`, `_segments` [B, r, width], and `_trunk` when cached), the shared
+    prefix run once for all.
+
+    The whole decoder runs with rematerialised blocks (the activations of every block of every row would
+    not fit: 24 GB were not enough for the recipe before packing). On the cached trunk only the adapted
+    blocks run, and they keep their activations: for the recipe's update (8 of 30 blocks, 2 episodes)
+    that cost 0.17 GB more peak memory and made it 16% faster (benchmarks/lm_agent.py, BENCHMARKS.md)."""
+    flat = lambda x: _flat_rows(obs[f"{name}_{x}"])  # noqa: E731
+    numbered = flat("segments")
+    trunk = flat("trunk") if f"{name}_trunk" in obs else None
+    states, _ = agent.decoder.states(
+        flat("ids"), flat("positions"), numbered > 0, remat=trunk is None, trunk=trunk,
+        prefix=_shared_prefix(obs), segments=numbered,
+    )  # fmt: skip
+    return states.reshape(-1, states.shape[-1])
+
+
+def _sequence_values(agent: LMAgent, obs, name: str) -> jax.Array:
+    """V(s) at the last prompt token of each of obs's packed sequences `name` (`{name}_at`)."""
+    return agent.value(_sequence_states(agent, obs, name)[jnp.asarray(obs[f"{name}_at"]).reshape(-1)])
+
+
+def _score_sequences(agent: LMAgent, decoding: Decoding, obs, tokens, length, n_elements):
+    """`_score_rows` on the step rows packed as sequences (obs "steps_*"): each slot's action token j is
+    scored at the state before it, `steps_at` + j (the prompt's last token, then the action's)."""
+    states = _sequence_states(agent, obs, "steps")
+    last = jnp.asarray(obs["steps_at"]).reshape(-1)
+    before = jnp.minimum(last[:, None] + jnp.arange(tokens.shape[-1]), states.shape[0] - 1)
+    token_logp, entropy = _action_scores(agent, decoding, states[before], tokens, length, n_elements)
+    return token_logp, entropy, agent.value(states[last])
+
+
 def _shared_prefix(obs) -> SharedPrefix | None:
-    """The preamble every packed prompt starts with and was cut from (packing.share_prefix), or None.
+    """The preamble every packed prompt starts with and was cut from (segments.packed_sequences), or None.
     Stored once per episode ([B, P]: the batch axis keeps it shardable like every observation)."""
     if "prefix_ids" not in obs:
         return None
@@ -359,55 +396,37 @@ def _flat_rows(x) -> jax.Array:
     return x.reshape(x.shape[0] * x.shape[1], *x.shape[2:])
 
 
-def _prompt_values(
-    agent: LMAgent,
-    prompt: jax.Array,
-    prompt_length: jax.Array,
-    trunk=None,
-    prefix: SharedPrefix | None = None,
-) -> jax.Array:
-    """[N] V(s) of prompts [N, W] alone (no action after them: the state at the last prompt token is the
-    same, attention being causal); `trunk` [N, W, hidden]: the frozen blocks' output (Decoder.trunk);
-    `prefix`: the preamble cut from every prompt."""
-    mask, positions = prompt_layout(jnp.maximum(prompt_length, 1), prompt.shape[-1])
-    offset = 0 if prefix is None else prefix.tokens.shape[-1]
-    states, _ = agent.decoder.states(prompt, positions + offset, mask, trunk=trunk, prefix=prefix)
-    return agent.value(states[:, -1])
-
-
-def row_layout(
-    prompt, prompt_length, tokens, length, offset: int = 0
-) -> tuple[jax.Array, jax.Array, jax.Array]:
+def _row_layout(prompt, prompt_length, tokens, length) -> tuple[jax.Array, jax.Array, jax.Array]:
     """(token ids, positions, mask) [R, W + A] of rows of left-padded prompts [R, W] followed by actions
-    [R, A] of `length` tokens: what `_score_rows` and the cached trunk (trunk.py) run the decoder on.
-    `offset`: tokens before each prompt (a shared prefix cut from it), where its positions start."""
+    [R, A] of `length` tokens: what `_score_rows` runs the decoder on."""
     a = tokens.shape[-1]
     # A row without a prompt (padding) gets one pad token: a row attending to nothing is NaN, and NaN * 0
     # is NaN in the masked losses.
     prompt_mask, _ = prompt_layout(jnp.maximum(prompt_length, 1), prompt.shape[-1])
     mask = jnp.concatenate([prompt_mask, jnp.arange(a) < length[..., None]], axis=-1)
-    positions = (jnp.maximum(jnp.cumsum(mask, axis=-1) - 1, 0) + offset).astype(jnp.int32)
+    positions = jnp.maximum(jnp.cumsum(mask, axis=-1) - 1, 0).astype(jnp.int32)
     return jnp.concatenate([prompt, tokens], axis=-1), positions, mask
 
 
-def _score_rows(
-    agent: LMAgent, decoding: Decoding, prompt, prompt_length, tokens, length, n_elements, trunk=None,
-    prefix: SharedPrefix | None = None,
-):  # fmt: skip
-    """Rows of prompts [R, W] and actions [R, A] in one forward pass: (token log-probs [R, A], 0 past each
-    action's length; entropy [R], summed along the action; V(s) [R] at the prompt's last token). `trunk`
-    [R, W + A, hidden]: the frozen blocks' output over prompt + action (Decoder.trunk), when cached.
-
-    The whole decoder runs with rematerialised blocks (the activations of every block of every row would
-    not fit: 24 GB were not enough for the recipe before packing). On the cached trunk only the adapted
-    blocks run, and they keep their activations: for the recipe's update (8 of 30 blocks, 2 episodes)
-    that cost 0.17 GB more peak memory and made it 16% faster (benchmarks/lm_agent.py, BENCHMARKS.md)."""
+def _score_rows(agent: LMAgent, decoding: Decoding, prompt, prompt_length, tokens, length, n_elements):
+    """Rows of prompts [R, W] and actions [R, A] in one forward pass, the decoder's blocks rematerialised
+    (the padded layout: every row of every episode): (token log-probs [R, A], 0 past each action's length;
+    entropy [R], summed along the action; V(s) [R] at the prompt's last token)."""
     width, a = prompt.shape[-1], tokens.shape[-1]
-    offset = 0 if prefix is None else prefix.tokens.shape[-1]
-    seq, positions, mask = row_layout(prompt, prompt_length, tokens, length, offset)
-    states, _ = agent.decoder.states(seq, positions, mask, remat=trunk is None, trunk=trunk, prefix=prefix)
-    values = agent.value(states[:, width - 1])
-    logits = agent.decoder.logits(states[:, width - 1 : width - 1 + a])  # [R, A, V]
+    seq, positions, mask = _row_layout(prompt, prompt_length, tokens, length)
+    states, _ = agent.decoder.states(seq, positions, mask, remat=True)
+    token_logp, entropy = _action_scores(
+        agent, decoding, states[:, width - 1 : width - 1 + a], tokens, length, n_elements
+    )
+    return token_logp, entropy, agent.value(states[:, width - 1])
+
+
+def _action_scores(agent: LMAgent, decoding: Decoding, states, tokens, length, n_elements):
+    """(token log-probs [R, A], 0 past each action's length; entropy [R], summed along the action) of
+    actions [R, A] from `states` [R, A, hidden], the decoder's final state before each action token, with
+    the grammar mask the actor sampled under."""
+    a = tokens.shape[-1]
+    logits = agent.decoder.logits(states)  # [R, A, V]
     valid = jnp.arange(a) < length[..., None]
     remaining = a - jnp.arange(a)
     if decoding.constrained:
@@ -419,4 +438,4 @@ def _score_rows(
     allowed = allowed | ~valid[..., None]  # past the end: anything, so nothing is -inf there
     logp, entropy = _distribution(logits, allowed, decoding.temperature)
     token_logp = jnp.where(valid, jnp.take_along_axis(logp, tokens[..., None], axis=-1)[..., 0], 0.0)
-    return token_logp, jnp.where(valid, entropy, 0.0).sum(-1), values
+    return token_logp, jnp.where(valid, entropy, 0.0).sum(-1)

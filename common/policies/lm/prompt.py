@@ -113,7 +113,7 @@ class PromptBuilder:
     @property
     def preamble(self) -> np.ndarray:
         """The ids every prompt starts with (the template's opening with the grammar in it): the learner
-        computes them once per update for all rows (packing.share_prefix)."""
+        computes them once per update for all rows (segments.packed_sequences)."""
         return self._prefix
 
     def build(self, obs: Observation, history: Sequence[str]) -> Prompt:

@@ -7,17 +7,19 @@ update that draws the row. An update used to recompute it every time (with the r
 adapted, most of an update's forward work); `TrunkCache` computes it once per distinct row (prompt +
 action ids) when a batch first draws it, keeps it on the learner's host in float32 within a byte budget
 (--trunk-cache-mb; the least recently drawn row is evicted first, and recomputed if drawn again), and
-adds each batch's rows to the packed observations as `trunk_rows` [train slots, W + A, hidden] and
-`trunk_final` [B, W, hidden], which `network.score_actions` starts the adapted blocks from. A fill runs
-the prompt builder's preamble (63 of a prompt's mean 187 tokens) once, as one row whose keys and values
-every row's attention prepends (`Decoder.trunk_after`), and each row only after it.
+gives each batch's rows (`row_states`) to segments.packed_sequences, which lays them out as the update's
+`steps_trunk` and `finals_trunk`; `network.score_actions` starts the adapted blocks from them. A fill
+packs the missing rows end to end (segments.py) and runs the prompt builder's preamble (63 of a prompt's
+mean 187 tokens) once, as one row whose keys and values every row's attention prepends
+(`Decoder.trunk_after`).
 
-Exact: a real token's trunk state does not depend on the padding around it (masked keys are never
-attended to), so a row's states are kept for its real tokens only and placed at whatever width a later
-batch has; padding positions read 0, which no real position attends to and no loss reads. Float32 only:
-a reduced-precision cache would change the adapted blocks' inputs, which is not measured, so not offered.
-Keyed by the ids, not by the episode: the cache needs no bookkeeping with the replay, a restore starts
-it empty, and rows shared by episodes (a demonstration drawn again, a repeated screen) share an entry.
+Exact: a real token's trunk state does not depend on the padding or the other sequences around it
+(masked keys are never attended to), so a row's states are kept for its real tokens only and placed
+wherever a later batch lays the row; padding reads 0, which no real position attends to and no loss
+reads. Float32 only: a reduced-precision cache would change the adapted blocks' inputs, which is not
+measured, so not offered. Keyed by the ids, not by the episode: the cache needs no bookkeeping with the
+replay, a restore starts it empty, and rows shared by episodes (a demonstration drawn again, a repeated
+screen) share an entry.
 """
 
 from __future__ import annotations
@@ -29,11 +31,20 @@ import jax
 import numpy as np
 from flax import nnx
 
-from common.policies.lm import network, packing
+from common.policies.lm import packing, segments
 
-ROW_BUCKET = 8
-"""The fewest rows a trunk computation is padded to (more: the next power of two); with its prompt width
-rounded up to the family's quantum, few shapes compile."""
+EXACT_ROWS = 8
+"""Up to this many packed rows a trunk computation runs exactly as many (a fill of the recipe's batch is
+4-6 rows of 512: a rung above would be up to a fifth more work); more are rounded up to a rung."""
+
+
+def _rung(rows: int) -> int:
+    """The packed rows of a trunk computation: exact up to EXACT_ROWS, then rounded up to a rung of
+    packing.ROW_RUNGS (past the last, a multiple of it), so few shapes compile."""
+    if rows <= EXACT_ROWS:
+        return rows
+    last = packing.ROW_RUNGS[-1]
+    return next((r for r in packing.ROW_RUNGS if r >= rows), -(-rows // last) * last)
 
 
 class TrunkCache:
@@ -57,14 +68,11 @@ class TrunkCache:
         self.evicted = 0
         """Rows dropped to stay within the budget."""
 
-        def compute(params, prompt, prompt_length, tokens, length):
-            decoder = nnx.merge(graphdef, params).decoder
-            return decoder.trunk(*network.row_layout(prompt, prompt_length, tokens, length))
+        def compute(params, ids, positions, mask, numbered):
+            return nnx.merge(graphdef, params).decoder.trunk_after(ids, positions, mask, None, numbered)[0]
 
-        def compute_after(params, prompt, prompt_length, tokens, length, prefix):
-            decoder = nnx.merge(graphdef, params).decoder
-            layout = network.row_layout(prompt, prompt_length, tokens, length, offset=prefix.shape[-1])
-            return decoder.trunk_after(*layout, prefix)
+        def compute_after(params, ids, positions, mask, numbered, prefix):
+            return nnx.merge(graphdef, params).decoder.trunk_after(ids, positions, mask, prefix, numbered)
 
         self._compute = jax.jit(compute)
         self._compute_after = jax.jit(compute_after)
@@ -78,10 +86,12 @@ class TrunkCache:
             "trunk_evicted": self.evicted,
         }
 
-    def add(self, obs: dict[str, np.ndarray], choice: dict[str, np.ndarray], params: Any) -> dict:
-        """Packed observations (packing.pack) with `trunk_rows` [B, slots, W + A, hidden] (0 in unused
-        slots) and `trunk_final` [B, W, hidden] added; rows the cache lacks are computed with `params` (only
-        its frozen part is read)."""
+    def row_states(
+        self, obs: dict[str, np.ndarray], choice: dict[str, np.ndarray], params: Any
+    ) -> tuple[list[np.ndarray], list[np.ndarray]]:
+        """The trunk states of packed observations' rows (packing.pack), each [its real tokens, hidden]:
+        (each used train slot's row, prompt and action; each final row, its prompt). Rows the cache lacks
+        are computed with `params` (only its frozen part is read)."""
         prompt, length = obs["prompt_ids"], obs["prompt_length"]
         b, rows, width = prompt.shape
         steps, a = rows - 1, choice["action_tokens"].shape[-1]
@@ -96,25 +106,15 @@ class TrunkCache:
             return ids, flat_tokens[step, : int(flat_n[step])].astype(np.int32).tobytes()
 
         train = np.asarray(obs["train_rows"]).reshape(-1)
-        slots = np.flatnonzero(train >= 0)
-        train_keys = [key(int(train[s]), int(train[s]) // rows * steps + int(train[s]) % rows) for s in slots]
+        train_keys = [key(int(r), int(r) // rows * steps + int(r) % rows) for r in train[train >= 0]]
         final_keys = [key(int(r), None) for r in np.asarray(obs["final_rows"]).reshape(-1)]
         keys = train_keys + final_keys
         states = {k: self._take(k) for k in dict.fromkeys(keys) if k in self._rows}
         missing = [k for k in dict.fromkeys(keys) if k not in states]
         self.hits += len(keys) - len(missing)
         if missing:
-            states.update(self._fill(missing, params, a))
-        hidden = next(iter(states.values())).shape[-1]
-        trunk_rows = np.zeros((train.size, width + a, hidden), np.float32)
-        for slot, (ids, action) in zip(slots, train_keys, strict=True):
-            n, kept = len(ids) // 4, states[ids, action]
-            trunk_rows[slot, width - n : width] = kept[:n]
-            trunk_rows[slot, width : width + len(action) // 4] = kept[n:]
-        trunk_final = np.zeros((len(final_keys), width, hidden), np.float32)
-        for i, k in enumerate(final_keys):
-            trunk_final[i, width - len(k[0]) // 4 :] = states[k]
-        return {**obs, "trunk_rows": trunk_rows.reshape(b, -1, width + a, hidden), "trunk_final": trunk_final}
+            states.update(self._fill(missing, params))
+        return [states[k] for k in train_keys], [states[k] for k in final_keys]
 
     def clear(self) -> None:
         """Drops every kept row (the counts stay, the compiled trunk too): the next draws compute again."""
@@ -125,50 +125,38 @@ class TrunkCache:
         self._rows.move_to_end(key)
         return self._rows[key]
 
-    def _fill(self, missing: list[tuple[bytes, bytes]], params: Any, a: int) -> dict:
-        """The trunk of each missing row, computed in one call (rows padded to a bucket; the shared
-        prefix once, when every row starts with it), kept while the budget allows."""
+    def _fill(self, missing: list[tuple[bytes, bytes]], params: Any) -> dict:
+        """The trunk of each missing row (prompt + action ids), computed in one call with the rows packed
+        end to end (segments.py; the shared prefix once, when every row starts with it), kept while the
+        budget allows."""
         self.misses += len(missing)
         prompts = [np.frombuffer(ids, np.int32) for ids, _ in missing]
         cut = len(self.prefix) if self._all_follow_prefix(prompts) else 0
-        prompt, prompt_length, tokens, length = self._layout(missing, [p[cut:] for p in prompts], a)
-        width = prompt.shape[-1]
+        seqs = [
+            np.concatenate([p[cut:], np.frombuffer(action, np.int32)])
+            for p, (_, action) in zip(prompts, missing, strict=True)
+        ]
+        where = segments.layout([len(q) for q in seqs], segments.SEGMENT_WIDTH, self.quantum)
+        where = where._replace(rows=_rung(where.rows))
+        ids = where.place(seqs, np.int32)
+        numbered = where.segments()
+        args = (params, ids, where.positions(cut), numbered > 0, numbered)
         if cut:
-            states, prefix_states = jax.device_get(
-                self._compute_after(params, prompt, prompt_length, tokens, length, self.prefix)
-            )
+            states, prefix_states = jax.device_get(self._compute_after(*args, self.prefix))
         else:
-            states = jax.device_get(self._compute(params, prompt, prompt_length, tokens, length))
+            states = jax.device_get(self._compute(*args))
             prefix_states = np.zeros((0, states.shape[-1]), np.float32)
-        states, prefix_states = np.asarray(states), np.asarray(prefix_states)
+        prefix_states = np.asarray(prefix_states)
         out = {}
-        for i, (_, action) in enumerate(missing):
-            p, t = int(prompt_length[i]), len(action) // 4
-            kept = np.concatenate([prefix_states, states[i, width - p : width], states[i, width : width + t]])
-            out[missing[i]] = kept
-            self._keep(missing[i], kept)
+        for k, row in zip(missing, where.take(np.asarray(states)), strict=True):
+            out[k] = kept = np.concatenate([prefix_states, row])
+            self._keep(k, kept)
         return out
 
     def _all_follow_prefix(self, prompts: list[np.ndarray]) -> bool:
         """Whether every prompt starts with the prefix and has ids after it."""
         p = len(self.prefix)
         return p > 0 and all(len(ids) > p and np.array_equal(ids[:p], self.prefix) for ids in prompts)
-
-    def _layout(self, missing: list[tuple[bytes, bytes]], prompts: list[np.ndarray], a: int) -> tuple:
-        """(prompt [R, W] left-padded, prompt_length [R], action tokens [R, A], length [R]) of the rows,
-        R a bucket (padding rows: one pad id, no action), W the longest rounded up to the quantum."""
-        n = len(missing)
-        width = packing.quantized(max(max(len(p) for p in prompts), 1), self.quantum)
-        size = max(ROW_BUCKET, 1 << (n - 1).bit_length())
-        prompt = np.zeros((size, width), np.int32)
-        prompt_length = np.ones(size, np.int32)
-        tokens = np.zeros((size, a), np.int32)
-        length = np.zeros(size, np.int32)
-        for i, ((_, action), p) in enumerate(zip(missing, prompts, strict=True)):
-            t = np.frombuffer(action, np.int32)
-            prompt[i, width - len(p) :], prompt_length[i] = p, len(p)
-            tokens[i, : len(t)], length[i] = t, len(t)
-        return prompt, prompt_length, tokens, length
 
     def _keep(self, key: tuple[bytes, bytes], states: np.ndarray) -> None:
         if states.nbytes > self.budget_bytes:
