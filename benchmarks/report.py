@@ -45,21 +45,36 @@ def machine() -> dict:
 
 
 def emit(name: str, rows: list[dict], json_path: str | None, summary: dict | None = None) -> dict:
-    """Print rows as a table and write {"benchmark", "machine", "rows", **summary} as JSON (a summary
-    over the rows, e.g. the mean over seeds, goes to the top level and is printed under the table)."""
-    table = Table(title=name)
-    columns = list(dict.fromkeys(k for row in rows for k in row))
-    for key in columns:
-        table.add_column(key)
-    for row in rows:
-        table.add_row(*(_cell(row.get(k, "")) for k in columns))
-    Console(width=200).print(table)
+    """Print rows as tables and write {"benchmark", "machine", "rows", **summary} as JSON (a summary
+    over the rows, e.g. the mean over seeds, goes to the top level and is printed under the table).
+    Consecutive rows with the same fields share a table: a benchmark of several kinds of rows (act,
+    update, bytes) prints a table per kind, not one with every field of every kind as a column."""
+    console = Console(width=200)
+    for i, group in enumerate(_same_fields(rows)):
+        table = Table(title=name if i == 0 else None)
+        columns = list(group[0])
+        for key in columns:
+            table.add_column(key)
+        for row in group:
+            table.add_row(*(_cell(row.get(k, "")) for k in columns))
+        console.print(table)
     if summary:
-        Console(width=200).print("  ".join(f"{k} {_cell(v)}" for k, v in summary.items()))
+        console.print("  ".join(f"{k} {_cell(v)}" for k, v in summary.items()))
     result = {"benchmark": name, "machine": machine(), "rows": rows, **(summary or {})}
     if json_path:
         Path(json_path).write_text(json.dumps(result, indent=2))
     return result
+
+
+def _same_fields(rows: list[dict]) -> list[list[dict]]:
+    """Runs of consecutive rows with the same keys."""
+    groups: list[list[dict]] = []
+    for row in rows:
+        if groups and set(groups[-1][0]) == set(row):
+            groups[-1].append(row)
+        else:
+            groups.append([row])
+    return groups
 
 
 def _cell(value: object) -> str:

@@ -81,3 +81,16 @@ def test_learner_args_reach_only_benchmarks_that_take_them():
     cmd = [sys.executable, "-m", "benchmarks", "wire", "--quick", "--learner-args=--max-policy-lag 5"]
     done = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert done.returncode == 2 and "wire takes no --learner-args" in done.stderr
+
+
+def test_emit_prints_a_table_per_kind_of_row(tmp_path, capsys):
+    """Consecutive rows with the same fields share a table; the JSON keeps every row, in order."""
+    from benchmarks.report import emit
+
+    rows = [{"path": "act", "ms": 1.5}, {"path": "act", "ms": 2.5}, {"path": "update", "gflop": 3.0}]
+    out = tmp_path / "r.json"
+    emit("kinds", rows, str(out), {"headline": 1.0})
+    printed = capsys.readouterr().out
+    assert printed.count("┏") == 2 and "headline 1" in printed  # two tables: act's, update's
+    assert "gflop" not in printed.split("┏")[1]  # the act table has no column of the update row
+    assert json.loads(out.read_text())["rows"] == rows

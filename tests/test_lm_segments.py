@@ -47,6 +47,16 @@ def test_the_layout_puts_every_sequence_whole_into_one_row():
     # A sequence longer than the width widens the rows to it, rounded up to the quantum.
     assert segments.layout([13, 2], 12, 4).width == 16
     assert segments.bound(13, 12, 4, 5) == 2 * 5  # widths 12 and 16, up to 5 rows each
+    # The final rows: the quantum times a power of two, at most the budget rounded up to the quantum.
+    assert [segments.final_width(n, 352, 64) for n in (1, 64, 65, 129, 257, 352)] == [
+        64,
+        64,
+        128,
+        256,
+        384,
+        384,
+    ]
+    assert segments.final_widths(352, 64) == 4
 
 
 @pytest.fixture(scope="module")

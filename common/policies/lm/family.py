@@ -158,15 +158,13 @@ class LMPolicy:
         return _Packing(trunk, self.prompts.preamble)
 
     def update_shapes(self, max_steps: int) -> int:
-        """The most update shapes packing gives for --max-steps `max_steps`: the train slots' rungs times
-        the packed step rows per episode (at most the slots), times the final rows' widths, twice (with and
-        without the shared preamble: prompts from another builder stay whole). The learner compiles each
-        as a batch first has it (family.ShapedUpdates), and reports how many it did."""
-        rungs = {min(max_steps, r) for r in packing.ROW_RUNGS} | {max_steps}
+        """The most update shapes packing gives for --max-steps `max_steps`: the packed step rows per
+        episode (at most T) times the final rows' widths, twice (with and without the shared preamble:
+        prompts from another builder stay whole). The learner compiles each as a batch first has it
+        (family.ShapedUpdates), and reports how many it did."""
         longest = self.cfg.lm_prompt_tokens + self.cfg.lm_action_tokens
-        widths = segments.bound(longest, segments.SEGMENT_WIDTH, PROMPT_QUANTUM, 1)
-        finals = -(-self.cfg.lm_prompt_tokens // PROMPT_QUANTUM)
-        return 2 * sum(rungs) * widths * finals
+        steps = segments.bound(longest, segments.SEGMENT_WIDTH, PROMPT_QUANTUM, max_steps)
+        return 2 * steps * segments.final_widths(self.cfg.lm_prompt_tokens, PROMPT_QUANTUM)
 
     def featurize(self, obs: Observation, history: Sequence[Action] = ()) -> dict[str, np.ndarray]:
         """The prompt of `obs` with the episode's recent actions, left-padded to the budget."""

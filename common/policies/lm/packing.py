@@ -3,8 +3,8 @@
 A collated batch is B episodes padded to T + 1 observation rows of `--model.lm-prompt-tokens` prompts,
 and the decoder's cost is per token slot: rows past an episode's end, the final row's backward pass and
 the prompts' left padding were most of an update (issue 46: 13% of its compute was useful). `pack`
-names, for `network.score_actions`, the step rows to score with their gradient (`train_rows`, [B, slots],
-`slots` a rung of ROW_RUNGS) and each episode's final row, whose value only a bootstrap target reads
+names, for `network.score_actions`, the step rows to score with their gradient (`train_rows`, [B, T])
+and each episode's final row, whose value only a bootstrap target reads
 (`final_rows`: forward only); segments.py then lays their real tokens end to end. The losses see the
 same values: a row not computed reads 0, and every loss masks those rows (tests/test_lm_packing.py
 compares the layouts). `cut_prefix` takes the preamble every prompt shares out of them (the actor's
@@ -15,26 +15,17 @@ from __future__ import annotations
 
 import numpy as np
 
-ROW_RUNGS = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64)
-"""Step rows per episode slot an update is compiled for: the batch's step rows over B, rounded up to the
-next rung (at most a third more slots than rows), and to T past the last rung below it."""
-
 
 def quantized(n: int, quantum: int) -> int:
     """`n` rounded up to a multiple of `quantum`: a prompt width, so few shapes compile."""
     return -(-n // quantum) * quantum
 
 
-def row_slots(rows: int, episodes: int, max_steps: int) -> int:
-    """Slots per episode for `rows` step rows of `episodes` episodes: the next rung, at most max_steps."""
-    need = -(-rows // episodes)
-    return min(max_steps, next((r for r in ROW_RUNGS if r >= need), max_steps))
-
-
 def pack(obs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-    """A collated batch's observations [B, T + 1, ...] -> the same with `train_rows` [B, slots] (flat
-    b * (T + 1) + t indices of the step rows, -1 in unused slots) and `final_rows` [B] (each episode's
-    final observation).
+    """A collated batch's observations [B, T + 1, ...] -> the same with `train_rows` [B, T] (flat
+    b * (T + 1) + t indices of the step rows, in order, then -1 in unused slots) and `final_rows` [B] (each
+    episode's final observation). T slots per episode whatever the lengths: the slots only index (the
+    decoder runs on the packed sequences), and one shape compiles fewer updates than a rung per batch.
 
     An episode's rows are those with a prompt (collate zeroes the rest; every prompt has a token), its
     last one the final observation."""
@@ -43,12 +34,11 @@ def pack(obs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
     present = np.maximum((prompt_length > 0).sum(axis=1), 1)  # L + 1 observation rows per episode
     steps = [np.arange(n - 1) + i * rows for i, n in enumerate(present)]
     flat = np.concatenate(steps).astype(np.int32)
-    slots = row_slots(max(len(flat), 1), b, rows - 1)
-    train = np.full(b * slots, -1, np.int32)
+    train = np.full(b * (rows - 1), -1, np.int32)
     train[: len(flat)] = flat
     return {
         **obs,
-        "train_rows": train.reshape(b, slots),
+        "train_rows": train.reshape(b, rows - 1),
         "final_rows": (np.arange(b) * rows + present - 1).astype(np.int32),
     }
 

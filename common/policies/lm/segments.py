@@ -92,6 +92,21 @@ def layout(lengths, width: int, quantum: int, groups: int = 1) -> Layout:
     return Layout(lengths, row, col, rows, width)
 
 
+def final_width(longest: int, budget: int, quantum: int) -> int:
+    """The final rows' width: they run forward only, about one per episode, so as wide as the longest
+    rather than SEGMENT_WIDTH; rounded up to `quantum` times a power of two (at most the prompt budget
+    rounded up to it), so their widths add few shapes (`final_widths`)."""
+    wide = quantum
+    while wide < longest:
+        wide *= 2
+    return min(wide, -(-budget // quantum) * quantum)
+
+
+def final_widths(budget: int, quantum: int) -> int:
+    """How many widths `final_width` gives for prompts of at most `budget` tokens."""
+    return len({final_width(n, budget, quantum) for n in range(1, budget + 1)})
+
+
 def bound(longest: int, width: int, quantum: int, per_group: int) -> int:
     """How many shapes `layout` gives for sequences of at most `longest` tokens and at most `per_group`
     rows per group: one width when the longest fits SEGMENT_WIDTH, times the row counts."""
@@ -137,8 +152,9 @@ def packed_sequences(
         ("steps", step_seqs, [len(q) - p for q in step_prompts]),
         ("finals", final_seqs, [len(q) for q in final_seqs]),
     ):
-        # The final rows run forward only, about one per episode: as wide as the longest, not SEGMENT_WIDTH.
-        where = layout([len(q) for q in seqs], SEGMENT_WIDTH if name == "steps" else 0, quantum, b)
+        lengths = [len(q) for q in seqs]
+        wide = SEGMENT_WIDTH if name == "steps" else final_width(max(lengths), width, quantum)
+        where = layout(lengths, wide, quantum, b)
         shape = (b, where.rows // b, where.width)
         out[f"{name}_ids"] = where.place(seqs, np.int32).reshape(shape)
         out[f"{name}_positions"] = where.positions(p).reshape(shape)

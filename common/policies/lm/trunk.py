@@ -31,7 +31,7 @@ import jax
 import numpy as np
 from flax import nnx
 
-from common.policies.lm import packing, segments
+from common.policies.lm import segments
 
 EXACT_ROWS = 8
 """Up to this many packed rows a trunk computation runs exactly as many (a fill of the recipe's batch is
@@ -39,12 +39,9 @@ EXACT_ROWS = 8
 
 
 def _rung(rows: int) -> int:
-    """The packed rows of a trunk computation: exact up to EXACT_ROWS, then rounded up to a rung of
-    packing.ROW_RUNGS (past the last, a multiple of it), so few shapes compile."""
-    if rows <= EXACT_ROWS:
-        return rows
-    last = packing.ROW_RUNGS[-1]
-    return next((r for r in packing.ROW_RUNGS if r >= rows), -(-rows // last) * last)
+    """The packed rows of a trunk computation: exact up to EXACT_ROWS, then the next power of two, so few
+    shapes compile."""
+    return rows if rows <= EXACT_ROWS else 1 << (rows - 1).bit_length()
 
 
 class TrunkCache:
