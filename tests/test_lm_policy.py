@@ -84,6 +84,25 @@ def test_actor_and_learner_log_probs_agree_so_on_policy_ratios_are_one(backbone,
     assert (acted.choice["action_length"] >= 2).all()
 
 
+@pytest.mark.parametrize("cached", [False, True])
+def test_on_policy_ratios_are_one_through_the_learner_s_host_step(backbone, cached):
+    """As the learner scores them: packed sequences with the preamble run once (segments.py), and with
+    LoRA on the top block only, the bottom block's output from the trunk cache (trunk.py)."""
+    cfg = ModelConfig(kind="lm", backbone=backbone, lora_rank=4, lora_layers=1)
+    policy = make_policy(cfg)
+    graphdef, params = policy.create(0)
+    batch, acted = _act(policy, graphdef, params, _screens(6), seed=5)
+    obs = {k: np.stack([v, v], 1) for k, v in batch.items()}
+    steps = {k: np.asarray(v)[:, None] for k, v in acted.choice.items()}
+    packed, _ = policy.host_inputs(graphdef, 2**30 if cached else 0)(obs, None, steps, params)
+    assert "steps_ids" in packed and "prefix_ids" in packed and ("steps_trunk" in packed) == cached
+    ev = jax.device_get(
+        jax.jit(lambda p, o, c: policy.evaluate(graphdef, p, o, c, None))(params, packed, steps)
+    )
+    np.testing.assert_allclose(np.exp(ev.logp[:, 0] - acted.logp), 1.0, atol=1e-5)
+    np.testing.assert_allclose(ev.values[:, 0], acted.value, atol=1e-5)
+
+
 def test_without_constraints_log_probs_equal_a_float64_reference(backbone):
     cfg = ModelConfig(kind="lm", backbone=backbone, lora_rank=0, lm_constrained=False, lm_temperature=0.8)
     policy = make_policy(cfg)

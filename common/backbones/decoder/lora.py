@@ -127,7 +127,7 @@ def lora_delta(x: jax.Array, a: jax.Array, b: jax.Array) -> jax.Array:
     """(x @ a) @ b, the adapter's update to a projection (before its scale), with the gradient written out:
     JAX's own asked XLA:CPU for the activations transposed ([d_in, tokens], the SwiGLU's [1536, tokens]
     among them, written element by element), which was a quarter of the LM update's time; here only the
-    thin [tokens, rank] factors are transposed. Same values (tests/test_lora.py); the update 4.0 -> 3.3 s
+    thin [tokens, rank] factors are transposed. Same values (tests/test_decoder_lora.py); the update 4.0 -> 3.3 s
     (benchmarks/lm_agent.py)."""
     return (x @ a) @ b
 
