@@ -184,12 +184,26 @@ class ImitationConfig:
     prefill_demos: bool = True
     """Also put the warm-up demonstrations into the replay (as DigiRL and DistRL do with offline data), so
     early reinforcement-learning batches mix them with the actors' episodes."""
+    validation_demos: int = 0
+    """Hold back the last N demonstrations (the same training templates, never imitated nor prefilled) and
+    measure their imitation loss, in nats per action, after each epoch of the warm-up (learner/warmup.py;
+    `warmup/val_nll` in metrics.jsonl and a console line); 0: no validation."""
+    warmup_patience: int = 0
+    """With --validation-demos: end the warm-up once the validation loss has not reached a new low for
+    this many epochs (reinforcement learning starts then, and a resume does not warm up again); 0: the
+    warm-up runs all its --warmup-updates."""
 
     def __post_init__(self) -> None:
         _check(self.warmup_demos >= 0, f"--warmup-demos must be >= 0, got {self.warmup_demos}")
         _check(0.0 <= self.warmup_noise <= 1.0, f"--warmup-noise must be in [0, 1], got {self.warmup_noise}")
         _check(self.warmup_updates >= 0, f"--warmup-updates must be >= 0, got {self.warmup_updates}")
         _check(self.demo_update_every >= 0, f"--demo-update-every must be >= 0, got {self.demo_update_every}")
+        _check(self.validation_demos >= 0, f"--validation-demos must be >= 0, got {self.validation_demos}")
+        _check(self.warmup_patience >= 0, f"--warmup-patience must be >= 0, got {self.warmup_patience}")
+        _check(
+            not self.warmup_patience or self.validation_demos,
+            "--warmup-patience needs --validation-demos: it ends the warm-up on their loss",
+        )
 
 
 @dataclass(frozen=True)

@@ -32,7 +32,7 @@ class Schedule:
     """The rules, each a method, so the loop only asks:
 
     - **Imitation** (`imitates`): with demonstrations, updates 0 .. warmup_updates - 1 are behavior
-      cloning (the warm-up); after it, every demo_update_every-th update is one more. An imitation
+      cloning (the warm-up, which --warmup-patience may end early: `end_warmup`); after it, every demo_update_every-th update is one more. An imitation
       update needs no replay data, so it is always ready.
     - **Sample side of the rate limit** (`can_train`): a reinforcement-learning update needs a full local
       batch in the replay, and may not sample more than samples_per_insert times per inserted episode on
@@ -76,6 +76,9 @@ class Schedule:
     """--mode sync: rounds completed."""
     rounds_timed_out: int = 0
     """--mode sync: rounds ended by sync_round_timeout rather than by every environment delivering."""
+    warmup_end: int | None = None
+    """The update the warm-up ended at when it ended early (--warmup-patience, learner/warmup.py: this run
+    or one before it in the same directory); None: it runs its --warmup-updates."""
     update_times: UpdateTimes = field(default_factory=UpdateTimes)
     """What this run's last few updates took: the time limit stops early by what the next is expected to."""
     _round_episodes: int = 0
@@ -86,8 +89,18 @@ class Schedule:
     def sync(self) -> bool:
         return self.cfg.mode == "sync"
 
+    @property
+    def warmup_updates(self) -> int:
+        """The warm-up's length in updates: --warmup-updates, or fewer when it ended early."""
+        planned = self.cfg.imitation.warmup_updates
+        return planned if self.warmup_end is None else min(planned, self.warmup_end)
+
     def in_warmup(self, update: int) -> bool:
-        return self.has_demos and update < self.cfg.imitation.warmup_updates
+        return self.has_demos and update < self.warmup_updates
+
+    def end_warmup(self, update: int) -> None:
+        """The warm-up ends now, before update number `update` (learner/warmup.py, --warmup-patience)."""
+        self.warmup_end = update
 
     def phase(self, update: int) -> str:
         """ "warmup" during the imitation warm-up, "rl" after it (metrics.jsonl's "phase")."""
@@ -96,7 +109,7 @@ class Schedule:
     def imitates(self, update: int) -> bool:
         """Whether update number `update` (0-based) is behavior cloning on the demonstrations."""
         every = self.cfg.imitation.demo_update_every
-        after = update - self.cfg.imitation.warmup_updates
+        after = update - self.warmup_updates
         return self.in_warmup(update) or bool(self.has_demos and every and after % every == every - 1)
 
     def can_train(self, stored: int) -> bool:

@@ -19,14 +19,15 @@ from learner.config import LearnerConfig
 
 
 def demonstrations(
-    cfg: LearnerConfig, run_dir: Path, console: Console, resume_update: int | None
+    cfg: LearnerConfig, run_dir: Path, console: Console, resume_update: int | None, warmup_end: int | None
 ) -> tuple[list[Episode], bool]:
     """The demonstrations of a run starting (`resume_update` None) or resuming at `resume_update`, and
-    whether they still have to prefill the replay. A run resumed past its warm-up needs none (nor their
-    start-up cost) unless it keeps imitating them (--demo-update-every); its replay already holds any
-    prefilled ones."""
+    whether they still have to prefill the replay. A run resumed past its warm-up (--warmup-updates, or
+    `warmup_end` when it ended early) needs none (nor their start-up cost) unless it keeps imitating them
+    (--demo-update-every); its replay already holds any prefilled ones."""
     im = cfg.imitation
-    past_warmup = resume_update is not None and resume_update >= im.warmup_updates
+    end = im.warmup_updates if warmup_end is None else min(im.warmup_updates, warmup_end)
+    past_warmup = resume_update is not None and resume_update >= end
     if past_warmup and not im.demo_update_every:
         return [], False
     demos = load_warmup_demos(cfg, run_dir, console)

@@ -32,6 +32,7 @@ from rich.console import Console
 from common.backbones import CheckpointError
 from common.net.ports import INGEST_PORT, PARAMS_PORT, adb_clash
 from common.policies import PRESETS, resolved_config
+from learner import warmup
 from learner.config import LearnerConfig
 from learner.ingest.server import IngestServer
 from learner.inserter import ReplayInserter
@@ -50,6 +51,7 @@ from learner.setup.training_state import Training, build_training
 from learner.training import multihost
 from learner.training.checkpoint import Checkpointer
 from learner.training.checkpoint_files import CheckpointFiles
+from learner.warmup import Validation
 
 
 def open_session(cfg: LearnerConfig, console: Console) -> Session:
@@ -69,9 +71,11 @@ def open_session(cfg: LearnerConfig, console: Console) -> Session:
     checkpoints = cfg.run_dir / "checkpoints"
     checkpointer = Checkpointer(checkpoints, processes=jax.process_count()) if cfg.checkpoint_every else None
     resume_update = checkpointer.latest_update() if checkpointer is not None else None
-    demos, prefill = demonstrations(cfg, run_dir, console, resume_update)  # 4
+    warmup_end = warmup.ended_at(cfg.run_dir) if resume_update is not None else None
+    demos, prefill = demonstrations(cfg, run_dir, console, resume_update, warmup_end)  # 4
+    demos, held_back = _held_back(cfg, demos, trainer.local_batch, console)
     stats = RunStats()  # 5
-    schedule = Schedule(cfg, trainer.local_batch, has_demos=bool(demos), start=start)
+    schedule = Schedule(cfg, trainer.local_batch, has_demos=bool(demos), start=start, warmup_end=warmup_end)
     if not schedule.in_warmup(resume_update or 0):
         stats.mark_rl_start()  # no warm-up (or past it): every episode counts towards the success target
     inserter = ReplayInserter(replay, schedule, stats, cfg.loss.gamma, lambda: trainer.version)
@@ -87,6 +91,8 @@ def open_session(cfg: LearnerConfig, console: Console) -> Session:
             replay=replay,
             checkpointer=checkpointer,
             demos=demos,
+            validation=Validation(cfg.imitation.warmup_patience) if held_back else None,
+            validation_demos=held_back,
             stats=stats,
             schedule=schedule,
             server=server,
@@ -106,6 +112,25 @@ def open_session(cfg: LearnerConfig, console: Console) -> Session:
         server.close()
         raise
     return session
+
+
+def _held_back(cfg: LearnerConfig, demos: list, local_batch: int, console: Console) -> tuple[list, list]:
+    """(the demonstrations to imitate, those held back to validate the warm-up: --validation-demos,
+    learner/warmup.py); SystemExit when that leaves none, or with several learner processes."""
+    n = cfg.imitation.validation_demos
+    if not n or not demos:
+        return demos, []
+    if jax.process_count() > 1:
+        raise SystemExit("--validation-demos runs in a single learner process (set it to 0 with several)")
+    train, held = warmup.split_validation(demos, n)
+    epoch = -(-len(train) // local_batch)
+    patience = cfg.imitation.warmup_patience
+    console.print(
+        f"learner: the last {n} demonstrations held back: their imitation loss is measured after each epoch of "
+        f"the warm-up ({len(train)} to imitate, an epoch is {epoch} updates)"
+        + (f"; it ends after {patience} epoch(s) without a new low" if patience else "")
+    )
+    return train, held
 
 
 def _checkpoint_files(

@@ -27,7 +27,7 @@ from common.backbones.decoder.lora import split_trained
 from common.params_file import params_to_flat
 from common.policies import make_policy
 from common.policies.family import augments, host_inputs, scaled_param, update_shapes
-from learner.batch import Batch, example_batch
+from learner.batch import Batch, collate, example_batch
 from learner.config import LearnerConfig
 from learner.losses import LossParams, PriorityTerms, get_loss
 from learner.training import multihost
@@ -171,6 +171,8 @@ class Trainer:
         """How many batch shapes the host step gives, at most (common/policies/family.py:ShapedUpdates);
         None: one. With several the update compiles per shape (jit's cache) when a batch first has it,
         not ahead (`compile`)."""
+        self._demo_logp: Callable | None = None
+        """The jitted forward `demo_nll` scores demonstrations with (built at its first call)."""
         self.shapes: set[tuple] = set()
         """The (imitation, batch shapes) updates ran with: what was compiled (train/update_shapes)."""
 
@@ -240,6 +242,26 @@ class Trainer:
         priorities = None if terms is None else PriorityTerms(*(np.asarray(t)[self.rows] for t in terms))
         skipped = bool(metrics.pop("skipped_nonfinite"))
         return StepResult({k: float(v) for k, v in metrics.items()}, priorities, skipped)
+
+    def demo_nll(self, episodes: list) -> float:
+        """The imitation loss of `episodes` under the current parameters, in nats per action: the mean over
+        their steps of -log pi(a_demo | s), forward only (learner/warmup.py's validation). In batches of
+        this process's rows, the last one filled up with repeats that are not counted (one shape);
+        single-process (LearnerConfig refuses --validation-demos with several)."""
+        if self._demo_logp is None:
+            policy, graphdef = self.policy, self.graphdef
+            self._demo_logp = jax.jit(
+                lambda params, obs, choice: policy.evaluate(graphdef, params, obs, choice, None).logp
+            )
+        total, steps, b = 0.0, 0, self.local_batch
+        for i in range(0, len(episodes), b):
+            chunk = episodes[i : i + b]
+            batch = self.with_inputs(collate((chunk * b)[:b], self.cfg.max_steps))
+            logp = np.asarray(self._demo_logp(self.params, batch.obs, batch.choice))[: len(chunk)]
+            mask = np.arange(logp.shape[1])[None] < np.asarray(batch.length)[: len(chunk), None]
+            total -= float(logp[mask].sum())
+            steps += int(mask.sum())
+        return total / max(steps, 1)
 
     def with_inputs(self, batch: Batch) -> Batch:
         """`batch` with what the update reads besides the features (`host_inputs`: the pointer policy's

@@ -1,0 +1,110 @@
+"""The imitation warm-up in epochs, measured on held-back demonstrations (issue 47).
+
+Imitation updates drew demonstrations with replacement, and nothing said when the warm-up had learned what
+it could: the lm recipe's 10 updates were a tenth of an epoch, and its loss was still the uniform guess.
+Here the training demonstrations are drawn in epochs (`EpochDraws`: each once per epoch, in a seeded
+order), the last --validation-demos of them are held back (demonstrations of the
+same training templates, never drawn for an update), and after each epoch of the warm-up their imitation
+loss is measured (`Validation`: nats per action, the mean over steps of -log pi(a_demo | s)); with
+--warmup-patience the warm-up ends once that loss has not reached a new low for that many epochs, and
+reinforcement learning starts. The end is written to RUN_DIR/warmup.json, so a resumed run does not warm
+up again (`ended_at`); a run resumed within its warm-up draws on from where its updates were, and counts
+its patience from its own first epoch.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+WARMUP_FILE = "warmup.json"
+"""In the run directory: where the warm-up ended early and its validation losses, for a resume."""
+
+
+@dataclass
+class EpochDraws:
+    """Indices into `count` training demonstrations, drawn in epochs: every index once per epoch, epoch e
+    in the order of a permutation seeded by (`seed`, e). Stateless but for the position, so a resumed run
+    that starts at the position its updates reached draws what an uninterrupted one would."""
+
+    count: int
+    seed: list[int]
+    """The run's seed and this process's index: each process draws its own order."""
+    drawn: int = 0
+    """The position: indices drawn so far (by this run and the runs it resumes)."""
+    _epoch: int = -1
+    _order: np.ndarray | None = None
+
+    @property
+    def epochs(self) -> int:
+        """Epochs completed so far."""
+        return self.drawn // self.count
+
+    def take(self, k: int) -> list[int]:
+        """The next `k` indices (a batch may span two epochs)."""
+        out = []
+        for position in range(self.drawn, self.drawn + k):
+            epoch = position // self.count
+            if epoch != self._epoch:
+                self._epoch, self._order = (
+                    epoch,
+                    np.random.default_rng([*self.seed, epoch]).permutation(self.count),
+                )
+            out.append(int(self._order[position % self.count]))
+        self.drawn += k
+        return out
+
+
+@dataclass
+class Validation:
+    """The held-back demonstrations' loss after each warm-up epoch, and whether it stopped improving."""
+
+    patience: int
+    """End the warm-up after this many epochs in a row without a new lowest loss (0: never early)."""
+    losses: list[float] = field(default_factory=list)
+    """Nats per action after each epoch, in order."""
+
+    @property
+    def best(self) -> float:
+        return min(self.losses, default=math.inf)
+
+    def record(self, loss: float) -> bool:
+        """Adds one epoch's loss; True when the warm-up should end (patience epochs since the lowest)."""
+        self.losses.append(loss)
+        since_best = len(self.losses) - 1 - int(np.argmin(self.losses))
+        return self.patience > 0 and since_best >= self.patience
+
+
+def split_validation(demos: list, n: int) -> tuple[list, list]:
+    """(training demonstrations, the last `n` held back); SystemExit when fewer than one would be left
+    to train on."""
+    if n <= 0:
+        return demos, []
+    if n >= len(demos):
+        raise SystemExit(
+            f"--validation-demos {n} leaves nothing to imitate: there are {len(demos)} demonstrations"
+        )
+    return demos[:-n], demos[-n:]
+
+
+def ended_at(run_dir: Path) -> int | None:
+    """The update a previous run of this directory ended its warm-up early at, or None."""
+    path = run_dir / WARMUP_FILE
+    if not path.exists():
+        return None
+    try:
+        return int(json.loads(path.read_text())["ended_at"])
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        raise SystemExit(f"cannot read {path}: {e}") from e
+
+
+def write_end(run_dir: Path, update: int, losses: list[float]) -> None:
+    """Records that the warm-up ended at `update` (written whole, then renamed into place)."""
+    path = run_dir / WARMUP_FILE
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps({"ended_at": update, "validation_losses": losses}))
+    tmp.replace(path)

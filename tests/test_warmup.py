@@ -1,0 +1,126 @@
+"""The warm-up in epochs with held-back demonstrations (learner/warmup.py): every training demonstration once
+per epoch and a resumed run drawing on where it was; the validation loss's patience rule; the held-back
+ones never imitated; the early end recorded for a resume; the schedule's warm-up moving with it; and a
+real learner whose validation loss cannot improve (learning rate 0) ending its warm-up after the epochs
+its patience allows, with the loss in metrics.jsonl and equal to a per-episode reference."""
+
+from __future__ import annotations
+
+import io
+
+import numpy as np
+import pytest
+from rich.console import Console
+
+from learner import warmup
+from learner.config import parse_args
+from learner.schedule import Schedule
+from learner.warmup import EpochDraws, Validation
+from tests.conftest import one_line
+
+
+def test_each_training_demonstration_is_drawn_once_per_epoch_and_a_resume_draws_on():
+    draws = EpochDraws(7, [3, 0])
+    taken = [draws.take(3) for _ in range(7)]  # 21 indices: three epochs, batches spanning two
+    flat = [i for batch in taken for i in batch]
+    for epoch in range(3):
+        assert sorted(flat[7 * epoch : 7 * epoch + 7]) == list(range(7))
+    assert flat[:7] != flat[7:14]  # a new order each epoch
+    assert draws.epochs == 3 and draws.drawn == 21
+    resumed = EpochDraws(7, [3, 0], drawn=9)  # a run resumed after 3 updates of 3
+    assert resumed.take(12) == flat[9:21]
+    assert EpochDraws(7, [3, 1]).take(7) != flat[:7]  # another process: its own order
+
+
+def test_the_warm_up_ends_after_patience_epochs_without_a_new_low():
+    v = Validation(patience=2)
+    assert [v.record(x) for x in (3.0, 2.0, 2.5, 2.1)] == [False, False, False, True]
+    assert v.best == 2.0 and v.losses == [3.0, 2.0, 2.5, 2.1]
+    assert not any(Validation(patience=0).record(x) for x in (1.0, 2.0, 3.0, 4.0))  # never early
+    equal = Validation(patience=1)
+    assert [equal.record(x) for x in (2.0, 2.0)] == [False, True]  # equal is no new low
+
+
+def test_the_last_demonstrations_are_held_back_and_the_end_is_recorded(tmp_path):
+    assert warmup.split_validation(list(range(10)), 3) == (list(range(7)), [7, 8, 9])
+    assert warmup.split_validation([1, 2], 0) == ([1, 2], [])
+    with pytest.raises(SystemExit, match="leaves nothing to imitate"):
+        warmup.split_validation([1, 2], 2)
+    assert warmup.ended_at(tmp_path) is None
+    warmup.write_end(tmp_path, 12, [2.5, 2.4])
+    assert warmup.ended_at(tmp_path) == 12
+    (tmp_path / warmup.WARMUP_FILE).write_text("{not json")
+    with pytest.raises(SystemExit, match="cannot read"):
+        warmup.ended_at(tmp_path)
+
+
+def test_the_schedule_s_warm_up_ends_where_it_was_ended():
+    cfg = parse_args(["--warmup-updates", "20", "--demo-update-every", "4"])
+    schedule = Schedule(cfg, 4, has_demos=True)
+    assert schedule.in_warmup(15) and schedule.warmup_updates == 20
+    schedule.end_warmup(8)
+    assert not schedule.in_warmup(8) and schedule.in_warmup(7) and schedule.phase(9) == "rl"
+    # After it, every 4th update imitates, counted from the new end.
+    assert [schedule.imitates(u) for u in range(8, 16)] == [False, False, False, True] * 2
+    resumed = Schedule(cfg, 4, has_demos=True, warmup_end=8)
+    assert resumed.warmup_updates == 8
+    assert Schedule(cfg, 4, has_demos=True, warmup_end=30).warmup_updates == 20  # never longer
+
+
+def test_patience_needs_validation_demonstrations(capsys):
+    with pytest.raises(SystemExit):
+        parse_args(["--warmup-patience", "2"])
+    assert "--warmup-patience needs --validation-demos" in one_line(capsys.readouterr().err)
+
+
+@pytest.mark.long
+@pytest.mark.timeout(600)
+def test_a_learner_validates_each_epoch_and_ends_its_warm_up_when_the_loss_stops_falling(learner_process):
+    """40 SimPhone demonstrations, 6 held back (a batch of 8 then holds 2 repeats that must not count),
+    batches of 8: epochs end at updates 5 and 9 (40 and 72 of 34 drawn). With learning rate 0 the second
+    epoch's loss equals the first's, so patience 1 ends the warm-up at update 9 of its 100."""
+    learner = learner_process(
+        *("--env", "simphone", "--warmup-demos", "40", "--warmup-noise", "0", "--validation-demos", "6"),
+        *("--warmup-updates", "100", "--warmup-patience", "1", "--batch-size", "8", "--learning-rate", "0"),
+        *("--max-updates", "9", "--local-actors", "0", "--checkpoint-every", "0", "--log-every", "1"),
+    )
+    assert learner.proc.wait(timeout=540) == 0, learner.log()
+    log = learner.log()
+    assert "the last 6 demonstrations held back" in log and "(34 to imitate, an epoch is 5 updates)" in log
+    epochs = [line for line in log.splitlines() if "learner: warm-up epoch" in line]
+    assert len(epochs) == 2 and "epoch 1 (update 5)" in epochs[0] and "epoch 2 (update 9)" in epochs[1], log
+    assert "the warm-up ends at update 9" in log
+    final = learner.metrics()[-1]
+    assert final["stopped"] == "update limit" and final["imitation_updates"] == 9, final
+    loss = final["warmup/val_nll"]
+    assert final["warmup/epoch"] == 2 and 0 < loss == final["warmup/val_best"], final
+    assert warmup.ended_at(learner.run_dir) == 9
+    assert abs(loss - _per_episode_nll(learner.run_dir)) < 1e-4  # the loss is the held-back ones' mean NLL
+
+
+def _per_episode_nll(run_dir) -> float:
+    """The reference: each held-back demonstration (the file's last 6) scored alone, under the run's
+    initial parameters (learning rate 0: what it validated with), the mean over their steps of -log pi."""
+    import jax
+
+    from common.trajectory_file import load_episodes
+    from learner.batch import collate
+    from learner.setup.open_session import open_session
+
+    ports = ["--ingest-port", "0", "--params-port", "0", "--local-actors", "0", "--checkpoint-every", "0"]
+    run = ["--env", "simphone", "--max-steps", "8", "--model.text-encoder", "none", "--batch-size", "8"]
+    no_demos = ["--warmup-updates", "0", "--warmup-demos", "0"]
+    cfg = parse_args(["--run-dir", str(run_dir / "ref"), *ports, *run, *no_demos])
+    session = open_session(cfg, Console(file=io.StringIO()))
+    try:
+        trainer = session.trainer
+        held = load_episodes(run_dir / "demos.msgpack", cfg.model)[-6:]
+        total, steps = 0.0, 0
+        for ep in held:
+            batch = trainer.with_inputs(collate([ep], cfg.max_steps))
+            ev = trainer.policy.evaluate(trainer.graphdef, trainer.params, batch.obs, batch.choice, None)
+            logp = np.asarray(jax.device_get(ev.logp))[0, : ep.length]
+            total, steps = total - float(logp.astype(np.float64).sum()), steps + ep.length
+        return total / steps
+    finally:
+        session.close("test")
