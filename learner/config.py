@@ -186,8 +186,8 @@ class ImitationConfig:
     early reinforcement-learning batches mix them with the actors' episodes."""
     validation_demos: int = 0
     """Hold back the last N demonstrations (the same training templates, never imitated nor prefilled) and
-    measure their imitation loss, in nats per action, after each epoch of the warm-up (learner/warmup.py;
-    `warmup/val_nll` in metrics.jsonl and a console line); 0: no validation."""
+    measure their imitation loss, in nats per action, before the warm-up and after each of its epochs
+    (learner/warmup.py; `warmup/val_nll` in metrics.jsonl and a console line); 0: no validation."""
     warmup_patience: int = 0
     """With --validation-demos: end the warm-up once the validation loss has not reached a new low for
     this many epochs (reinforcement learning starts then, and a resume does not warm up again); 0: the

@@ -113,6 +113,8 @@ def run(cfg: LearnerConfig, console: Console | None = None) -> dict:
 def _train(s: Session, stop: _Stop) -> str:
     """The loop of the module docstring; returns why it stopped."""
     schedule, trainer, replay = s.schedule, s.trainer, s.replay
+    if trainer.update == 0 and schedule.in_warmup(0):
+        s.validate_if_due(lambda: _serve_while_busy(s), stop.abandons)  # the loss before any update
     while True:
         wanted = schedule.stop_reason(trainer.update, s.stats.success_reached(s.cfg.stop_at_success))
         wanted = wanted or stop.reason

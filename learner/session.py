@@ -90,11 +90,12 @@ class Session:
     "update". The step counts its update on the helper thread before it returns, ahead of its priorities
     and its publish, so Trainer.update read then would name an update whose version is not out yet."""
     validation: Validation | None = None
-    """The held-back demonstrations' loss after each warm-up epoch (--validation-demos); None without."""
+    """The held-back demonstrations' loss before the warm-up and after each of its epochs
+    (--validation-demos); None without."""
     validation_demos: list[Episode] = field(default_factory=list)
     """The demonstrations held back from `demos` (learner/warmup.py): never imitated nor prefilled."""
     _epochs: EpochDraws | None = None
-    _validated_epochs: int = 0
+    _validated_epochs: int = -1
     _last_log: float = 0.0
     _snapshots: WallSnapshots | None = None
     _last_save: float = field(default_factory=time.monotonic)
@@ -224,13 +225,14 @@ class Session:
         return Draw([self.demos[i] for i in picks])
 
     def validate_if_due(self, serve: Callable[[], None], abandon: Callable[[], bool]) -> None:
-        """After a warm-up update that completed an epoch (--validation-demos): the held-back
-        demonstrations' imitation loss, on a helper thread while `serve` answers actors (forward only: a
+        """Before the warm-up's first update and after each update that completed an epoch
+        (--validation-demos): the held-back demonstrations' imitation loss, on a helper thread while `serve` answers actors (forward only: a
         stop may abandon it, the parameters stay whole). Recorded (`warmup/val_nll`, a console line);
         with --warmup-patience it ends the warm-up once the loss stopped reaching new lows."""
-        if self.validation is None or self._epochs is None or self._epochs.epochs == self._validated_epochs:
+        epoch = 0 if self._epochs is None else self._epochs.epochs
+        if self.validation is None or epoch == self._validated_epochs:
             return
-        self._validated_epochs = epoch = self._epochs.epochs
+        self._validated_epochs = epoch
         loss = run_while_serving(
             lambda: self.trainer.demo_nll(self.validation_demos), serve, "validation", abandon
         )

@@ -4,8 +4,8 @@ Imitation updates drew demonstrations with replacement, and nothing said when th
 it could: the lm recipe's 10 updates were a tenth of an epoch, and its loss was still the uniform guess.
 Here the training demonstrations are drawn in epochs (`EpochDraws`: each once per epoch, in a seeded
 order), the last --validation-demos of them are held back (demonstrations of the
-same training templates, never drawn for an update), and after each epoch of the warm-up their imitation
-loss is measured (`Validation`: nats per action, the mean over steps of -log pi(a_demo | s)); with
+same training templates, never drawn for an update), and before the warm-up and after each of its epochs
+their imitation loss is measured (`Validation`: nats per action, the mean over steps of -log pi(a_demo | s)); with
 --warmup-patience the warm-up ends once that loss has not reached a new low for that many epochs, and
 reinforcement learning starts. The end is written to RUN_DIR/warmup.json, so a resumed run does not warm
 up again (`ended_at`); a run resumed within its warm-up draws on from where its updates were, and counts
@@ -61,12 +61,13 @@ class EpochDraws:
 
 @dataclass
 class Validation:
-    """The held-back demonstrations' loss after each warm-up epoch, and whether it stopped improving."""
+    """The held-back demonstrations' loss before the warm-up and after each of its epochs, and whether it
+    stopped improving."""
 
     patience: int
     """End the warm-up after this many epochs in a row without a new lowest loss (0: never early)."""
     losses: list[float] = field(default_factory=list)
-    """Nats per action after each epoch, in order."""
+    """Nats per action before the first epoch (a fresh run) and after each, in order."""
 
     @property
     def best(self) -> float:

@@ -77,18 +77,22 @@ def test_patience_needs_validation_demonstrations(capsys):
 @pytest.mark.timeout(600)
 def test_a_learner_validates_each_epoch_and_ends_its_warm_up_when_the_loss_stops_falling(learner_process):
     """40 SimPhone demonstrations, 6 held back (a batch of 8 then holds 2 repeats that must not count),
-    batches of 8: epochs end at updates 5 and 9 (40 and 72 of 34 drawn). With learning rate 0 the second
-    epoch's loss equals the first's, so patience 1 ends the warm-up at update 9 of its 100."""
+    batches of 8: the loss is measured before the first update and as epochs end, at updates 5 and 9 (40
+    and 72 of 34 drawn). With learning rate 0 it never falls, so patience 2 ends the warm-up at update 9
+    of its 100."""
     learner = learner_process(
         *("--env", "simphone", "--warmup-demos", "40", "--warmup-noise", "0", "--validation-demos", "6"),
-        *("--warmup-updates", "100", "--warmup-patience", "1", "--batch-size", "8", "--learning-rate", "0"),
+        *("--warmup-updates", "100", "--warmup-patience", "2", "--batch-size", "8", "--learning-rate", "0"),
         *("--max-updates", "9", "--local-actors", "0", "--checkpoint-every", "0", "--log-every", "1"),
     )
     assert learner.proc.wait(timeout=540) == 0, learner.log()
     log = learner.log()
     assert "the last 6 demonstrations held back" in log and "(34 to imitate, an epoch is 5 updates)" in log
     epochs = [line for line in log.splitlines() if "learner: warm-up epoch" in line]
-    assert len(epochs) == 2 and "epoch 1 (update 5)" in epochs[0] and "epoch 2 (update 9)" in epochs[1], log
+    assert len(epochs) == 3, log
+    assert [
+        f"epoch {e} (update {u})" in line for e, u, line in zip((0, 1, 2), (0, 5, 9), epochs, strict=True)
+    ] == [True] * 3
     assert "the warm-up ends at update 9" in log
     final = learner.metrics()[-1]
     assert final["stopped"] == "update limit" and final["imitation_updates"] == 9, final

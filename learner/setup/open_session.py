@@ -126,8 +126,8 @@ def _held_back(cfg: LearnerConfig, demos: list, local_batch: int, console: Conso
     epoch = -(-len(train) // local_batch)
     patience = cfg.imitation.warmup_patience
     console.print(
-        f"learner: the last {n} demonstrations held back: their imitation loss is measured after each epoch of "
-        f"the warm-up ({len(train)} to imitate, an epoch is {epoch} updates)"
+        f"learner: the last {n} demonstrations held back: their imitation loss is measured before and after "
+        f"each epoch of the warm-up ({len(train)} to imitate, an epoch is {epoch} updates)"
         + (f"; it ends after {patience} epoch(s) without a new low" if patience else "")
     )
     return train, held
