@@ -32,8 +32,9 @@ class Schedule:
     """The rules, each a method, so the loop only asks:
 
     - **Imitation** (`imitates`): with demonstrations, updates 0 .. warmup_updates - 1 are behavior
-      cloning (the warm-up, which --warmup-patience may end early: `end_warmup`); after it, every demo_update_every-th update is one more. An imitation
-      update needs no replay data, so it is always ready.
+      cloning (the warm-up, which --warmup-patience may end early: `end_warmup`); after it, every
+      demo_update_every-th update is one more. An imitation update needs no replay data, so it is always
+      ready.
     - **Sample side of the rate limit** (`can_train`): a reinforcement-learning update needs a full local
       batch in the replay, and may not sample more than samples_per_insert times per inserted episode on
       average (Reverb's SampleToInsertRatio); it waits for new episodes otherwise. Both sides count

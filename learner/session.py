@@ -226,9 +226,10 @@ class Session:
 
     def validate_if_due(self, serve: Callable[[], None], abandon: Callable[[], bool]) -> None:
         """Before the warm-up's first update and after each update that completed an epoch
-        (--validation-demos): the held-back demonstrations' imitation loss, on a helper thread while `serve` answers actors (forward only: a
-        stop may abandon it, the parameters stay whole). Recorded (`warmup/val_nll`, a console line);
-        with --warmup-patience it ends the warm-up once the loss stopped reaching new lows."""
+        (--validation-demos): the held-back demonstrations' imitation loss, on a helper thread while
+        `serve` answers actors (forward only: a stop may abandon it, the parameters stay whole). Recorded
+        (`warmup/val_nll`, a console line); with --warmup-patience it ends the warm-up once the loss
+        stopped reaching new lows."""
         epoch = 0 if self._epochs is None else self._epochs.epochs
         if self.validation is None or epoch == self._validated_epochs:
             return
