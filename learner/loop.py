@@ -114,7 +114,7 @@ def _train(s: Session, stop: _Stop) -> str:
     """The loop of the module docstring; returns why it stopped."""
     schedule, trainer, replay = s.schedule, s.trainer, s.replay
     if trainer.update == 0 and schedule.in_warmup(0):
-        s.validate_if_due(lambda: _serve_while_busy(s), stop.abandons)  # the loss before any update
+        s.warmup.validate_if_due(lambda: _serve_while_busy(s), stop.abandons)  # the loss before any update
     while True:
         wanted = schedule.stop_reason(trainer.update, s.stats.success_reached(s.cfg.stop_at_success))
         wanted = wanted or stop.reason
@@ -139,7 +139,7 @@ def _train(s: Session, stop: _Stop) -> str:
         if ready:
             _update(s, imitation, stop.abandons)
             if in_warmup:
-                s.validate_if_due(lambda: _serve_while_busy(s), stop.abandons)
+                s.warmup.validate_if_due(lambda: _serve_while_busy(s), stop.abandons)
             s.publish_if_due(serve=lambda: _serve_while_busy(s, log=False))
             s.save_if_due()
         s.log_if_due()

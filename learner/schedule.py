@@ -32,7 +32,7 @@ class Schedule:
     """The rules, each a method, so the loop only asks:
 
     - **Imitation** (`imitates`): with demonstrations, updates 0 .. warmup_updates - 1 are behavior
-      cloning (the warm-up, which --warmup-patience may end early: `end_warmup`); after it, every
+      cloning (the warm-up, which --warmup-patience may end early: `warmup_end`); after it, every
       demo_update_every-th update is one more. An imitation update needs no replay data, so it is always
       ready.
     - **Sample side of the rate limit** (`can_train`): a reinforcement-learning update needs a full local
@@ -78,8 +78,8 @@ class Schedule:
     rounds_timed_out: int = 0
     """--mode sync: rounds ended by sync_round_timeout rather than by every environment delivering."""
     warmup_end: int | None = None
-    """The update the warm-up ended at when it ended early (--warmup-patience, learner/warmup.py: this run
-    or one before it in the same directory); None: it runs its --warmup-updates."""
+    """The update the warm-up ended at when it ended early (--warmup-patience: learner/warmup.py sets it,
+    in this run or one before it in the same directory); None: it runs its --warmup-updates."""
     update_times: UpdateTimes = field(default_factory=UpdateTimes)
     """What this run's last few updates took: the time limit stops early by what the next is expected to."""
     _round_episodes: int = 0
@@ -98,10 +98,6 @@ class Schedule:
 
     def in_warmup(self, update: int) -> bool:
         return self.has_demos and update < self.warmup_updates
-
-    def end_warmup(self, update: int) -> None:
-        """The warm-up ends now, before update number `update` (learner/warmup.py, --warmup-patience)."""
-        self.warmup_end = update
 
     def phase(self, update: int) -> str:
         """ "warmup" during the imitation warm-up, "rl" after it (metrics.jsonl's "phase")."""

@@ -15,7 +15,6 @@ import numpy as np
 from rich.console import Console
 
 from common.protocol import Episode
-from learner import warmup
 from learner.config import LearnerConfig, flat_dict
 from learner.ingest.server import IngestServer
 from learner.launch.local_actors import LocalActors
@@ -30,7 +29,7 @@ from learner.training import multihost
 from learner.training.checkpoint import Checkpointer
 from learner.training.checkpoint_files import CheckpointFiles
 from learner.training.trainer import StepResult, Trainer, run_while_serving
-from learner.warmup import EpochDraws, Validation
+from learner.warmup import Warmup
 
 
 class Draw(NamedTuple):
@@ -62,6 +61,8 @@ class Session:
     """None with --checkpoint-every 0."""
     demos: list[Episode]
     """The demonstrations of imitation updates and the prefill (empty without)."""
+    warmup: Warmup
+    """Their draws in epochs and the held-back ones' validation (learner/warmup.py)."""
     stats: RunStats
     schedule: Schedule
     server: IngestServer
@@ -89,13 +90,6 @@ class Session:
     """The updates finished when the one in flight started: what a record written meanwhile shows as
     "update". The step counts its update on the helper thread before it returns, ahead of its priorities
     and its publish, so Trainer.update read then would name an update whose version is not out yet."""
-    validation: Validation | None = None
-    """The held-back demonstrations' loss before the warm-up and after each of its epochs
-    (--validation-demos); None without."""
-    validation_demos: list[Episode] = field(default_factory=list)
-    """The demonstrations held back from `demos` (learner/warmup.py): never imitated nor prefilled."""
-    _epochs: EpochDraws | None = None
-    _validated_epochs: int = -1
     _last_log: float = 0.0
     _snapshots: WallSnapshots | None = None
     _last_save: float = field(default_factory=time.monotonic)
@@ -212,50 +206,11 @@ class Session:
         self.stats.timing["checkpoint_s"] += time.monotonic() - t0
 
     def draw_demos(self) -> Draw:
-        """An imitation update's batch: the training demonstrations in epochs (learner/warmup.py), from the
-        position the updates so far reached (a resumed run goes on where the run it resumes was)."""
-        if self._epochs is None:
-            done = sum(self.schedule.imitates(u) for u in range(self.trainer.update))
-            self._epochs = EpochDraws(len(self.demos), [self.cfg.seed, self.rank])
-            self._epochs.drawn = done * self.trainer.local_batch
-            self._validated_epochs = self._epochs.epochs
-        picks = self._epochs.take(self.trainer.local_batch)
+        """An imitation update's batch: the training demonstrations in epochs (learner/warmup.py)."""
+        picks = self.warmup.picks()
         self.stats.totals["imitation_updates"] += 1
         self.schedule.count_imitation_update()
         return Draw([self.demos[i] for i in picks])
-
-    def validate_if_due(self, serve: Callable[[], None], abandon: Callable[[], bool]) -> None:
-        """Before the warm-up's first update and after each update that completed an epoch
-        (--validation-demos): the held-back demonstrations' imitation loss, on a helper thread while
-        `serve` answers actors (forward only: a stop may abandon it, the parameters stay whole). Recorded
-        (`warmup/val_nll`, a console line); with --warmup-patience it ends the warm-up once the loss
-        stopped reaching new lows."""
-        epoch = 0 if self._epochs is None else self._epochs.epochs
-        if self.validation is None or epoch == self._validated_epochs:
-            return
-        self._validated_epochs = epoch
-        loss = run_while_serving(
-            lambda: self.trainer.demo_nll(self.validation_demos), serve, "validation", abandon
-        )
-        ends = self.validation.record(loss)
-        self.stats.warmup = {
-            "warmup/val_nll": loss,
-            "warmup/epoch": epoch,
-            "warmup/val_best": self.validation.best,
-        }
-        self.console.print(
-            f"learner: warm-up epoch {epoch} (update {self.trainer.update}): validation loss {loss:.3f} nats "
-            f"per action (lowest {self.validation.best:.3f})"
-        )
-        if ends:
-            update = self.trainer.update
-            self.schedule.end_warmup(update)
-            if self.rank == 0:
-                warmup.write_end(self.run_dir, update, self.validation.losses)
-            self.console.print(
-                f"learner: the warm-up ends at update {update}: the validation loss has not reached a new low "
-                f"for {self.validation.patience} epoch(s); reinforcement learning starts"
-            )
 
     def draw_replay(self) -> Draw:
         """A reinforcement-learning update's batch from the replay (stale items dropped first), with the

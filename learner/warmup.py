@@ -16,10 +16,21 @@ from __future__ import annotations
 
 import json
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
+from rich.console import Console
+
+from learner.training.trainer import run_while_serving
+
+if TYPE_CHECKING:
+    from common.protocol import Episode
+    from learner.observe.run_stats import RunStats
+    from learner.schedule import Schedule
+    from learner.training.trainer import Trainer
 
 WARMUP_FILE = "warmup.json"
 """In the run directory: where the warm-up ended early and its validation losses, for a resume."""
@@ -78,6 +89,67 @@ class Validation:
         self.losses.append(loss)
         since_best = len(self.losses) - 1 - int(np.argmin(self.losses))
         return self.patience > 0 and since_best >= self.patience
+
+
+@dataclass
+class Warmup:
+    """One learner process's demonstration draws in epochs and the held-back demonstrations' validation:
+    what the Session draws imitation batches from and the loop asks to validate."""
+
+    trainer: Trainer
+    schedule: Schedule
+    stats: RunStats
+    console: Console
+    run_dir: Path
+    """Where RUN_DIR/warmup.json goes (process 0 writes it)."""
+    rank: int
+    seed: int
+    count: int
+    """Training demonstrations (the Session's `demos`)."""
+    held_back: list[Episode] = field(default_factory=list)
+    """The demonstrations held back (--validation-demos): never imitated nor prefilled."""
+    validation: Validation | None = None
+    """Their loss before the warm-up and after each of its epochs; None without held-back ones."""
+    _draws: EpochDraws | None = None
+    _validated: int = -1
+
+    def picks(self) -> list[int]:
+        """An imitation batch's indices into the training demonstrations, in epochs, from the position the
+        updates so far reached (a resumed run goes on where the run it resumes was)."""
+        if self._draws is None:
+            done = sum(self.schedule.imitates(u) for u in range(self.trainer.update))
+            self._draws = EpochDraws(
+                self.count, [self.seed, self.rank], drawn=done * self.trainer.local_batch
+            )
+            self._validated = max(self._validated, self._draws.epochs)
+        return self._draws.take(self.trainer.local_batch)
+
+    def validate_if_due(self, serve: Callable[[], None], abandon: Callable[[], bool]) -> None:
+        """Before the warm-up's first update and after each update that completed an epoch: the held-back
+        demonstrations' imitation loss, on a helper thread while `serve` answers actors (forward only: a
+        stop may abandon it, the parameters stay whole). Recorded (`warmup/val_nll`, a console line);
+        with --warmup-patience it ends the warm-up once the loss stopped reaching new lows."""
+        epoch = 0 if self._draws is None else self._draws.epochs
+        if self.validation is None or epoch == self._validated:
+            return
+        self._validated = epoch
+        loss = run_while_serving(lambda: self.trainer.demo_nll(self.held_back), serve, "validation", abandon)
+        ends = self.validation.record(loss)
+        best = self.validation.best
+        self.stats.warmup = {"warmup/val_nll": loss, "warmup/epoch": epoch, "warmup/val_best": best}
+        update = self.trainer.update
+        self.console.print(
+            f"learner: warm-up epoch {epoch} (update {update}): validation loss {loss:.3f} nats per action "
+            f"(lowest {best:.3f})"
+        )
+        if ends:
+            self.schedule.warmup_end = update
+            if self.rank == 0:
+                write_end(self.run_dir, update, self.validation.losses)
+            self.console.print(
+                f"learner: the warm-up ends at update {update}: the validation loss has not reached a new low "
+                f"for {self.validation.patience} epoch(s); reinforcement learning starts"
+            )
 
 
 def split_validation(demos: list, n: int) -> tuple[list, list]:

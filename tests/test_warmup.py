@@ -58,7 +58,7 @@ def test_the_schedule_s_warm_up_ends_where_it_was_ended():
     cfg = parse_args(["--warmup-updates", "20", "--demo-update-every", "4"])
     schedule = Schedule(cfg, 4, has_demos=True)
     assert schedule.in_warmup(15) and schedule.warmup_updates == 20
-    schedule.end_warmup(8)
+    schedule.warmup_end = 8  # as learner/warmup.py:Warmup sets it
     assert not schedule.in_warmup(8) and schedule.in_warmup(7) and schedule.phase(9) == "rl"
     # After it, every 4th update imitates, counted from the new end.
     assert [schedule.imitates(u) for u in range(8, 16)] == [False, False, False, True] * 2

@@ -51,7 +51,7 @@ from learner.setup.training_state import Training, build_training
 from learner.training import multihost
 from learner.training.checkpoint import Checkpointer
 from learner.training.checkpoint_files import CheckpointFiles
-from learner.warmup import Validation
+from learner.warmup import Validation, Warmup
 
 
 def open_session(cfg: LearnerConfig, console: Console) -> Session:
@@ -91,8 +91,18 @@ def open_session(cfg: LearnerConfig, console: Console) -> Session:
             replay=replay,
             checkpointer=checkpointer,
             demos=demos,
-            validation=Validation(cfg.imitation.warmup_patience) if held_back else None,
-            validation_demos=held_back,
+            warmup=Warmup(
+                trainer,
+                schedule,
+                stats,
+                console,
+                run_dir,
+                rank,
+                cfg.seed,
+                len(demos),
+                held_back,
+                Validation(cfg.imitation.warmup_patience) if held_back else None,
+            ),
             stats=stats,
             schedule=schedule,
             server=server,
