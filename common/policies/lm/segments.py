@@ -137,7 +137,7 @@ def packed_sequences(
     step_of = train[used] // rows * steps + train[used] % rows
     finals = obs["final_rows"].reshape(-1)
     prompts = [flat_prompt[f, width - int(flat_length[f]) :] for f in (*train[used], *finals)]
-    p = len(prefix) if _all_follow(prompts, prefix) else 0
+    p = len(prefix) if all_follow(prompts, prefix) else 0
     tokens = choice["action_tokens"].reshape(b * steps, -1)
     length = choice["action_length"].reshape(-1)
     step_prompts, final_prompts = prompts[: len(used)], prompts[len(used) :]
@@ -178,7 +178,7 @@ def packed_sequences(
     return out
 
 
-def _all_follow(prompts: list[np.ndarray], prefix: np.ndarray) -> bool:
+def all_follow(prompts: list[np.ndarray], prefix: np.ndarray) -> bool:
     """Whether every prompt starts with `prefix` and has ids after it."""
     p = len(prefix)
     return p > 0 and all(len(ids) > p and np.array_equal(ids[:p], prefix) for ids in prompts)

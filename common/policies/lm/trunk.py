@@ -128,7 +128,7 @@ class TrunkCache:
         budget allows."""
         self.misses += len(missing)
         prompts = [np.frombuffer(ids, np.int32) for ids, _ in missing]
-        cut = len(self.prefix) if self._all_follow_prefix(prompts) else 0
+        cut = len(self.prefix) if segments.all_follow(prompts, self.prefix) else 0
         seqs = [
             np.concatenate([p[cut:], np.frombuffer(action, np.int32)])
             for p, (_, action) in zip(prompts, missing, strict=True)
@@ -149,11 +149,6 @@ class TrunkCache:
             out[k] = kept = np.concatenate([prefix_states, row])
             self._keep(k, kept)
         return out
-
-    def _all_follow_prefix(self, prompts: list[np.ndarray]) -> bool:
-        """Whether every prompt starts with the prefix and has ids after it."""
-        p = len(self.prefix)
-        return p > 0 and all(len(ids) > p and np.array_equal(ids[:p], self.prefix) for ids in prompts)
 
     def _keep(self, key: tuple[bytes, bytes], states: np.ndarray) -> None:
         if states.nbytes > self.budget_bytes:
