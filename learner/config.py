@@ -153,6 +153,11 @@ class LocalActorsConfig:
     split: str = "train"
     """SimPhone split of the local actors (and of the warm-up demonstrations): train, or dev (train
     without the validation templates, for development whose choices are made on --split validation)."""
+    actors_after_warmup: bool = False
+    """Start the local actors when the imitation warm-up ends, not with the learner: episodes acted
+    during the warm-up come from the policy it is replacing (and, held by the insert side, are trained
+    on only once reinforcement learning starts, far off-policy), while the actors' processes take CPU
+    from the warm-up's updates (on 2 cores, three processes' XLA threads; the lm recipe's choice)."""
     local_actor_args: str = ""
     """Further `python -m actors` flags for every local actor, one string, e.g.
     --local-actor-args="--max-episode-rate 0.5" (with "=": the value starts with dashes); they come last, so they win, and are checked by the actor's own parser
@@ -186,8 +191,10 @@ class ImitationConfig:
     early reinforcement-learning batches mix them with the actors' episodes."""
     validation_demos: int = 0
     """Hold back the last N demonstrations (the same training templates, never imitated nor prefilled) and
-    measure their imitation loss, in nats per action, before the warm-up and after each of its epochs
-    (learner/warmup.py; `warmup/val_nll` in metrics.jsonl and a console line); 0: no validation."""
+    measure their imitation loss in nats per action, rho on their steps and the critic's value gap, before
+    the warm-up, after each of its epochs and its end, then every epoch's worth of updates (learner/warmup.py;
+    `validation/nll`, `validation/rho`, `validation/value_gap` in metrics.jsonl and a console line); 0: no
+    validation."""
     warmup_patience: int = 0
     """With --validation-demos: end the warm-up once the validation loss has not reached a new low for
     this many epochs (reinforcement learning starts then, and a resume does not warm up again); 0: the

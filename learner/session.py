@@ -68,6 +68,9 @@ class Session:
     server: IngestServer
     outputs: RunOutputs
     actors: LocalActors | None = None
+    start_actors: Callable[[], LocalActors | None] | None = None
+    """--actors-after-warmup: starts the local actors when reinforcement learning starts (`start_rl`);
+    None once they started, or when they start with the learner."""
     inference: InferenceService | None = None
     """The inference service remote actors act through (learner/serving/inference.py); None without."""
     prefill_pending: bool = False
@@ -105,10 +108,12 @@ class Session:
 
     def start_rl(self) -> None:
         """Reinforcement learning has started (called every turn after the warm-up): later success counts
-        for the target, and the demonstrations join the replay once, stamped with the current version:
+        for the target, local actors held back by --actors-after-warmup start, and the demonstrations join the replay once, stamped with the current version:
         fresh data whose exact behavior log-probs still drive the off-policy correction, ageing out by
         max_policy_lag."""
         self.stats.mark_rl_start()
+        if self.start_actors is not None:
+            self.actors, self.start_actors = self.start_actors(), None
         if not self.prefill_pending:
             return
         self.prefill_pending = False
@@ -291,7 +296,7 @@ class Session:
             "dropped_episodes": replay.counts["evicted_fifo"] + replay.counts["dropped_stale"],
             **{f"replay/{k}": v for k, v in replay.stats().items()},
             **{f"train/{k}": v for k, v in s.train_metrics.items()},
-            **s.warmup,
+            **s.validation,
             **{f"time/{k}": round(v, 3) for k, v in timing.items()},
             **(
                 {f"checkpoint/{k}": v for k, v in self.checkpoint_files.stats.items()}

@@ -112,6 +112,9 @@ class Warmup:
     """Their loss before the warm-up and after each of its epochs; None without held-back ones."""
     _draws: EpochDraws | None = None
     _validated: int = -1
+    """The warm-up epoch validated last."""
+    _validated_update: int = 0
+    """The update validated last (the reinforcement-learning phase's interval counts from it)."""
 
     def picks(self) -> list[int]:
         """An imitation batch's indices into the training demonstrations, in epochs, from the position the
@@ -125,22 +128,31 @@ class Warmup:
         return self._draws.take(self.trainer.local_batch)
 
     def validate_if_due(self, serve: Callable[[], None], abandon: Callable[[], bool]) -> None:
-        """Before the warm-up's first update and after each update that completed an epoch: the held-back
-        demonstrations' imitation loss, on a helper thread while `serve` answers actors (forward only: a
-        stop may abandon it, the parameters stay whole). Recorded (`warmup/val_nll`, a console line);
-        with --warmup-patience it ends the warm-up once the loss stopped reaching new lows."""
-        epoch = 0 if self._draws is None else self._draws.epochs
-        if self.validation is None or epoch == self._validated:
+        """The held-back demonstrations' fit (`Trainer.demo_fit`) when due (`_due`), on a helper thread
+        while `serve` answers actors (forward only: a stop may abandon it, the parameters stay whole).
+        Recorded (`validation/*` in metrics.jsonl, a console line); in the warm-up, with
+        --warmup-patience, it ends the warm-up once the loss stopped reaching new lows."""
+        due = self._due()
+        if due is None:
             return
-        self._validated = epoch
-        loss = run_while_serving(lambda: self.trainer.demo_nll(self.held_back), serve, "validation", abandon)
-        ends = self.validation.record(loss)
-        best = self.validation.best
-        self.stats.warmup = {"warmup/val_nll": loss, "warmup/epoch": epoch, "warmup/val_best": best}
+        phase, epoch = due
         update = self.trainer.update
+        self._validated, self._validated_update = epoch, update
+        fit = run_while_serving(lambda: self.trainer.demo_fit(self.held_back), serve, "validation", abandon)
+        ends = phase == "warmup" and self.validation.record(fit.nll) and update < self.schedule.warmup_updates
+        best = self.validation.best
+        self.stats.validation = {
+            "validation/nll": fit.nll,
+            "validation/rho": fit.rho,
+            "validation/value_gap": fit.value_gap,
+            "validation/update": update,
+            "validation/epoch": epoch,
+            "validation/best": best,
+        }
+        where = f"warm-up epoch {epoch}" if phase == "warmup" else "reinforcement learning"
         self.console.print(
-            f"learner: warm-up epoch {epoch} (update {update}): validation loss {loss:.3f} nats per action "
-            f"(lowest {best:.3f})"
+            f"learner: {where} (update {update}): validation loss {fit.nll:.3f} nats per action (lowest "
+            f"{best:.3f} in the warm-up), rho on demonstration steps {fit.rho:.3f}, value gap {fit.value_gap:.3f}"
         )
         if ends:
             self.schedule.warmup_end = update
@@ -150,6 +162,22 @@ class Warmup:
                 f"learner: the warm-up ends at update {update}: the validation loss has not reached a new low "
                 f"for {self.validation.patience} epoch(s); reinforcement learning starts"
             )
+
+    def _due(self) -> tuple[str, int] | None:
+        """("warmup", epoch) before the warm-up's first update, after each update that completed an epoch
+        of it and after its last; ("rl", epoch) after the warm-up, once as many updates as an epoch has were made since the
+        last validation (imitation's and reinforcement learning's alike: rho and the value gap across RL);
+        None when not due or without held-back demonstrations."""
+        if self.validation is None:
+            return None
+        epoch = 0 if self._draws is None else self._draws.epochs
+        update = self.trainer.update
+        end = self.schedule.warmup_updates
+        if update <= end and self.schedule.has_demos:
+            last = update == end and update != self._validated_update  # the supervised policy's fit
+            return ("warmup", epoch) if epoch != self._validated or last else None
+        every = max(1, -(-self.count // self.trainer.local_batch))
+        return ("rl", epoch) if update - self._validated_update >= every else None
 
 
 def split_validation(demos: list, n: int) -> tuple[list, list]:

@@ -7,6 +7,7 @@ import signal
 import subprocess
 import sys
 
+import pytest
 import tyro
 
 from actors.config import ActorConfig
@@ -44,3 +45,22 @@ def test_stop_kills_what_has_not_stopped_within_the_grace_and_says_which(tmp_pat
         actors.procs.append(proc)
     assert actors.stop(grace=1.0) == [1]
     assert [p.returncode for p in actors.procs] == [-signal.SIGTERM, -signal.SIGKILL]
+
+
+@pytest.mark.timeout(300)
+def test_actors_after_warmup_start_when_reinforcement_learning_does(learner_process):
+    """--actors-after-warmup: the local actor starts after the warm-up's updates (the learner compiled
+    its step and made them before the console says it started), no episode arrives during the warm-up,
+    and reinforcement learning then trains on the actor's episodes."""
+    learner = learner_process(
+        *("--env", "simphone", "--warmup-demos", "16", "--warmup-updates", "6", "--local-actors", "1"),
+        *("--envs-per-actor", "2", "--actors-after-warmup", "--max-updates", "9", "--log-every", "1"),
+        *("--checkpoint-every", "0", "--batch-size", "4", "--model.text-encoder", "none"),
+    )
+    assert learner.proc.wait(timeout=240) == 0, learner.log()
+    log = learner.log()
+    assert "the 1 local actor(s) start when the warm-up ends (--actors-after-warmup)" in log
+    assert log.index("train step compiled") < log.index("started 1 local actor(s)"), log
+    metrics = learner.metrics()
+    assert all(m["episodes"] == 0 for m in metrics if m["phase"] == "warmup"), metrics
+    assert metrics[-1]["episodes"] > 0 and metrics[-1]["update"] == 9, metrics[-1]

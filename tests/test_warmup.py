@@ -7,6 +7,7 @@ its patience allows, with the loss in metrics.jsonl and equal to a per-episode r
 from __future__ import annotations
 
 import io
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -15,7 +16,8 @@ from rich.console import Console
 from learner import warmup
 from learner.config import parse_args
 from learner.schedule import Schedule
-from learner.warmup import EpochDraws, Validation
+from learner.training.trainer import DemoFit
+from learner.warmup import EpochDraws, Validation, Warmup
 from tests.conftest import one_line
 
 
@@ -67,6 +69,31 @@ def test_the_schedule_s_warm_up_ends_where_it_was_ended():
     assert Schedule(cfg, 4, has_demos=True, warmup_end=30).warmup_updates == 20  # never longer
 
 
+def test_validation_is_due_each_epoch_at_the_warm_up_s_end_and_every_epoch_of_updates_after_it():
+    """6 training demonstrations in batches of 2 (an epoch: 3 updates), a warm-up of 7 updates: before it,
+    after updates 3 and 6 (epochs), after 7 (its end: the supervised policy), then every 3 updates of
+    reinforcement learning (imitation's included), each recorded with its phase's fields."""
+    cfg = parse_args(["--warmup-updates", "7", "--demo-update-every", "4"])
+    schedule = Schedule(cfg, 2, has_demos=True)
+    fits = iter(range(100))
+    trainer = SimpleNamespace(
+        update=0, local_batch=2, demo_fit=lambda _: DemoFit(3.0 - next(fits) / 10, 0.5, 0.2)
+    )
+    stats = SimpleNamespace(validation={})
+    w = Warmup(trainer, schedule, stats, Console(file=io.StringIO()), None, 0, 0, 6, [], Validation(0))
+    seen = []
+    for update in range(17):
+        w.validate_if_due(serve=lambda: None, abandon=lambda: False)
+        if stats.validation.get("validation/update") == update:
+            seen.append((update, stats.validation["validation/epoch"]))
+        if schedule.imitates(update):
+            w.picks()
+        trainer.update = update + 1
+    assert seen == [(0, 0), (3, 1), (6, 2), (7, 2), (10, 2), (13, 2), (16, 3)]  # RL: imitation every 4th
+    assert stats.validation["validation/best"] == 3.0 - 3 / 10  # the warm-up's lowest, not RL's
+    assert stats.validation["validation/nll"] == 3.0 - 6 / 10 and stats.validation["validation/rho"] == 0.5
+
+
 def test_patience_needs_validation_demonstrations(capsys):
     with pytest.raises(SystemExit):
         parse_args(["--warmup-patience", "2"])
@@ -96,15 +123,21 @@ def test_a_learner_validates_each_epoch_and_ends_its_warm_up_when_the_loss_stops
     assert "the warm-up ends at update 9" in log
     final = learner.metrics()[-1]
     assert final["stopped"] == "update limit" and final["imitation_updates"] == 9, final
-    loss = final["warmup/val_nll"]
-    assert final["warmup/epoch"] == 2 and 0 < loss == final["warmup/val_best"], final
+    loss = final["validation/nll"]
+    assert final["validation/epoch"] == 2 and 0 < loss == final["validation/best"], final
+    assert final["validation/update"] == 9
     assert warmup.ended_at(learner.run_dir) == 9
-    assert abs(loss - _per_episode_nll(learner.run_dir)) < 1e-4  # the loss is the held-back ones' mean NLL
+    nll, rho, gap = _per_episode_fit(learner.run_dir)
+    assert abs(loss - nll) < 1e-4  # the loss is the held-back ones' mean NLL
+    assert abs(final["validation/rho"] - rho) < 1e-4 and 0 < rho < 1
+    assert abs(final["validation/value_gap"] - gap) < 1e-4 and gap != 0
 
 
-def _per_episode_nll(run_dir) -> float:
+def _per_episode_fit(run_dir) -> tuple[float, float, float]:
     """The reference: each held-back demonstration (the file's last 6) scored alone, under the run's
-    initial parameters (learning rate 0: what it validated with), the mean over their steps of -log pi."""
+    initial parameters (learning rate 0: what it validated with), means over their steps of -log pi,
+    pi / mu and G_t - V(s_t) (returns summed in float64 here with the run's discount, no bootstrap: every
+    demonstration here ends in a terminal state)."""
     import jax
 
     from common.trajectory_file import load_episodes
@@ -119,12 +152,21 @@ def _per_episode_nll(run_dir) -> float:
     try:
         trainer = session.trainer
         held = load_episodes(run_dir / "demos.msgpack", cfg.model)[-6:]
-        total, steps = 0.0, 0
+        nll, rho, gap, steps = 0.0, 0.0, 0.0, 0
         for ep in held:
+            assert not ep.truncated
+            n = ep.length
             batch = trainer.with_inputs(collate([ep], cfg.max_steps))
             ev = trainer.policy.evaluate(trainer.graphdef, trainer.params, batch.obs, batch.choice, None)
-            logp = np.asarray(jax.device_get(ev.logp))[0, : ep.length]
-            total, steps = total - float(logp.astype(np.float64).sum()), steps + ep.length
-        return total / steps
+            logp = np.asarray(jax.device_get(ev.logp))[0, :n].astype(np.float64)
+            values = np.asarray(jax.device_get(ev.values))[0, :n].astype(np.float64)
+            mu = np.asarray(ep.steps["behavior_logp"], np.float64)
+            rewards = np.asarray(ep.steps["reward"], np.float64)
+            returns = [sum(cfg.loss.gamma**k * r for k, r in enumerate(rewards[t:])) for t in range(n)]
+            nll -= logp.sum()
+            rho += np.exp(logp - mu).sum()
+            gap += (np.array(returns) - values).sum()
+            steps += n
+        return nll / steps, rho / steps, gap / steps
     finally:
         session.close("test")

@@ -62,9 +62,9 @@ class RunStats:
         """The lag of every step stored, when it arrived (newest version then minus the one that acted):
         how stale acting is; about 0 with remote inference, the snapshot's age with actor-side."""
         self.train_metrics: dict[str, float] = {}
-        self.warmup: dict[str, float] = {}
-        """The newest warm-up validation (`warmup/val_nll`, `warmup/epoch`, `warmup/val_best`;
-        learner/warmup.py), in every record after it."""
+        self.validation: dict[str, float] = {}
+        """The newest validation on held-back demonstrations (`validation/nll`, `/rho`, `/value_gap`,
+        `/update`, `/epoch`, `/best`; learner/warmup.py), in every record after it."""
         self.timing: Counter[str] = Counter()
         """Seconds per stage: compile_s, ingest_s, train_s, publish_s, checkpoint_s."""
 

@@ -22,6 +22,7 @@ the run here with one message naming the flag or file; the sockets are closed ag
 from __future__ import annotations
 
 import dataclasses
+import functools
 import shlex
 import time
 from pathlib import Path
@@ -167,7 +168,18 @@ def _go_live(session: Session, training: Training) -> None:
         session.console.print(
             f"learner: metrics http://{cfg.transport.bind}:{status.port}/metrics, health /livez /readyz"
         )
-    session.actors = _start_local_actors(cfg, server, rank, run_dir, session.console)
+    start = functools.partial(_start_local_actors, cfg, server, rank, run_dir, session.console)
+    if (
+        cfg.local.actors_after_warmup
+        and cfg.local.local_actors
+        and session.schedule.in_warmup(session.trainer.update)
+    ):
+        session.start_actors = start
+        session.console.print(
+            f"learner: the {cfg.local.local_actors} local actor(s) start when the warm-up ends (--actors-after-warmup)"
+        )
+    else:
+        session.actors = start()
 
 
 def _joined_config(cfg: LearnerConfig) -> LearnerConfig:

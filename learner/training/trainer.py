@@ -17,7 +17,7 @@ import time
 from collections.abc import Callable
 from concurrent.futures import Future, wait
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, NamedTuple, TypeVar
 
 import jax
 import numpy as np
@@ -37,6 +37,34 @@ from learner.training.sharding import batch_sharding, init_opt_state, named_shar
 from learner.training.train_step import make_optimizer
 
 R = TypeVar("R")
+
+
+class DemoFit(NamedTuple):
+    """How the parameters fit demonstrations, means over their steps (learner/warmup.py's validation)."""
+
+    nll: float
+    """-log pi(a_demo | s), nats per action: the imitation loss."""
+    rho: float
+    """pi(a_demo | s) / mu(a_demo | s), unclipped: the importance weight a demonstration step gets in a
+    reinforcement-learning batch (the lm oracle is deterministic, mu = 1, so rho = pi(a_demo | s))."""
+    value_gap: float
+    """G_t - V(s_t): the demonstrator's discounted return from the step (bootstrapped from V where the
+    demonstration was truncated) minus the critic's value. The critic estimates the learner's policy
+    (Retrace corrects demonstrations towards it), so the gap is how far the policy's value is from the
+    demonstrator's as the critic sees it: it closes as rho goes to 1."""
+
+
+def discounted_returns(episode, bootstrap: float, gamma: float) -> np.ndarray:
+    """[L] float64 G_t = r_t + gamma G_{t+1} of one episode, G_L = 0 when it ended in a terminal state,
+    `bootstrap` (V(s_L)) when it was truncated."""
+    rewards = np.asarray(episode.steps["reward"], np.float64)
+    out = np.zeros(len(rewards))
+    g = 0.0 if not episode.truncated else float(bootstrap)
+    for t in range(len(rewards) - 1, -1, -1):
+        g = rewards[t] + gamma * g
+        out[t] = g
+    return out
+
 
 SERVE_EVERY_S = 0.01
 """While a helper thread compiles or trains, the caller's thread calls `serve()` after waiting at most this
@@ -171,8 +199,8 @@ class Trainer:
         """How many batch shapes the host step gives, at most (common/policies/family.py:ShapedUpdates);
         None: one. With several the update compiles per shape (jit's cache) when a batch first has it,
         not ahead (`compile`)."""
-        self._demo_logp: Callable | None = None
-        """The jitted forward `demo_nll` scores demonstrations with (built at its first call)."""
+        self._demo_eval: Callable | None = None
+        """The jitted forward `demo_fit` scores demonstrations with (built at its first call)."""
         self.shapes: set[tuple] = set()
         """The (imitation, batch shapes) updates ran with: what was compiled (train/update_shapes)."""
 
@@ -243,25 +271,34 @@ class Trainer:
         skipped = bool(metrics.pop("skipped_nonfinite"))
         return StepResult({k: float(v) for k, v in metrics.items()}, priorities, skipped)
 
-    def demo_nll(self, episodes: list) -> float:
-        """The imitation loss of `episodes` under the current parameters, in nats per action: the mean over
-        their steps of -log pi(a_demo | s), forward only (learner/warmup.py's validation). In batches of
-        this process's rows, the last one filled up with repeats that are not counted (one shape);
-        single-process (LearnerConfig refuses --validation-demos with several)."""
-        if self._demo_logp is None:
+    def demo_fit(self, episodes: list) -> DemoFit:
+        """How the current parameters fit `episodes` (learner/warmup.py's validation), forward only, means
+        over their steps. In batches of this process's rows, the last one filled up with repeats that are
+        not counted (one shape); single-process (LearnerConfig refuses --validation-demos with several)."""
+        if self._demo_eval is None:
             policy, graphdef = self.policy, self.graphdef
-            self._demo_logp = jax.jit(
-                lambda params, obs, choice: policy.evaluate(graphdef, params, obs, choice, None).logp
-            )
-        total, steps, b = 0.0, 0, self.local_batch
+
+            def scores(params, obs, choice):
+                ev = policy.evaluate(graphdef, params, obs, choice, None)
+                return ev.logp, ev.values
+
+            self._demo_eval = jax.jit(scores)
+        nll, rho, gap, steps, b = 0.0, 0.0, 0.0, 0, self.local_batch
         for i in range(0, len(episodes), b):
             chunk = episodes[i : i + b]
             batch = self.with_inputs(collate((chunk * b)[:b], self.cfg.max_steps))
-            logp = np.asarray(self._demo_logp(self.params, batch.obs, batch.choice))[: len(chunk)]
-            mask = np.arange(logp.shape[1])[None] < np.asarray(batch.length)[: len(chunk), None]
-            total -= float(logp[mask].sum())
-            steps += int(mask.sum())
-        return total / max(steps, 1)
+            logp, values = jax.device_get(self._demo_eval(self.params, batch.obs, batch.choice))
+            for row, ep in enumerate(chunk):
+                n = ep.length
+                lp = np.asarray(logp[row, :n], np.float64)
+                mu = np.asarray(batch.behavior_logp[row, :n], np.float64)
+                v = np.asarray(values[row, : n + 1], np.float64)
+                nll -= lp.sum()
+                rho += np.exp(lp - mu).sum()
+                gap += (discounted_returns(ep, v[n], self.cfg.loss.gamma) - v[:n]).sum()
+                steps += n
+        steps = max(steps, 1)
+        return DemoFit(nll / steps, rho / steps, gap / steps)
 
     def with_inputs(self, batch: Batch) -> Batch:
         """`batch` with what the update reads besides the features (`host_inputs`: the pointer policy's
