@@ -195,6 +195,10 @@ class ImitationConfig:
     the warm-up, after each of its epochs and its end, then every epoch's worth of updates (learner/warmup.py;
     `validation/nll`, `validation/rho`, `validation/value_gap` in metrics.jsonl and a console line); 0: no
     validation."""
+    warmup_share: float = 0.0
+    """With --time-limit: end the warm-up once this share of the run's time has passed (reinforcement
+    learning gets the rest, and a resume does not warm up again); 0: no such end. A share, not updates:
+    one recipe then suits a 15-minute and a 60-minute run, whose updates take what the machine gives."""
     warmup_patience: int = 0
     """With --validation-demos: end the warm-up once the validation loss has not reached a new low for
     this many epochs (reinforcement learning starts then, and a resume does not warm up again); 0: the
@@ -207,6 +211,7 @@ class ImitationConfig:
         _check(self.demo_update_every >= 0, f"--demo-update-every must be >= 0, got {self.demo_update_every}")
         _check(self.validation_demos >= 0, f"--validation-demos must be >= 0, got {self.validation_demos}")
         _check(self.warmup_patience >= 0, f"--warmup-patience must be >= 0, got {self.warmup_patience}")
+        _check(0.0 <= self.warmup_share < 1.0, f"--warmup-share must be in [0, 1), got {self.warmup_share}")
         _check(
             not self.warmup_patience or self.validation_demos,
             "--warmup-patience needs --validation-demos: it ends the warm-up on their loss",

@@ -138,6 +138,7 @@ def _train(s: Session, stop: _Stop) -> str:
         s.snapshot_if_due()  # before the update: the parameters of the time passed (the compile's too)
         if ready:
             _update(s, imitation, stop.abandons)
+            s.warmup.end_if_late()
             s.warmup.validate_if_due(lambda: _serve_while_busy(s), stop.abandons)
             s.publish_if_due(serve=lambda: _serve_while_busy(s, log=False))
             s.save_if_due()

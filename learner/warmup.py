@@ -9,13 +9,15 @@ their imitation loss is measured (`Validation`: nats per action, the mean over s
 --warmup-patience the warm-up ends once that loss has not reached a new low for that many epochs, and
 reinforcement learning starts. The end is written to RUN_DIR/warmup.json, so a resumed run does not warm
 up again (`ended_at`); a run resumed within its warm-up draws on from where its updates were, and counts
-its patience from its own first epoch.
+its patience from its own first epoch. With --warmup-share the warm-up also ends once that share of
+--time-limit has passed (`end_if_late`), recorded the same way.
 """
 
 from __future__ import annotations
 
 import json
 import math
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -24,6 +26,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 from rich.console import Console
 
+from learner.training import multihost
 from learner.training.trainer import run_while_serving
 
 if TYPE_CHECKING:
@@ -126,6 +129,24 @@ class Warmup:
             )
             self._validated = max(self._validated, self._draws.epochs)
         return self._draws.take(self.trainer.local_batch)
+
+    def end_if_late(self) -> None:
+        """--warmup-share with --time-limit: end the warm-up at this update once that share of the run's
+        time has passed (recorded like an early end, so a resume does not warm up again)."""
+        share, limit = self.schedule.cfg.imitation.warmup_share, self.schedule.cfg.time_limit
+        update = self.trainer.update
+        if not (share and limit and self.schedule.in_warmup(update)):
+            return
+        _, late = multihost.agree(True, time.monotonic() - self.schedule.start >= share * limit)
+        if not late:  # every learner process ends it at the same update: the first that is late decides
+            return
+        self.schedule.warmup_end = update
+        if self.rank == 0:
+            write_end(self.run_dir, update, self.validation.losses if self.validation else [])
+        self.console.print(
+            f"learner: the warm-up ends at update {update}: {share:.0%} of the {limit:.0f} s time limit has "
+            "passed (--warmup-share); reinforcement learning starts"
+        )
 
     def validate_if_due(self, serve: Callable[[], None], abandon: Callable[[], bool]) -> None:
         """The held-back demonstrations' fit (`Trainer.demo_fit`) when due (`_due`), on a helper thread

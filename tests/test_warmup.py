@@ -7,6 +7,7 @@ its patience allows, with the loss in metrics.jsonl and equal to a per-episode r
 from __future__ import annotations
 
 import io
+import time
 from types import SimpleNamespace
 
 import numpy as np
@@ -92,6 +93,23 @@ def test_validation_is_due_each_epoch_at_the_warm_up_s_end_and_every_epoch_of_up
     assert seen == [(0, 0), (3, 1), (6, 2), (7, 2), (10, 2), (13, 2), (16, 3)]  # RL: imitation every 4th
     assert stats.validation["validation/best"] == 3.0 - 3 / 10  # the warm-up's lowest, not RL's
     assert stats.validation["validation/nll"] == 3.0 - 6 / 10 and stats.validation["validation/rho"] == 0.5
+
+
+def test_the_warm_up_ends_once_its_share_of_the_time_limit_has_passed(tmp_path):
+    cfg = parse_args(["--time-limit", "100", "--warmup-share", "0.5", "--warmup-updates", "50"])
+    schedule = Schedule(cfg, 2, has_demos=True, start=time.monotonic() - 49.0)
+    trainer = SimpleNamespace(update=12, local_batch=2)
+    out = io.StringIO()
+    w = Warmup(trainer, schedule, None, Console(file=out, width=200), tmp_path, 0, 0, 6)
+    w.end_if_late()
+    assert schedule.warmup_end is None  # 49 s of 100: not yet
+    schedule.start -= 2.0
+    w.end_if_late()
+    assert schedule.warmup_end == 12 and not schedule.in_warmup(12) and warmup.ended_at(tmp_path) == 12
+    assert "50% of the 100 s time limit has passed (--warmup-share)" in out.getvalue()
+    without_limit = Schedule(parse_args(["--warmup-share", "0.5"]), 2, has_demos=True, start=0.0)
+    Warmup(trainer, without_limit, None, Console(file=out), tmp_path, 0, 0, 6).end_if_late()
+    assert without_limit.warmup_end is None  # a share of no time limit: the warm-up's updates decide
 
 
 def test_patience_needs_validation_demonstrations(capsys):
