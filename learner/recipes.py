@@ -15,10 +15,14 @@ LM_RECIPE: dict[str, Any] = {
     "batch_size": 2,
     "max_steps": 10,
     "local.envs_per_actor": 4,
-    "imitation.warmup_demos": 200,
+    "local.actors_after_warmup": True,
+    "imitation.warmup_demos": 120,
+    "imitation.validation_demos": 20,
     "imitation.warmup_noise": 0.0,
-    "imitation.warmup_updates": 10,
-    "optimizer.learning_rate": 5e-4,
+    "imitation.warmup_updates": 100_000,
+    "imitation.warmup_share": 0.7,
+    "imitation.warmup_patience": 2,
+    "optimizer.learning_rate": 2e-3,
     "checkpoint_every": 10,
     "transport.actor_timeout": 120.0,
     "buffer.samples_per_insert": 1.0,
@@ -27,24 +31,36 @@ LM_RECIPE: dict[str, Any] = {
     "loss.actor_weighting": "binary_ratio",
 }
 """The `lm` family's defaults, by field path in LearnerConfig, chosen for 2 CPU cores (BENCHMARKS.md
-"LM agent"): an update of 2 episodes of up to 10 steps over 352-token prompts (the default
---model.lm-prompt-tokens) took 30-60 s padded (about half since the packed update, issue 46; not retuned
-for it yet), so there are about 14 updates in 15 minutes, not thousands; 4
-environments per actor keep a batched act near 3 s when the actor has the cores; the
-oracle's demonstrations are noiseless (its random actions are the pointer policy's), and 10 warm-up updates
-on them and 5e-4 with LoRA on the top blocks leave the budget to reinforcement learning. An actor does not
-heartbeat during its batched act, which takes 15-30 s while two actors and the learner share 2 cores: with
-the default 15 s the learner forgot actors in the middle of an act (refused as `not_welcomed`, rejoined),
-hence 120 s. And the actors must not take the learner's cores: unthrottled, two actors acting all the time
-left the learner one update in four minutes (three processes' XLA threads on two cores). An episode costs
-an actor about 5 s of CPU and an update about 30 s, so actors collect only what training uses: each
-episode is drawn about once (--samples-per-insert 1), at most one batch ahead (--insert-slack 2), and an
-actor with 2 finished episodes waiting for credit stops stepping (--max-pending-episodes 2). The actor's
-gradient weighs every token of a step by the step's truncated ratio min(1, prod_k rho_k) (--actor-weighting
-binary_ratio; the pointer default, binary, has no ratio at all): measured on a 15-minute run's replay, the
-step-level weight keeps an effective sample size of 0.99 at a lag of one version and 0.65 at 4-7, so it
-never discards half the data, and it is the weight the critic's traces already use (BENCHMARKS.md, "LM agent:
-per-token or step-level importance weights")."""
+"LM agent" and "LM warm-up in epochs"). An update of 2 episodes of up to 10 steps over 352-token prompts
+(the default --model.lm-prompt-tokens) takes about 7-9 s while its rows' frozen trunk is computed (a
+demonstration's first epoch) and about 3.5 s once it is cached (issue 46), so a 15-minute run makes about
+100 updates, not thousands.
+
+The warm-up (issue 47): imitation is what a 15-minute run can teach, so it gets 70% of the time limit
+(--warmup-share 0.7; --warmup-updates only bounds it), in epochs over 100 demonstrations with 20 more of
+the same training templates held back (--validation-demos 20: their loss, rho and the critic's value gap
+are printed before the warm-up, after each epoch and after it), ending early after 2 epochs without a new
+lowest loss (--warmup-patience 2). 100, not the 200 of before: the first epoch pays every row's trunk,
+later ones read it from the cache at half the cost, so 100 demonstrations give a 15-minute run two epochs
+where 200 gave one; the loss fell 2.62 -> 2.13 nats per action from the first epoch to the second at 200.
+Learning rate 2e-3 with LoRA on the top 8 blocks, chosen on this validation loss after one epoch of the
+100 (50 updates): 2.32 nats per action at 2e-3, 2.67 at 6e-3, 5.60 before (the recipe's 5e-4 before it
+reached 2.62 after one epoch of 200, 100 updates). The oracle's demonstrations are noiseless (its random actions are the pointer
+policy's). The local actors start when the warm-up ends (--actors-after-warmup): what they would act
+before comes from the policy the warm-up replaces, and their processes took the warm-up's CPU.
+
+An actor does not heartbeat during its batched act, which takes 15-30 s while two actors and the learner
+share 2 cores: with the default 15 s the learner forgot actors in the middle of an act (refused as
+`not_welcomed`, rejoined), hence 120 s. And the actors must not take the learner's cores: unthrottled, two
+actors acting all the time left the learner one update in four minutes (three processes' XLA threads on
+two cores). An episode costs an actor about 5 s of CPU and an update several, so actors collect only what
+training uses: each episode is drawn about once (--samples-per-insert 1), at most one batch ahead
+(--insert-slack 2), and an actor with 2 finished episodes waiting for credit stops stepping
+(--max-pending-episodes 2). The actor's gradient weighs every token of a step by the step's truncated
+ratio min(1, prod_k rho_k) (--actor-weighting binary_ratio; the pointer default, binary, has no ratio at
+all): measured on a 15-minute run's replay, the step-level weight keeps an effective sample size of 0.99
+at a lag of one version and 0.65 at 4-7, so it never discards half the data, and it is the weight the
+critic's traces already use (BENCHMARKS.md, "LM agent: per-token or step-level importance weights")."""
 
 RECIPES = {"lm": LM_RECIPE}
 
@@ -58,12 +74,21 @@ def flag(path: str) -> str:
 
 
 def apply_recipe(cfg, args: Sequence[str]) -> tuple[Any, dict[str, Any]]:
-    """`cfg` with its family's recipe for every field whose flag is not among `args`, and what it set."""
+    """`cfg` with its family's recipe for every field whose flag is not among `args`, and what it set. A
+    recipe value that the given flags make invalid is left out (given --validation-demos 0, the recipe's
+    --warmup-patience, which needs them): a flag that is given wins over what depends on it too."""
     recipe = RECIPES.get(cfg.model.kind, {})
     given = {arg.partition("=")[0] for arg in args if arg.startswith("--")}
-    chosen = {path: value for path, value in recipe.items() if flag(path) not in given}
-    for path, value in chosen.items():
-        cfg = _replace(cfg, path.split("."), value)
+    given |= {"--" + arg.removeprefix("--no-") for arg in given if arg.startswith("--no-")}  # booleans
+    chosen = {}
+    for path, value in recipe.items():
+        if flag(path) in given:
+            continue
+        try:
+            cfg = _replace(cfg, path.split("."), value)
+        except ValueError:
+            continue
+        chosen[path] = value
     return cfg, chosen
 
 

@@ -133,7 +133,7 @@ def test_grouped_settings_keep_their_flags_and_their_stored_layout():
     # --vmpo-kl-coef, --local-actor-args, --inference-port, --inference-max-rows, --inference-deadline-ms,
     # --checkpoint-every-s, --metrics-port, --live-stall-s, --keep-log, --trunk-cache-mb, --validation-demos,
     # --warmup-patience.
-    assert len(flat) == 86
+    assert len(flat) == 88
     flags = [
         "--lambda" if name == "lambda_" else "--" + name.replace("_", "-") for name in set(flat) - nested
     ]
@@ -231,6 +231,13 @@ def test_the_lm_recipe_fills_flags_not_given_and_a_given_flag_wins(capsys):
     assert "--model.kind lm recipe:" in said and "--max-steps 10" in said and "--batch-size" not in said
     pointer = parse_args([])
     assert pointer.max_steps != LM_RECIPE["max_steps"] and "recipe" not in capsys.readouterr().out
+    assert parse_args(["--model.kind", "lm"]).local.actors_after_warmup  # the recipe's boolean...
+    assert not parse_args(
+        ["--model.kind", "lm", "--no-actors-after-warmup"]
+    ).local.actors_after_warmup  # ...off
+    unvalidated = parse_args(["--model.kind", "lm", "--validation-demos", "0"])
+    assert unvalidated.imitation.warmup_patience == 0  # the recipe's patience needs what the flag turned off
+    assert LM_RECIPE["imitation.warmup_patience"] > 0
 
 
 def test_warmup_noise_is_refused_where_the_demonstrator_has_no_random_actions():

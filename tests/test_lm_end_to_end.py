@@ -33,6 +33,7 @@ RUN = (
     *("--batch-size", "2", "--warmup-demos", "12", "--warmup-updates", "2", "--checkpoint-every", "3"),
     *("--log-every", "1", "--actor-timeout", "60", "--model.lora-rank", "4", "--model.lora-layers", "1"),
     *("--insert-slack", "0"),  # the recipe's 2 would leave the hostile fake actor without credit
+    *("--validation-demos", "0"),  # the recipe's 20 would be more than the 12 demonstrations
     *("--model.lm-prompt-tokens", str(PROMPT_TOKENS)),
 )
 
