@@ -691,7 +691,7 @@ def parse_args(args: list[str] | None = None) -> LearnerConfig:
     cfg = tyro.cli(LearnerConfig, args=renamed)
     cfg, chosen = recipes.apply_recipe(cfg, renamed)
     if chosen:
-        settings = " ".join(f"{recipes.flag(path)} {value}" for path, value in chosen.items())
+        settings = " ".join(recipes.setting(path, value) for path, value in chosen.items())
         print(f"learner: --model.kind {cfg.model.kind} recipe: {settings} (a flag given wins)", flush=True)
     problem = warmup_noise_problem(cfg)
     if problem:

@@ -22,6 +22,7 @@ LM_RECIPE: dict[str, Any] = {
     "imitation.warmup_updates": 100_000,
     "imitation.warmup_share": 0.7,
     "imitation.warmup_patience": 2,
+    "imitation.prefill_demos": False,
     "optimizer.learning_rate": 2e-3,
     "checkpoint_every": 10,
     "transport.actor_timeout": 120.0,
@@ -49,6 +50,14 @@ reached 2.62 after one epoch of 200, 100 updates). The oracle's demonstrations a
 policy's). The local actors start when the warm-up ends (--actors-after-warmup): what they would act
 before comes from the policy the warm-up replaces, and their processes took the warm-up's CPU.
 
+Demonstrations stay out of the replay (--no-prefill-demos); after the warm-up they enter only imitation
+updates (every 4th, --demo-update-every). Measured in the 15-minute run with them prefilled (BENCHMARKS.md
+"LM agent: the recipe's warm-up"): when reinforcement learning started, the replay held the 100
+demonstrations and no actor episode, 124 items after the run's 24 actor episodes, so about 80% of the rows
+of its RL batches were demonstrations, at an actor weight of min(1, rho) with rho on held-back
+demonstration steps 0.34: a third of the imitation gradient they already get at full weight, at the full
+compute of a row, in place of the actors' episodes, the only data of the policy being trained.
+
 An actor does not heartbeat during its batched act, which takes 15-30 s while two actors and the learner
 share 2 cores: with the default 15 s the learner forgot actors in the middle of an act (refused as
 `not_welcomed`, rejoined), hence 120 s. And the actors must not take the learner's cores: unthrottled, two
@@ -71,6 +80,14 @@ def flag(path: str) -> str:
     group, _, name = path.rpartition(".")
     prefix = "model." if group == "model" else ""
     return f"--{prefix}{name.replace('_', '-')}"
+
+
+def setting(path: str, value: Any) -> str:
+    """How a recipe value reads as flags: "--batch-size 2", "--actors-after-warmup" (a boolean alone)."""
+    name = flag(path)
+    if isinstance(value, bool):
+        return name if value else "--no-" + name.removeprefix("--")
+    return f"{name} {value}"
 
 
 def apply_recipe(cfg, args: Sequence[str]) -> tuple[Any, dict[str, Any]]:

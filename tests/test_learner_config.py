@@ -229,6 +229,7 @@ def test_the_lm_recipe_fills_flags_not_given_and_a_given_flag_wins(capsys):
     assert lm.loss.actor_weighting == "binary_ratio" != parse_args([]).loss.actor_weighting
     said = capsys.readouterr().out
     assert "--model.kind lm recipe:" in said and "--max-steps 10" in said and "--batch-size" not in said
+    assert "--actors-after-warmup --validation-demos" in said  # a boolean reads as its flag alone
     pointer = parse_args([])
     assert pointer.max_steps != LM_RECIPE["max_steps"] and "recipe" not in capsys.readouterr().out
     assert parse_args(["--model.kind", "lm"]).local.actors_after_warmup  # the recipe's boolean...
@@ -238,6 +239,8 @@ def test_the_lm_recipe_fills_flags_not_given_and_a_given_flag_wins(capsys):
     unvalidated = parse_args(["--model.kind", "lm", "--validation-demos", "0"])
     assert unvalidated.imitation.warmup_patience == 0  # the recipe's patience needs what the flag turned off
     assert LM_RECIPE["imitation.warmup_patience"] > 0
+    # Demonstrations enter lm updates as imitation only, never as rows of RL batches (learner/recipes.py).
+    assert not lm.imitation.prefill_demos and parse_args([]).imitation.prefill_demos
 
 
 def test_warmup_noise_is_refused_where_the_demonstrator_has_no_random_actions():
