@@ -108,9 +108,9 @@ class Session:
 
     def start_rl(self) -> None:
         """Reinforcement learning has started (called every turn after the warm-up): later success counts
-        for the target, local actors held back by --actors-after-warmup start, and the demonstrations join the replay once, stamped with the current version:
-        fresh data whose exact behavior log-probs still drive the off-policy correction, ageing out by
-        max_policy_lag."""
+        for the target, local actors held back by --actors-after-warmup start, and the demonstrations join
+        the replay once, stamped with the current version: fresh data whose exact behavior log-probs still
+        drive the off-policy correction, ageing out by max_policy_lag."""
         self.stats.mark_rl_start()
         if self.start_actors is not None:
             self.actors, self.start_actors = self.start_actors(), None
