@@ -32,6 +32,7 @@ BENCHMARKS = {
     "stopping": "benchmarks.stopping",
     "lm_act": "benchmarks.lm_act",
     "lm_prompt": "benchmarks.lm_prompt",
+    "gpu": "benchmarks.gpu",
 }
 
 
@@ -48,6 +49,11 @@ def main() -> None:
     )
     parser.add_argument("--minutes", type=float, help="how long, for the benchmarks that take it (chaos)")
     parser.add_argument("--seed", type=int, help="the seed, for the benchmarks that take it (chaos)")
+    parser.add_argument(
+        "--dry-run",
+        action="store_true",
+        help="every part at tiny sizes on CPU, for the benchmarks that take it (gpu)",
+    )
     args = parser.parse_args()
     names = list(BENCHMARKS) if args.name == "all" else [args.name]
     extra = tuple(shlex.split(args.learner_args))
@@ -57,10 +63,10 @@ def main() -> None:
         if extra and "extra" not in takes:
             parser.error(f"{name} takes no --learner-args")
         kwargs = {"extra": extra} if "extra" in takes else {}
-        for option in ("minutes", "seed"):
-            if getattr(args, option) is not None:
+        for option in ("minutes", "seed", "dry_run"):
+            if getattr(args, option) not in (None, False):
                 if option not in takes:
-                    parser.error(f"{name} takes no --{option}")
+                    parser.error(f"{name} takes no --{option.replace('_', '-')}")
                 kwargs[option] = getattr(args, option)
         rows = run(args.quick, **kwargs)
         rows, summary = rows if isinstance(rows, tuple) else (rows, None)  # (rows, summary over them)

@@ -94,3 +94,31 @@ def test_emit_prints_a_table_per_kind_of_row(tmp_path, capsys):
     assert printed.count("┏") == 2 and "headline 1" in printed  # two tables: act's, update's
     assert "gflop" not in printed.split("┏")[1]  # the act table has no column of the update row
     assert json.loads(out.read_text())["rows"] == rows
+
+
+def test_the_gpu_benchmark_knows_its_peaks():
+    from benchmarks.gpu import peak_tflops
+
+    assert peak_tflops("NVIDIA H100 80GB HBM3") == 989.0 and peak_tflops("NVIDIA H200") == 989.0
+    assert peak_tflops("cpu") is None  # no MFU where the peak is not known
+
+
+@pytest.mark.long
+def test_gpu_benchmark_dry_run_measures_the_train_step_and_runs_the_recipe(tmp_path):
+    """`python -m benchmarks gpu --dry-run` (issue 47, item 4): every part at tiny sizes on CPU, so the
+    script a GPU machine runs is known to work: the train step's four rows (bfloat16 and float32, LoRA and
+    full fine-tuning) with their throughput, and the lm recipe with 2 local actors whose checkpoint the
+    greedy evaluation scored."""
+    out = tmp_path / "gpu.json"
+    cmd = [sys.executable, "-m", "benchmarks", "gpu", "--dry-run", "--json", str(out)]
+    result = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=BENCH_S)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-5000:]
+    rows = json.loads(out.read_text())["rows"]
+    steps = [r for r in rows if r["kind"] == "train step"]
+    assert {(r["dtype"], r["lora_rank"]) for r in steps} == {
+        (d, r) for d in ("bfloat16", "float32") for r in (8, 0)
+    }
+    assert all(r["tokens_per_s"] > 0 and r["xla_tflops"] > 0 and r["mfu"] is None for r in steps), steps
+    run = next(r for r in rows if r["kind"] == "recipe run")
+    assert run["actors"] == 2 and run["updates"] == 3 and run["eval_episodes"] == 8, run
+    assert 0.0 <= run["greedy_train_success"] <= 1.0
