@@ -171,6 +171,8 @@ class Warmup:
             "validation/best": best,
         }
         where = f"warm-up epoch {epoch}" if phase == "warmup" else "reinforcement learning"
+        if phase == "warmup" and update == self.schedule.warmup_updates and self._draws is not None:
+            where = f"the warm-up's end ({self._draws.drawn / self.count:.2f} epochs)"  # within an epoch
         self.console.print(
             f"learner: {where} (update {update}): validation loss {fit.nll:.3f} nats per action (lowest "
             f"{best:.3f} in the warm-up), rho on demonstration steps {fit.rho:.3f}, value gap {fit.value_gap:.3f}"

@@ -81,7 +81,10 @@ def test_validation_is_due_each_epoch_at_the_warm_up_s_end_and_every_epoch_of_up
         update=0, local_batch=2, demo_fit=lambda _: DemoFit(3.0 - next(fits) / 10, 0.5, 0.2)
     )
     stats = SimpleNamespace(validation={})
-    w = Warmup(trainer, schedule, stats, Console(file=io.StringIO()), None, 0, 0, 6, [], Validation(0))
+    console_text = io.StringIO()
+    w = Warmup(
+        trainer, schedule, stats, Console(file=console_text, width=300), None, 0, 0, 6, [], Validation(0)
+    )
     seen = []
     for update in range(17):
         w.validate_if_due(serve=lambda: None, abandon=lambda: False)
@@ -91,6 +94,7 @@ def test_validation_is_due_each_epoch_at_the_warm_up_s_end_and_every_epoch_of_up
             w.picks()
         trainer.update = update + 1
     assert seen == [(0, 0), (3, 1), (6, 2), (7, 2), (10, 2), (13, 2), (16, 3)]  # RL: imitation every 4th
+    assert "the warm-up's end (2.33 epochs) (update 7)" in console_text.getvalue()
     assert stats.validation["validation/best"] == 3.0 - 3 / 10  # the warm-up's lowest, not RL's
     assert stats.validation["validation/nll"] == 3.0 - 6 / 10 and stats.validation["validation/rho"] == 0.5
 
