@@ -67,8 +67,10 @@ def _timed(fn, args, repeats: int) -> float:
     return best_seconds(lambda: jax.block_until_ready(fn(*args)), repeats)
 
 
-def _train_row(lora: LoraConfig | None, batch: int, length: int, repeats: int, ref: float) -> dict:
-    model = load_pretrained("default", lora=lora).model
+def timed_train_step(model, lora: bool, batch: int, length: int, repeats: int) -> dict:
+    """One jitted train step of `model` (next-token cross-entropy through the whole decoder, Adam; the
+    adapters alone with `lora`) on random [batch, length] tokens: best seconds, GFLOP (XLA's count),
+    compile seconds (the first call included) and the trained parameters' MB."""
     trained = nnx.LoRAParam if lora else nnx.Param
     graphdef, params, rest = nnx.split(model, trained, ...)
     optimizer = optax.adam(1e-4)
@@ -81,7 +83,7 @@ def _train_row(lora: LoraConfig | None, batch: int, length: int, repeats: int, r
 
     def loss(params, rest):  # the frozen rest is an argument: closed over, XLA would fold 0.5 GB of constants
         logits, _ = nnx.merge(graphdef, params, rest)(tokens, positions, mask)
-        logp = jax.nn.log_softmax(logits[:, :-1], axis=-1)
+        logp = jax.nn.log_softmax(logits[:, :-1].astype(jnp.float32), axis=-1)
         return -jnp.take_along_axis(logp, tokens[:, 1:, None], axis=-1).mean()
 
     def step(params, opt_state, rest):
@@ -90,6 +92,7 @@ def _train_row(lora: LoraConfig | None, batch: int, length: int, repeats: int, r
         return optax.apply_updates(params, updates), opt_state, value
 
     jitted = jax.jit(step, donate_argnums=(0, 1))
+    t0 = time.perf_counter()
     gflop = compiled_gflop(jitted, params, opt_state, rest)
     state = [params, opt_state]
 
@@ -98,10 +101,23 @@ def _train_row(lora: LoraConfig | None, batch: int, length: int, repeats: int, r
         jax.block_until_ready(value)
 
     once()
-    seconds = best_seconds(once, repeats)
-    trained_mb = sum(x.size * 4 for x in jax.tree.leaves(state[0])) / 1e6
+    compile_s = time.perf_counter() - t0
+    return {
+        "seconds": best_seconds(once, repeats),
+        "gflop": gflop,
+        "compile_s": compile_s,
+        "trained_mb": sum(x.size * x.dtype.itemsize for x in jax.tree.leaves(state[0])) / 1e6,
+    }
+
+
+def _train_row(lora: LoraConfig | None, batch: int, length: int, repeats: int, ref: float) -> dict:
+    step = timed_train_step(
+        load_pretrained("default", lora=lora).model, lora is not None, batch, length, repeats
+    )
     name = f"train step, LoRA rank {lora.rank}" if lora else "train step, full"
-    return _row(name, batch, batch * length, seconds, gflop, ref, trained_params_mb=trained_mb)
+    return _row(
+        name, batch, batch * length, step["seconds"], step["gflop"], ref, trained_params_mb=step["trained_mb"]
+    )
 
 
 def _snapshot_rows(tmp) -> list[dict]:

@@ -71,51 +71,20 @@ def _decoder(config: dict | None, dtype: str, lora):
 
 
 def train_row(name: str, config: dict | None, dtype: str, lora_rank: int, batch: int, length: int) -> dict:
-    """One train step's tokens/s and MFU (module docstring, part 1)."""
+    """One train step's tokens/s and MFU (module docstring, part 1; decoder_speed's step)."""
     import jax
-    import jax.numpy as jnp
-    import numpy as np
-    import optax
     from flax import nnx
 
-    from benchmarks.report import best_seconds, compiled_gflop
+    from benchmarks.decoder_speed import timed_train_step
     from common.backbones.decoder.lora import LoraConfig
 
     lora = LoraConfig(rank=lora_rank, last_layers=8) if lora_rank else None
     model = _decoder(config, dtype, lora)
     cfg = model.cfg
-    graphdef, params, rest = nnx.split(model, nnx.LoRAParam if lora else nnx.Param, ...)
-    optimizer = optax.adam(1e-4)
-    opt_state = optimizer.init(params)
-    tokens = jnp.asarray(np.random.default_rng(1).integers(0, cfg.vocab_size, (batch, length)), jnp.int32)
-    positions = jnp.broadcast_to(jnp.arange(length, dtype=jnp.int32), (batch, length))
-    mask = jnp.ones((batch, length), bool)
-
-    def loss(params, rest):  # the frozen rest is an argument: closed over, XLA would fold it as constants
-        states, _ = nnx.merge(graphdef, params, rest).states(tokens, positions, mask, remat=True)
-        logits = nnx.merge(graphdef, params, rest).logits(states[:, :-1]).astype(jnp.float32)
-        logp = jax.nn.log_softmax(logits, axis=-1)
-        return -jnp.take_along_axis(logp, tokens[:, 1:, None], axis=-1).mean()
-
-    def step(params, opt_state, rest):
-        value, grads = jax.value_and_grad(loss)(params, rest)
-        updates, opt_state = optimizer.update(grads, opt_state, params)
-        return optax.apply_updates(params, updates), opt_state, value
-
-    jitted = jax.jit(step, donate_argnums=(0, 1))
-    t0 = time.perf_counter()
-    gflop = compiled_gflop(jitted, params, opt_state, rest)
-    state = [params, opt_state]
-
-    def once():
-        state[0], state[1], value = jitted(state[0], state[1], rest)
-        jax.block_until_ready(value)
-
-    once()
-    compile_s = time.perf_counter() - t0
-    seconds = best_seconds(once, 3)
     base = nnx.state(model, nnx.All(nnx.Param, nnx.Not(nnx.LoRAParam)))  # the adapters are not N
     n = sum(x.size for x in jax.tree.leaves(base)) - cfg.vocab_size * cfg.hidden_size
+    step = timed_train_step(model, lora is not None, batch, length, 3)
+    seconds = step["seconds"]
     peak = peak_tflops(jax.devices()[0].device_kind)
     model_tflops = 6 * n * batch * length / seconds / 1e12
     return {
@@ -126,11 +95,11 @@ def train_row(name: str, config: dict | None, dtype: str, lora_rank: int, batch:
         "batch": batch,
         "length": length,
         "params_m": n / 1e6,
-        "compile_s": compile_s,
+        "compile_s": step["compile_s"],
         "step_ms": seconds * 1e3,
         "tokens_per_s": batch * length / seconds,
         "model_tflops": model_tflops,
-        "xla_tflops": gflop / seconds / 1e3,
+        "xla_tflops": step["gflop"] / seconds / 1e3,
         "mfu": model_tflops / peak if peak else None,
     }
 
