@@ -188,9 +188,9 @@ class Warmup:
 
     def _due(self) -> tuple[str, int] | None:
         """("warmup", epoch) before the warm-up's first update, after each update that completed an epoch
-        of it and after its last; ("rl", epoch) after the warm-up, once as many updates as an epoch has were made since the
-        last validation (imitation's and reinforcement learning's alike: rho and the value gap across RL);
-        None when not due or without held-back demonstrations."""
+        of it and after its last; ("rl", epoch) after the warm-up, once as many updates as an epoch has
+        were made since the last validation (imitation's and reinforcement learning's alike: rho and the
+        value gap across RL); None when not due or without held-back demonstrations."""
         if self.validation is None:
             return None
         epoch = 0 if self._draws is None else self._draws.epochs
