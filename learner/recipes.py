@@ -11,12 +11,29 @@ import dataclasses
 from collections.abc import Sequence
 from typing import Any
 
+SECONDS_PER_DEMO = 7.5
+"""A demonstration's cost in three epochs of the lm warm-up on this 2-core machine: about 4 s in its first
+(7-9 s per update of 2 while every row's frozen trunk is computed) and 1.75 s in each later one (3.5 s per
+update read from the trunk cache), BENCHMARKS.md "LM warm-up: the recipe's learning rate"."""
+
+
+def warmup_demos(time_limit: float) -> int:
+    """The lm recipe's --warmup-demos for a run of `time_limit` seconds (0: none): as many demonstrations
+    as three epochs over them fit in the warm-up's 70% of the run, in twenties, at least 100, plus the 20
+    held back for validation. 15 minutes: 100 + 20 (two epochs and a half were measured); 60 minutes:
+    340 + 20. More distinct demonstrations rather than more epochs over the same 100, because the
+    validation loss over 100 rose in their third epoch (1.920 -> 2.114, BENCHMARKS.md "LM agent: the
+    recipe's warm-up")."""
+    fitting = 0.7 * time_limit / SECONDS_PER_DEMO
+    return max(100, 20 * round(fitting / 20)) + 20
+
+
 LM_RECIPE: dict[str, Any] = {
     "batch_size": 2,
     "max_steps": 10,
     "local.envs_per_actor": 4,
     "local.actors_after_warmup": True,
-    "imitation.warmup_demos": 120,
+    "imitation.warmup_demos": lambda cfg: warmup_demos(cfg.time_limit),
     "imitation.validation_demos": 20,
     "imitation.warmup_noise": 0.0,
     "imitation.warmup_updates": 100_000,
@@ -38,7 +55,8 @@ demonstration's first epoch) and about 3.5 s once it is cached (issue 46), so a 
 100 updates, not thousands.
 
 The warm-up (issue 47): imitation is what a 15-minute run can teach, so it gets 70% of the time limit
-(--warmup-share 0.7; --warmup-updates only bounds it), in epochs over 100 demonstrations with 20 more of
+(--warmup-share 0.7; --warmup-updates only bounds it), in epochs over 100 demonstrations (more in longer
+runs: warmup_demos above) with 20 more of
 the same training templates held back (--validation-demos 20: their loss, rho and the critic's value gap
 are printed before the warm-up, after each epoch and after it), ending early after 2 epochs without a new
 lowest loss (--warmup-patience 2). 100, not the 200 of before: the first epoch pays every row's trunk,
@@ -95,13 +113,15 @@ def apply_recipe(cfg, args: Sequence[str]) -> tuple[Any, dict[str, Any]]:
     """`cfg` with its family's recipe for every field whose flag is not among `args`, and what it set. A
     recipe value that the given flags make invalid is left out (given --validation-demos 0, the recipe's
     --warmup-patience, which needs them): a flag that is given wins over what depends on it too."""
-    recipe = RECIPES.get(cfg.model.kind, {})
+    recipe = RECIPES.get(cfg.model.kind, {})  # a callable value is a function of the config
     given = {arg.partition("=")[0] for arg in args if arg.startswith("--")}
     given |= {"--" + arg.removeprefix("--no-") for arg in given if arg.startswith("--no-")}  # booleans
     chosen = {}
     for path, value in recipe.items():
         if flag(path) in given:
             continue
+        if callable(value):
+            value = value(cfg)
         try:
             cfg = _replace(cfg, path.split("."), value)
         except ValueError:

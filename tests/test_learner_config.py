@@ -239,6 +239,12 @@ def test_the_lm_recipe_fills_flags_not_given_and_a_given_flag_wins(capsys):
     unvalidated = parse_args(["--model.kind", "lm", "--validation-demos", "0"])
     assert unvalidated.imitation.warmup_patience == 0  # the recipe's patience needs what the flag turned off
     assert LM_RECIPE["imitation.warmup_patience"] > 0
+    assert lm.imitation.warmup_demos == 7 and "--warmup-demos" not in said
+    # The recipe's demonstrations scale with the run: three epochs of them fit the warm-up's share.
+    assert parse_args(["--model.kind", "lm"]).imitation.warmup_demos == 120  # no time limit
+    assert parse_args(["--model.kind", "lm", "--time-limit", "900"]).imitation.warmup_demos == 120
+    long = parse_args(["--model.kind", "lm", "--time-limit", "3600"])
+    assert long.imitation.warmup_demos == 360 and "--warmup-demos 360" in capsys.readouterr().out
     # Demonstrations enter lm updates as imitation only, never as rows of RL batches (learner/recipes.py).
     assert not lm.imitation.prefill_demos and parse_args([]).imitation.prefill_demos
 
