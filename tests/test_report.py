@@ -229,3 +229,35 @@ def test_greedy_curves_are_plotted_when_a_run_has_them(fast, slow, tmp_path):
     (fast / "greedy.jsonl").write_text('{"t": 1}\n')
     with pytest.raises(SystemExit, match=r"greedy\.jsonl: points without"):
         report(ReportConfig(runs=(fast,), out=tmp_path / "out2"))
+
+
+def test_validation_curves_and_numbers_come_from_the_validation_fields(fast, tmp_path):
+    """A run whose lines carry `validation/*` (learner/warmup.py) gets validation.png and its first, lowest
+    and last validation loss in summary.md, one point per validation however many lines repeat it; a run
+    without them gets neither."""
+    fit = {5: (5.6, 0.03, 0.9), 50: (2.3, 0.21, 0.0), 100: (1.9, 0.31, -0.3), 120: (2.1, 0.34, 0.0)}
+    lines = []
+    for k, update in enumerate((5, 5, 50, 100, 100, 100, 120)):
+        nll, rho, gap = fit[update]
+        phase = "warmup" if k < 5 else "rl"
+        v = {
+            "validation/nll": nll,
+            "validation/rho": rho,
+            "validation/value_gap": gap,
+            "validation/update": update,
+        }
+        lines.append(line(10.0 * (k + 1), update + k, 10 * k, k, 0.0, phase=phase, **v))
+    run = write_run(tmp_path / "warm", lines)
+    got = report(ReportConfig(runs=(run, fast), out=tmp_path / "out"))
+    assert [p["nll"] for p in got["runs"][0]["validation"]] == [5.6, 2.3, 1.9, 2.1]
+    assert [p["wall"] for p in got["runs"][0]["validation"]] == [10.0, 30.0, 40.0, 70.0]
+    assert got["runs"][0]["warmup_end_s"] == 60.0 and got["runs"][1]["validation"] == []
+    assert_png(tmp_path / "out" / "validation.png")
+    summary = (tmp_path / "out" / "summary.md").read_text()
+    assert (
+        "| validation loss (first, lowest, last) | 5.600 (update 5), 1.900 (update 100), 2.100 (update 120) |"
+        in summary
+    )
+    assert summary.count("validation loss (first") == 1
+    report(ReportConfig(runs=(fast,), out=tmp_path / "plain"))
+    assert not (tmp_path / "plain" / "validation.png").exists()

@@ -23,6 +23,7 @@ import tyro
 from matplotlib.figure import Figure
 
 from learner.observe.report_greedy import plot_greedy, read_points
+from learner.observe.report_validation import plot_validation, validation_points, warmup_end
 
 REQUIRED = ("wall", "update", "env_steps", "episodes", "success_rate")
 """Fields a line needs to be used; a line without them is counted as corrupt."""
@@ -99,6 +100,9 @@ def report(cfg: ReportConfig) -> dict[str, Any]:
         raise SystemExit(f"report: {e}") from None
     if any(points for _, points in greedy):
         files.append(_save(plot_greedy([g for g in greedy if g[1]], cfg.target), out / "greedy_success.png"))
+    validated = [(s["label"], s["validation"], s["warmup_end_s"]) for s in stats if s["validation"]]
+    if validated:
+        files.append(_save(plot_validation(validated), out / "validation.png"))
     summary = out / "summary.md"
     summary.write_text(summary_markdown(stats, cfg.target, [f.name for f in files]), encoding="utf-8")
     files.append(summary)
@@ -189,7 +193,6 @@ def summarize(run: Run, target: float, min_episodes: int = 100) -> dict[str, Any
     lag_mean = [x for x in lag_mean if math.isfinite(x)]
     lag_max = [_float(line.get("policy_lag_max")) for line in rl]
     lag_max = [x for x in lag_max if math.isfinite(x)]
-    warmup_end = next((line["wall"] for line in run.lines if line.get("phase") == "rl"), None)
     return {
         "label": run.label,
         "path": str(run.path),
@@ -213,7 +216,8 @@ def summarize(run: Run, target: float, min_episodes: int = 100) -> dict[str, Any
         "policy_lag_max": max(lag_max) if lag_max else None,
         "rejected": _count(last.get("rejected")),
         "dropped_episodes": _count(last.get("dropped_episodes")),
-        "warmup_end_s": warmup_end if any(line.get("phase") == "warmup" for line in run.lines) else None,
+        "warmup_end_s": warmup_end(run.lines),
+        "validation": validation_points(run.lines),
         "stopped": last.get("stopped") or "not recorded (still running, or killed)",
     }
 
@@ -251,6 +255,8 @@ def summary_markdown(stats: list[dict[str, Any]], target: float, images: list[st
         ]
         if s["warmup_end_s"] is not None:
             rows.insert(1, ("warm-up ended at", f"{s['warmup_end_s']:.1f} s"))
+        if s["validation"]:
+            rows.insert(2, ("validation loss (first, lowest, last)", _validation(s["validation"])))
         out += [f"| {name} | {value} |" for name, value in rows]
         if s["notes"]:
             out += ["", *(f"- note: {note}" for note in s["notes"])]
@@ -262,6 +268,12 @@ def summary_markdown(stats: list[dict[str, Any]], target: float, images: list[st
     out += ["", "## Plots", ""]
     out += [f"![{name.removesuffix('.png').replace('_', ' ')}]({name})" for name in images]
     return "\n".join(out) + "\n"
+
+
+def _validation(points: list[dict[str, float]]) -> str:
+    first, last = points[0], points[-1]
+    lowest = min(points, key=lambda p: p["nll"])
+    return ", ".join(f"{p['nll']:.3f} (update {p['update']:.0f})" for p in (first, lowest, last))
 
 
 def _ratios(a: dict[str, Any], b: dict[str, Any], target: float) -> list[str]:
