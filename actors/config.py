@@ -52,7 +52,7 @@ class ActorConfig:
     """Tasks: a shipped suite (SimPhone: "general", "webshop"; adb: "stock"), a task .json file, or a
     folder of them. With --backend adb the default "general" means "stock"."""
     split: str = "train"
-    """Split to draw tasks from: train, test, dev or validation (actors/envs/simphone/tasks.py SPLITS)."""
+    """Split to draw tasks from: train, test, dev, validation or heldout (actors/envs/simphone/tasks.py SPLITS)."""
     compose_rate: float = 0.0
     """SimPhone: chance that an episode's task composes two training tasks ("A and B", "A, then B" from
     templates with independent success predicates; actors/envs/simphone/compose.py), so the policy learns

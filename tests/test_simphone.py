@@ -103,6 +103,20 @@ def test_the_validation_split_is_the_written_rule_and_dev_never_draws_it():
         assert task.instruction in made, (task.template.id, task.instruction)
 
 
+def test_the_heldout_split_draws_the_held_out_templates_alone_with_test_values():
+    templates = task_lib.load_templates("general")
+    held_out = {t.id for t in templates if t.split == "test"}
+    drawn, tasks = _drawn("heldout", 300)
+    assert drawn == held_out and len(held_out) == 9
+    for task in tasks:  # every parameter value drawn is one of the template's test values
+        params = task.template.params
+        made = {
+            task_lib.bind(task.template, dict(zip(params, combo, strict=True))).instruction
+            for combo in itertools.product(*(v["test"] for v in params.values()))
+        }
+        assert task.instruction in made, (task.template.id, task.instruction)
+
+
 def test_a_split_with_no_templates_says_so():
     with pytest.raises(ValueError, match="no template is available for split 'validation'"):
         task_lib.sample(task_lib.load_templates("webshop"), "validation", np.random.default_rng(0))

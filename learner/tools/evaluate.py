@@ -49,9 +49,9 @@ class EvalConfig:
     tasks: str = "general"
     """A shipped suite, a task .json file, or a folder of them."""
     split: str = "test"
-    """"test" (held-out parameter values and templates), "train", "dev" or "validation" (the training
+    """"test" (held-out parameter values and templates), "train", "dev", "validation" (the training
     templates set aside for development choices, with training values: held out when the run trained on
-    --split dev)."""
+    --split dev) or "heldout" (the held-out templates alone, with test values)."""
     episodes: int = 200
     """Episodes to run."""
     num_envs: int = 16

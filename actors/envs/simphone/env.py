@@ -31,7 +31,8 @@ class SimPhoneConfig:
     """A shipped suite ("general", "webshop"), a task .json file, or a folder of them."""
     split: str = "train"
     """Templates and parameter values to draw from: train, test (adds held-out templates and test values),
-    dev (train without the validation templates) or validation (tasks.py SPLITS)."""
+    dev (train without the validation templates), validation or heldout (the held-out templates alone;
+    tasks.py SPLITS)."""
     success_on: str = "any_step"
     """"complete": reward only at status_complete; "any_step": end with reward once the task holds."""
     step_penalty: float = 0.0

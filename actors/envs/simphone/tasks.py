@@ -31,10 +31,12 @@ import numpy as np
 from actors.envs.simphone.expr import Predicate, PredicateError, compile_predicate
 
 SUITES_DIR = Path(__file__).parent / "suites"
-SPLITS = ("train", "test", "dev", "validation")
+SPLITS = ("train", "test", "dev", "validation", "heldout")
 """What a task is drawn from. train: every training template (split "both" or "validation") with the
 training parameter values; test: every template with the test values; dev: the training templates
-without the validation ones; validation: those alone, with training values. Development trains on dev
+without the validation ones; validation: those alone, with training values; heldout: the held-out
+templates (split "test") alone, with test values, so their success is measured on as many episodes as
+asked rather than on the share the test split draws (9 of 47 in `general`). Development trains on dev
 and makes its choices on validation, so the test split and the held-out templates decide nothing."""
 VALUE_SETS = ("train", "test")
 """The parameter value lists every template gives (params.NAME.train / .test)."""
@@ -42,16 +44,20 @@ TEMPLATE_SPLITS = ("both", "validation", "test")
 
 
 def values_of(split: str) -> str:
-    """Which parameter values a split draws: the test split the test ones, every other the training ones."""
-    return "test" if split == "test" else "train"
+    """Which parameter values a split draws: test and heldout the test ones, every other the training ones."""
+    return "test" if split in ("test", "heldout") else "train"
 
 
 def available(template: Any, split: str) -> bool:
     """Whether `split` draws `template` (a SimPhone or device template: anything with `.split`)."""
     kind = template.split
-    return {"test": True, "train": kind != "test", "dev": kind == "both", "validation": kind == "validation"}[
-        split
-    ]
+    return {
+        "test": True,
+        "train": kind != "test",
+        "dev": kind == "both",
+        "validation": kind == "validation",
+        "heldout": kind == "test",
+    }[split]
 
 
 PLAN_KINDS = ("open", "tap", "tap_nth", "type", "enter", "back", "home", "swipe")
