@@ -18,12 +18,31 @@ from common.config import ModelConfig
 
 MODEL_KEY = "model"
 """Metadata entry holding the model config as JSON (ModelConfig.to_dict)."""
+FIELDS_KEY = "fields"
+"""Metadata entry holding where the parameters came from as JSON (a run's update, version, step limit)."""
 
 
-def write(path: Path, flat: dict[str, np.ndarray], model_cfg: ModelConfig) -> None:
+def write(
+    path: Path, flat: dict[str, np.ndarray], model_cfg: ModelConfig, fields: dict | None = None
+) -> None:
+    """`flat` and the model config, and `fields` (JSON-able) when given, to one safetensors file."""
     from safetensors.numpy import save_file
 
-    save_file(flat, str(path), metadata={MODEL_KEY: json.dumps(model_cfg.to_dict())})
+    metadata = {MODEL_KEY: json.dumps(model_cfg.to_dict())}
+    if fields is not None:
+        metadata[FIELDS_KEY] = json.dumps(fields)
+    save_file(flat, str(path), metadata=metadata)
+
+
+def fields(path: Path) -> dict:
+    """The `fields` a file was written with ({} when none); ValueError if it is not a readable file."""
+    from safetensors import SafetensorError, safe_open
+
+    try:
+        with safe_open(str(path), framework="np") as f:
+            return json.loads((f.metadata() or {}).get(FIELDS_KEY, "{}"))
+    except (SafetensorError, OSError, json.JSONDecodeError) as e:
+        raise ValueError(f"{path}: not a readable parameters file ({e})") from None
 
 
 def read(path: Path) -> tuple[ModelConfig, dict[str, np.ndarray]]:

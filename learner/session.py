@@ -24,7 +24,7 @@ from learner.replay.file import snapshot
 from learner.replay.prioritized import PrioritizedReplay, ReplaySample, oldest_origin
 from learner.schedule import Schedule
 from learner.serving.inference import InferenceService
-from learner.serving.snapshots import DECODER_SNAPSHOT, WallSnapshots
+from learner.serving.snapshots import DECODER_SNAPSHOT, WARMUP_END, WallSnapshots, write_file
 from learner.training import multihost
 from learner.training.checkpoint import Checkpointer
 from learner.training.checkpoint_files import CheckpointFiles
@@ -75,6 +75,9 @@ class Session:
     """The inference service remote actors act through (learner/serving/inference.py); None without."""
     prefill_pending: bool = False
     """The demonstrations still have to join the replay (they do as reinforcement learning starts)."""
+    warmup_end_pending: bool = False
+    """This run imitates before reinforcement learning, and the parameters it ends with still have to be
+    written (RUN_DIR/snapshots/warmup-end.safetensors, as reinforcement learning starts)."""
     saved_update: int = 0
     """The update of the newest checkpoint on disk."""
     saved_lsn: int = 0
@@ -108,10 +111,21 @@ class Session:
 
     def start_rl(self) -> None:
         """Reinforcement learning has started (called every turn after the warm-up): later success counts
-        for the target, local actors held back by --actors-after-warmup start, and the demonstrations join
+        for the target, the warm-up's parameters are written (snapshots.WARMUP_END), local actors held
+        back by --actors-after-warmup start, and the demonstrations join
         the replay once, stamped with the current version: fresh data whose exact behavior log-probs still
         drive the off-policy correction, ageing out by max_policy_lag."""
         self.stats.mark_rl_start()
+        if self.warmup_end_pending:  # every process: the host copy is a collective; process 0 writes
+            self.warmup_end_pending = False
+            fields = {
+                "update": self.trainer.update,
+                "version": self.trainer.version,
+                "max_steps": self.cfg.max_steps,
+            }
+            flat = self.trainer.snapshot()
+            if self.rank == 0:
+                write_file(self.run_dir / "snapshots" / WARMUP_END, flat, self.cfg.model, fields)
         if self.start_actors is not None:
             self.actors, self.start_actors = self.start_actors(), None
         if not self.prefill_pending:

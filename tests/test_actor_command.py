@@ -102,7 +102,7 @@ def test_check_command_inserts_the_hidden_subcommand(tmp_path):
     ("args", "says"),
     [
         (["--tasks", "nosuchsuite"], "--tasks nosuchsuite: no such task file, folder or suite"),
-        (["--split", "val"], "--split must be one of train, test, dev, validation, got 'val'"),
+        (["--split", "val"], "--split must be one of train, test, dev, validation, heldout, got 'val'"),
         (["--env", "adb", "--tasks", "webshop"], "--tasks webshop: no such task file, folder or suite"),
         (["--env", "bogus"], "invalid choice 'bogus' for argument '--backend/--env'"),
         (["--num-env", "3"], "Unrecognized options: --num-env, 3 (perhaps --num-envs INT)"),
@@ -202,7 +202,7 @@ def test_the_learner_checks_what_its_local_actors_and_demo_writer_would_get(caps
     with pytest.raises(SystemExit) as e:  # no actors, but oracle demonstrations of those tasks
         check_local_flags(parse_args(["--split", "nope", "--warmup-demos", "8", "--warmup-updates", "5"]))
     assert (
-        e.value.code == 2 and "--split must be one of train, test, dev, validation" in capsys.readouterr().err
+        e.value.code == 2 and "--split must be one of train, test, dev, validation, heldout" in capsys.readouterr().err
     )
     check_local_flags(parse_args(["--env", "standin", "--tasks", "nosuchsuite"]))  # starts neither: no check
 

@@ -20,6 +20,7 @@ from common.config import ModelConfig
 from common.params_file import params_to_flat
 from common.policies.pointer import network as model
 from common.types import ActionType
+from learner.serving.snapshots import WARMUP_END, write_file
 from learner.tools.evaluate import EvalConfig, evaluate
 from learner.training.checkpoint import Checkpointer, TrainState, rng_state
 from learner.training.train_step import make_optimizer
@@ -109,6 +110,27 @@ def test_an_older_checkpoint_is_chosen_by_its_update(tmp_path):
         learner_eval.restore(tmp_path / "run", 8)
 
 
+def test_a_parameters_file_is_evaluated_like_the_checkpoint_it_came_from(tmp_path, monkeypatch):
+    """--params: a file of a checkpoint's parameters (as the warm-up's end writes them, its run's update,
+    version and step limit in its metadata) runs the same episodes as that checkpoint, which other
+    parameters would not; a missing file and --params with --checkpoint are refused clearly."""
+    params = _checkpoint(tmp_path / "run" / "checkpoints", seed=3, update=7, version=3)
+    path = tmp_path / "run" / "snapshots" / WARMUP_END
+    write_file(path, params_to_flat(params), CFG, {"update": 7, "version": 3, "max_steps": MAX_STEPS})
+    common = dict(tasks="general", split="train", episodes=20, num_envs=4, seed=2)
+    ran = []
+    real = learner_eval.run_episodes
+    monkeypatch.setattr(learner_eval, "run_episodes", lambda *a: ran.append(real(*a)) or ran[-1])
+    evaluate(EvalConfig(checkpoint=tmp_path / "run", **common))
+    from_file = evaluate(EvalConfig(params=path, **common))
+    assert (from_file["update"], from_file["policy_version"], from_file["checkpoint"]) == (7, 3, str(path))
+    assert ran[0] == ran[1] != _in_process(EvalConfig(checkpoint=path, **common), model.create(CFG, 0)[1])
+    with pytest.raises(SystemExit, match="not a readable parameters file"):
+        evaluate(EvalConfig(params=tmp_path / "missing.safetensors"))
+    with pytest.raises(SystemExit, match="give it without --checkpoint or --init"):
+        evaluate(EvalConfig(params=path, checkpoint=tmp_path / "run"))
+
+
 def test_eval_without_a_checkpoint_says_so(tmp_path):
     cmd = [sys.executable, "-m", "learner", "eval", "--checkpoint", str(tmp_path / "nothing")]
     result = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=120)
@@ -126,7 +148,10 @@ def test_a_bad_task_set_reaches_the_user_as_one_line(tmp_path):
 @pytest.mark.parametrize(
     ("flags", "message"),
     [
-        ({"split": "bogus"}, "split must be one of ('train', 'test', 'dev', 'validation'), got 'bogus'"),
+        (
+            {"split": "bogus"},
+            "split must be one of ('train', 'test', 'dev', 'validation', 'heldout'), got 'bogus'",
+        ),
         ({"episodes": 0}, "--episodes must be at least 1, got 0"),
     ],
 )

@@ -7,6 +7,7 @@ its patience allows, with the loss in metrics.jsonl and equal to a per-episode r
 from __future__ import annotations
 
 import io
+import json
 import time
 from types import SimpleNamespace
 
@@ -14,9 +15,14 @@ import numpy as np
 import pytest
 from rich.console import Console
 
+import learner.tools.evaluate as learner_eval
+from common import params_file
+from common.backbones.decoder.lora import split_trained
+from common.params_file import params_to_flat
 from learner import warmup
 from learner.config import parse_args
 from learner.schedule import Schedule
+from learner.serving.snapshots import WARMUP_END
 from learner.training.trainer import DemoFit
 from learner.warmup import EpochDraws, Validation, Warmup
 from tests.conftest import one_line
@@ -132,7 +138,7 @@ def test_a_learner_validates_each_epoch_and_ends_its_warm_up_when_the_loss_stops
     learner = learner_process(
         *("--env", "simphone", "--warmup-demos", "40", "--warmup-noise", "0", "--validation-demos", "6"),
         *("--warmup-updates", "100", "--warmup-patience", "2", "--batch-size", "8", "--learning-rate", "0"),
-        *("--max-updates", "9", "--local-actors", "0", "--checkpoint-every", "0", "--log-every", "1"),
+        *("--max-updates", "9", "--local-actors", "0", "--checkpoint-every", "9", "--log-every", "1"),
     )
     assert learner.proc.wait(timeout=540) == 0, learner.log()
     log = learner.log()
@@ -153,6 +159,15 @@ def test_a_learner_validates_each_epoch_and_ends_its_warm_up_when_the_loss_stops
     assert abs(loss - nll) < 1e-4  # the loss is the held-back ones' mean NLL
     assert abs(final["validation/rho"] - rho) < 1e-4 and 0 < rho < 1
     assert abs(final["validation/value_gap"] - gap) < 1e-4 and gap != 0
+    # The parameters the warm-up ended with, kept for `learner eval --params` (the checkpoint at update 9
+    # here is the same update's; in a longer run only the newest few checkpoints are kept).
+    path = learner.run_dir / "snapshots" / WARMUP_END
+    config = json.loads((learner.run_dir / "config.json").read_text())
+    version = final["policy_version"]
+    assert params_file.fields(path) == {"update": 9, "version": version, "max_steps": config["max_steps"]}
+    _, flat = params_file.read(path)
+    saved = params_to_flat(split_trained(learner_eval.restore(learner.run_dir, 9).state.params)[0])
+    assert flat.keys() == saved.keys() and all(np.array_equal(flat[k], saved[k]) for k in flat)
 
 
 def _per_episode_fit(run_dir) -> tuple[float, float, float]:

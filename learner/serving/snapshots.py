@@ -29,6 +29,22 @@ DECODER_SNAPSHOT = "decoder.safetensors"
 """RUN_DIR/decoder.safetensors: a pretrained decoder (the lm family) as trained, written at every checkpoint
 (Session.save, Trainer.write_decoder) and served from by `python -m learner export RUN_DIR OUT`."""
 INDEX = "index.jsonl"
+WARMUP_END = "warmup-end.safetensors"
+"""RUN_DIR/snapshots/warmup-end.safetensors: the parameters the imitation warm-up ended with, written once
+as reinforcement learning starts (Session.start_rl), with {"update", "version", "max_steps"} in its
+metadata: the supervised policy of the same run, which `python -m learner eval --params` compares with
+the run's last checkpoint (checkpoints keep only the newest few)."""
+
+
+def write_file(
+    path: Path, flat: dict[str, np.ndarray], model_cfg: ModelConfig, fields: dict[str, Any]
+) -> None:
+    """A parameters file (common/params_file.py, `fields` in its metadata), written to a temporary name
+    first so a reader never sees half a file."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".tmp")
+    params_file.write(tmp, flat, model_cfg, fields)
+    tmp.replace(path)
 
 
 @dataclass
@@ -62,10 +78,7 @@ class WallSnapshots:
         path = self.directory / f"t{t:05d}.safetensors"
         if not self.writes:
             return path
-        self.directory.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_suffix(".tmp")
-        params_file.write(tmp, flat, model_cfg)
-        tmp.replace(path)
+        write_file(path, flat, model_cfg, fields)
         with (self.directory / INDEX).open("a") as index:
             index.write(json.dumps({"t": t, "wall": round(wall, 3), **fields}) + "\n")
         return path

@@ -110,6 +110,7 @@ def open_session(cfg: LearnerConfig, console: Console) -> Session:
             inference=inference,
             outputs=RunOutputs(cfg, run_dir, rank, console),  # 7
             prefill_pending=prefill,
+            warmup_end_pending=schedule.in_warmup(trainer.update),
             saved_update=trainer.update,
             saved_lsn=saved_lsn,
             checkpoint_files=_checkpoint_files(cfg, server, replay, saved_lsn, console)

@@ -39,13 +39,18 @@ class EvalConfig:
     update: int | None = None
     """Evaluate the checkpoint saved at this update instead of the newest (the run's
     `checkpoints/` folder names them)."""
+    params: Path | None = None
+    """Evaluate a parameters file instead of a checkpoint: RUN_DIR/snapshots/warmup-end.safetensors (the
+    parameters a run's imitation warm-up ended with) or a --snapshot-every file. Its run's step limit
+    comes with the warm-up's file; other files use --max-steps."""
     init: bool = False
     """Evaluate the untrained policy of --model.* instead of a checkpoint: for --model.kind lm the
     pretrained decoder as it comes (its zero-shot score), for the pointer policy random weights."""
     model: ModelConfig = field(default_factory=ModelConfig)
     """The policy to build with --init (a checkpoint brings its own)."""
     max_steps: int = 16
-    """Step limit per episode with --init (a checkpoint's run brings its own)."""
+    """Step limit per episode with --init or a --params file without one (a checkpoint's run brings its
+    own)."""
     tasks: str = "general"
     """A shipped suite, a task .json file, or a folder of them."""
     split: str = "test"
@@ -112,6 +117,19 @@ def initial(cfg: EvalConfig) -> Restored:
     _, params = make_policy(model_cfg).create(0)
     state = TrainState(params, None, 0, 0, rng_state(np.random.default_rng()))
     return Restored(Path("(untrained)"), state, model_cfg, cfg.max_steps)
+
+
+def from_file(cfg: EvalConfig) -> tuple[Restored, dict[str, np.ndarray]]:
+    """--params: the file's parameters (as actors receive them) and what it says of its run; SystemExit
+    with the reason for a missing or unreadable file."""
+    path = cfg.params
+    try:
+        model_cfg, flat = params_file.read(path)
+        fields = params_file.fields(path)
+    except ValueError as e:
+        raise SystemExit(f"eval: {e}") from None
+    state = TrainState(None, None, int(fields.get("update", 0)), int(fields.get("version", 0)), None)
+    return Restored(path, state, model_cfg, int(fields.get("max_steps", cfg.max_steps))), flat
 
 
 def run_episodes(
@@ -200,14 +218,18 @@ def table(report: dict) -> Table:
 
 def evaluate(cfg: EvalConfig, console: Console | None = None) -> dict:
     console = console or Console()
-    if cfg.init:
-        restored = initial(cfg)
-    elif cfg.checkpoint is None:
-        raise SystemExit("eval: give --checkpoint RUN_DIR, or --init to evaluate an untrained policy")
+    if cfg.params is not None and (cfg.init or cfg.checkpoint is not None):
+        raise SystemExit("eval: --params evaluates a parameters file: give it without --checkpoint or --init")
+    if cfg.params is None and not cfg.init and cfg.checkpoint is None:
+        raise SystemExit(
+            "eval: give --checkpoint RUN_DIR, --params FILE, or --init to evaluate an untrained policy"
+        )
+    if cfg.params is not None:
+        restored, flat = from_file(cfg)
     else:
-        restored = restore(cfg.checkpoint, cfg.update)
-    # What actors receive: with LoRA adapters only they (and heads); the evaluator reads its own base.
-    flat = params_to_flat(split_trained(restored.state.params)[0])
+        restored = initial(cfg) if cfg.init else restore(cfg.checkpoint, cfg.update)
+        # What actors receive: with LoRA adapters only they (and heads); the evaluator reads its own base.
+        flat = params_to_flat(split_trained(restored.state.params)[0])
     episodes = run_episodes(cfg, restored.model_cfg, flat, restored.state.policy_version, restored.max_steps)
     report = summarize(cfg, restored, episodes)
     console.print(table(report))
