@@ -124,8 +124,12 @@ class Session:
                 "max_steps": self.cfg.max_steps,
             }
             flat = self.trainer.snapshot()
-            if self.rank == 0:
-                write_file(self.run_dir / "snapshots" / WARMUP_END, flat, self.cfg.model, fields)
+            path = self.run_dir / "snapshots" / WARMUP_END
+            try:
+                if self.rank == 0:
+                    write_file(path, flat, self.cfg.model, fields)
+            except OSError as e:  # a full disk: a convenience for evaluation lost, never the run
+                self.console.print(f"learner: could not write {path} ({e}); the run goes on without it")
         if self.start_actors is not None:
             self.actors, self.start_actors = self.start_actors(), None
         if not self.prefill_pending:
