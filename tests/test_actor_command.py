@@ -202,7 +202,8 @@ def test_the_learner_checks_what_its_local_actors_and_demo_writer_would_get(caps
     with pytest.raises(SystemExit) as e:  # no actors, but oracle demonstrations of those tasks
         check_local_flags(parse_args(["--split", "nope", "--warmup-demos", "8", "--warmup-updates", "5"]))
     assert (
-        e.value.code == 2 and "--split must be one of train, test, dev, validation, heldout" in capsys.readouterr().err
+        e.value.code == 2
+        and "--split must be one of train, test, dev, validation, heldout" in capsys.readouterr().err
     )
     check_local_flags(parse_args(["--env", "standin", "--tasks", "nosuchsuite"]))  # starts neither: no check
 
