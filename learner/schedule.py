@@ -42,9 +42,9 @@ class Schedule:
     - **Insert side** (`accepts_inserts`, the ingest's gate, --insert-slack, on by default with local
       actors): actors get no new credit while their episodes run more than the slack ahead of what
       reinforcement learning has used, unless it could train right now (closing then would wedge it: it
-      needs data to catch up). During an imitation warm-up nothing is used, so actors wait once they are
-      the slack ahead, until reinforcement learning starts (the warm-up's early policies do not fill the
-      replay).
+      needs data to catch up). During an imitation warm-up each imitation update counts as a batch used,
+      so actors collect at training's pace; that credit ends when reinforcement learning starts
+      (`start_rl`).
     - **Async** (DistRL): train whenever ready; publish a new version every publish_every updates.
     - **Sync** (DigiRL's loop): a round ends when every connected environment has delivered its episode
       (`on_episodes`, `round_complete`), or sync_round_timeout seconds after the round's first episode
@@ -66,7 +66,7 @@ class Schedule:
     """Reinforcement-learning updates made by this run (not restored: the rate limit counts this run's
     inserts)."""
     imitation_updates: int = 0
-    """Imitation updates made by this run: they pace the insert side too (`accepts_inserts`)."""
+    """Imitation updates made by this run (the warm-up's pace the insert side: `used`)."""
     inserted: int = 0
     """Episodes from actors this run stored in the replay (`count_inserts`; those the write-ahead log
     recovers at a resume included): the inserts of the rate limit. Not the demonstrations: they join the
@@ -77,6 +77,16 @@ class Schedule:
     """--mode sync: rounds completed."""
     rounds_timed_out: int = 0
     """--mode sync: rounds ended by sync_round_timeout rather than by every environment delivering."""
+    used: float = 0.0
+    """Episodes the insert side counts as used (`accepts_inserts`): a batch per reinforcement-learning
+    update over samples_per_insert, and per imitation update of the warm-up, so that actors keep
+    collecting at the pace of training, with the policy they are sent, rather than stopping at the slack.
+    When reinforcement learning starts (`start_rl`) at most what had come in: counted for ever, a
+    60-minute lm warm-up's 554 updates let actors run 1,108 episodes ahead, so the slack never closed and
+    two actors took the learner's cores for episodes it never drew (153 received, 58 drawn; BENCHMARKS.md
+    "LM agent: the insert side after the warm-up"). Later imitation updates draw no actor data."""
+    rl_started: bool = False
+    """`start_rl` was called: the warm-up's imitation updates no longer pace the insert side."""
     warmup_end: int | None = None
     """The update the warm-up ended at when it ended early (--warmup-patience: learner/warmup.py sets it,
     in this run or one before it in the same directory); None: it runs its --warmup-updates."""
@@ -117,12 +127,14 @@ class Schedule:
 
     def accepts_inserts(self, received: int, stored: int) -> bool:
         """The insert side: False while the `received` episodes run more than the insert slack ahead of
-        what the updates have used (as if each drew a batch from the replay: imitation updates count, so
-        that during the warm-up actors keep collecting at the pace of training, with the policy they are
-        sent, rather than stopping at the slack), as long as it could train right now."""
-        updates = self.rl_updates + self.imitation_updates
-        used = updates * self.local_batch / self.cfg.buffer.samples_per_insert
-        return received - used <= self.cfg.insert_slack() or not self.can_train(stored)
+        what the updates have `used`, as long as it could train right now."""
+        return received - self.used <= self.cfg.insert_slack() or not self.can_train(stored)
+
+    def start_rl(self, received: int) -> None:
+        """Reinforcement learning started with `received` episodes from actors in (Session.start_rl, every
+        turn after the warm-up: only the first call counts): the warm-up's pace ends (`used`)."""
+        if not self.rl_started:
+            self.rl_started, self.used = True, min(float(received), self.used)
 
     def count_inserts(self, count: int) -> None:
         """`count` more episodes from actors are stored in the replay (both sides of the rate limit)."""
@@ -137,13 +149,15 @@ class Schedule:
             return update
         return max(update, int(steps * (time.monotonic() - self.start) / limit))
 
-    def count_imitation_update(self) -> None:
-        """One more imitation update drew its batch of demonstrations (the insert side counts it)."""
-        self.imitation_updates += 1
-
-    def count_rl_update(self) -> None:
-        """One more reinforcement-learning update drew its batch (both sides of the rate limit count it)."""
-        self.rl_updates += 1
+    def count_update(self, imitation: bool) -> None:
+        """One more update drew its batch: of demonstrations (`imitation`) or from the replay (both sides of
+        the rate limit count it); an imitation update is `used` on the insert side during the warm-up only."""
+        if imitation:
+            self.imitation_updates += 1
+        else:
+            self.rl_updates += 1
+        if not (imitation and self.rl_started):
+            self.used += self.local_batch / self.cfg.buffer.samples_per_insert
 
     def publishes_after(self, update: int) -> bool:
         """Async: a new version after every publish_every-th update (sync publishes at round ends)."""

@@ -116,6 +116,7 @@ class Session:
         the replay once, stamped with the current version: fresh data whose exact behavior log-probs still
         drive the off-policy correction, ageing out by max_policy_lag."""
         self.stats.mark_rl_start()
+        self.schedule.start_rl(self.stats.totals["episodes"])
         if self.warmup_end_pending:  # every process: the host copy is a collective; process 0 writes
             self.warmup_end_pending = False
             fields = {
@@ -232,7 +233,7 @@ class Session:
         """An imitation update's batch: the training demonstrations in epochs (learner/warmup.py)."""
         picks = self.warmup.picks()
         self.stats.totals["imitation_updates"] += 1
-        self.schedule.count_imitation_update()
+        self.schedule.count_update(imitation=True)
         return Draw([self.demos[i] for i in picks])
 
     def draw_replay(self) -> Draw:
@@ -247,7 +248,7 @@ class Session:
         keep = None if bounds is None else self.stats.tasks.filter([ep.task for ep in episodes], *bounds)
         versions = np.concatenate([ep.steps["policy_version"] for ep in episodes])
         self.stats.observe_lag(trainer.version, versions, np.ones(versions.shape, bool))
-        self.schedule.count_rl_update()
+        self.schedule.count_update(imitation=False)
         return Draw(episodes, sample.weights, keep, sample)
 
     def finish_update(self, result: StepResult, draw: Draw, seconds: float) -> None:

@@ -85,8 +85,8 @@ def test_the_gate_closes_once_inserts_run_past_the_slack_and_training_could_go_o
     assert insert.accepts()  # 3 received, none used: within the slack
     insert([episode([0], [0.0])])
     assert not insert.accepts()  # 4 past the slack of 3, and a batch of 2 could train now
-    insert.schedule.count_rl_update()
-    insert.schedule.count_rl_update()
+    insert.schedule.count_update(imitation=False)
+    insert.schedule.count_update(imitation=False)
     assert insert.accepts()  # 2 updates of 2 used all 4
 
 
@@ -96,8 +96,41 @@ def test_imitation_updates_pace_the_insert_side_during_the_warmup():
     insert = inserter(mode="async", insert_slack=3, samples_per_insert=1.0)
     insert([episode([0], [0.0]) for _ in range(5)])
     assert not insert.accepts()  # 5 received, nothing used: past the slack of 3
-    insert.schedule.count_imitation_update()  # as Session.draw_demos does
+    insert.schedule.count_update(imitation=True)  # as Session.draw_demos does
     assert insert.accepts()  # one update's batch of 2 counts as used: 5 - 2 <= 3
+
+
+def test_the_warmups_pace_ends_when_reinforcement_learning_starts():
+    """A warm-up of 50 imitation updates with no actors (--actors-after-warmup) gives them no credit
+    afterwards: once reinforcement learning starts only its updates use episodes (the later imitation
+    updates draw none), so the gate closes at the slack as in a run without a warm-up."""
+    insert = inserter(mode="async", insert_slack=3, samples_per_insert=1.0)
+    schedule = insert.schedule
+    for _ in range(50):
+        schedule.count_update(imitation=True)
+    schedule.start_rl(insert.stats.totals["episodes"])  # nothing came in during the warm-up
+    insert([episode([0], [0.0]) for _ in range(4)])
+    assert not insert.accepts()  # 4 past the slack of 3 (counted for ever, 100 were paced)
+    schedule.count_update(imitation=True)  # an imitation update after the warm-up uses no actor episode
+    assert not insert.accepts()
+    schedule.count_update(imitation=False)
+    assert insert.accepts()
+
+
+def test_episodes_the_warmup_paced_count_as_used_when_reinforcement_learning_starts():
+    insert = inserter(mode="async", insert_slack=3, samples_per_insert=1.0)
+    schedule = insert.schedule
+    for _ in range(3):
+        schedule.count_update(imitation=True)  # pace 6 episodes
+    insert([episode([0], [0.0]) for _ in range(8)])
+    assert insert.accepts()  # 8 - 6 <= 3
+    schedule.start_rl(8)
+    schedule.start_rl(20)  # called every turn after the warm-up: the first call counts
+    assert schedule.used == 6  # at most what the warm-up paced
+    insert([episode([0], [0.0]) for _ in range(2)])
+    assert not insert.accepts()  # 10 received, 6 used: past the slack
+    schedule.count_update(imitation=False)
+    assert insert.accepts()  # 10 - 8 <= 3
 
 
 def test_demonstrations_in_the_replay_give_no_update_budget():
@@ -109,8 +142,8 @@ def test_demonstrations_in_the_replay_give_no_update_budget():
     assert insert.accepts()  # nothing came from actors: the insert side stays open
     insert([episode([0], [0.0])])  # one actor episode: 4 samples, two updates of 2
     assert schedule.inserted == 1 and schedule.can_train(len(insert.replay))
-    schedule.count_rl_update()
-    schedule.count_rl_update()
+    schedule.count_update(imitation=False)
+    schedule.count_update(imitation=False)
     assert not schedule.can_train(len(insert.replay))
 
 
