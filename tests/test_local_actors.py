@@ -6,12 +6,13 @@ from __future__ import annotations
 import signal
 import subprocess
 import sys
+import time
 
 import pytest
 import tyro
 
 from actors.config import ActorConfig
-from learner.launch.local_actors import LocalActors, local_actor_command
+from learner.launch.local_actors import STOP_GRACE_S, LocalActors, local_actor_command, stop_grace
 
 
 def test_local_actors_wait_after_a_few_pending_episodes():
@@ -37,14 +38,23 @@ def test_stop_kills_what_has_not_stopped_within_the_grace_and_says_which(tmp_pat
     """Two children: one stops on SIGTERM, one ignores it (an actor stuck past the grace); stop() kills
     the second after `grace` seconds and names it (the learner prints it and counts it in its last record:
     learner/session.py `close`)."""
-    actors = LocalActors(0, 6001, 6002, num_envs=1, seed=0, run_dir=tmp_path)
+    actors = LocalActors(0, 6001, 6002, num_envs=1, seed=0, run_dir=tmp_path, grace=1.0)
     ignores = "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); print('ready', flush=True); time.sleep(60)"
     for code in ("import time; print('ready', flush=True); time.sleep(60)", ignores):
         proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
         assert proc.stdout.readline() == "ready\n"  # its handler is set
         actors.procs.append(proc)
-    assert actors.stop(grace=1.0) == [1]
+    started = time.monotonic()
+    assert actors.stop() == [1]
+    assert 1.0 <= time.monotonic() - started < 14  # it waited its grace, not the default 15 s
     assert [p.returncode for p in actors.procs] == [-signal.SIGTERM, -signal.SIGKILL]
+
+
+def test_the_grace_covers_an_act_the_actor_timeout_allows():
+    """An actor stops between acts; the lm recipe's --actor-timeout 120 says an act may take a minute on
+    a loaded machine, so a stopping learner waits for half of it, and at least the pointer's 15 s."""
+    assert stop_grace(120.0) == 60.0
+    assert stop_grace(15.0) == STOP_GRACE_S == 15.0
 
 
 @pytest.mark.timeout(300)

@@ -21,7 +21,16 @@ actors) they wait within a couple of episodes, not after buffering the actor's d
 STOP_GRACE_S = 15.0
 """How long a stopping learner waits for its local actors after SIGTERM before it kills them. An actor
 stops between acts, and an lm actor's batched act takes seconds, many more on a loaded machine: 5 s killed
-one in the middle of its act in a busy test run (its last episodes and final counters lost)."""
+one in the middle of its act in a busy test run (its last episodes and final counters lost). The least
+`stop_grace` gives."""
+
+
+def stop_grace(actor_timeout: float) -> float:
+    """How long to wait for local actors after SIGTERM: half of --actor-timeout, the silence the learner
+    allows a live actor (the lm recipe's 120 s, because its batched act takes 15-30 s on a loaded 2-core
+    machine and sends no heartbeat), at least STOP_GRACE_S. With 15 s an lm actor in the middle of its act
+    at the time limit was killed (BENCHMARKS.md "LM agent: the recipe's warm-up, 15 minutes", seed 2)."""
+    return max(STOP_GRACE_S, actor_timeout / 2)
 
 
 class LocalActors:
@@ -41,9 +50,12 @@ class LocalActors:
         tasks: str | None = None,
         split: str | None = None,
         emulator: EmulatorModelConfig | None = None,
+        grace: float = STOP_GRACE_S,
     ):
         """`env`, `tasks`, `split` and `emulator`: the actors' environments (None: the actor's default);
-        `extra_args`: further `python -m actors` flags, last (so they win over PENDING_PER_ENV's)."""
+        `extra_args`: further `python -m actors` flags, last (so they win over PENDING_PER_ENV's); `grace`:
+        how long `stop` waits for them (`stop_grace`)."""
+        self.grace = grace
         self.procs: list[subprocess.Popen] = []
         self._logs = []
         env_vars = dict(os.environ)
@@ -66,12 +78,12 @@ class LocalActors:
             if p.poll() is None:
                 p.send_signal(signal.SIGTERM)
 
-    def stop(self, grace: float = STOP_GRACE_S, serve: Callable[[], None] | None = None) -> list[int]:
+    def stop(self, serve: Callable[[], None] | None = None) -> list[int]:
         """SIGTERM, wait up to `grace` seconds calling `serve()` meanwhile (the learner acknowledges the
         actors' last batches, so they need not wait out their --flush-timeout), then SIGKILL what is left;
         the indices of the actors killed (their logs end without a "stopped" line)."""
         self.terminate()
-        deadline = time.monotonic() + grace
+        deadline = time.monotonic() + self.grace
         while self.alive() and time.monotonic() < deadline:
             if serve is not None:
                 serve()

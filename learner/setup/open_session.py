@@ -38,7 +38,7 @@ from learner.config import LearnerConfig
 from learner.ingest.server import IngestServer
 from learner.inserter import ReplayInserter
 from learner.launch.actor_check import check_local_flags
-from learner.launch.local_actors import LocalActors
+from learner.launch.local_actors import LocalActors, stop_grace
 from learner.observe.run_outputs import RunOutputs, write_endpoints
 from learner.observe.run_stats import RunStats
 from learner.observe.tensorboard import require_wandb
@@ -244,6 +244,7 @@ def _start_local_actors(
         tasks=local.tasks,
         split=local.split,
         emulator=cfg.emulator,
+        grace=stop_grace(cfg.transport.actor_timeout),
     )
     console.print(f"learner: started {local.local_actors} local actor(s), logs in {run_dir}/actor-*.log")
     return actors
