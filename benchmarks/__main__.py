@@ -1,4 +1,5 @@
-"""`python -m benchmarks NAME [--quick] [--json PATH]`: run a benchmark, print a table, write JSON."""
+"""`python -m benchmarks NAME [--quick | --standard] [--json PATH]`: run a benchmark, print a table, write
+JSON."""
 
 from __future__ import annotations
 
@@ -40,6 +41,11 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("name", choices=[*BENCHMARKS, "all"], help="which benchmark to run")
     parser.add_argument("--quick", action="store_true", help="fewer repeats and smaller sizes")
+    parser.add_argument(
+        "--standard",
+        action="store_true",
+        help="the size between --quick and the full one, for the benchmarks that take it (paper)",
+    )
     parser.add_argument("--json", help="write the results here (with 'all': a prefix, NAME.json appended)")
     parser.add_argument(
         "--learner-args",
@@ -63,7 +69,7 @@ def main() -> None:
         if extra and "extra" not in takes:
             parser.error(f"{name} takes no --learner-args")
         kwargs = {"extra": extra} if "extra" in takes else {}
-        for option in ("minutes", "seed", "dry_run"):
+        for option in ("minutes", "seed", "dry_run", "standard"):
             if getattr(args, option) not in (None, False):
                 if option not in takes:
                     parser.error(f"{name} takes no --{option.replace('_', '-')}")

@@ -50,8 +50,7 @@ def curve_summary(points: list[dict], target: float, seconds: int, every: int) -
     A grid time without a snapshot of its own (it passed during the compile or one long update) takes
     the next snapshot's value: the parameters of that time had at most that much training."""
     out: dict = {"snapshots": len(points), "final_t": points[-1]["t"]}
-    grid = range(every, seconds + 1, every)
-    on_grid = [next((p for p in points if p["t"] >= t), points[-1]) for t in grid]
+    on_grid = grid_points(points, seconds, every)
     for split in SPLITS:
         out[f"final_{split}"] = round(points[-1][split], 4)
         out[f"auc_{split}"] = round(float(np.mean([p[split] for p in on_grid])), 4)
@@ -61,6 +60,12 @@ def curve_summary(points: list[dict], target: float, seconds: int, every: int) -
     out["env_steps_to_target"] = reached["env_steps"] if reached else None
     out["time_to_target_bound"] = reached["t"] if reached else seconds
     return out
+
+
+def grid_points(points: list[dict], seconds: int, every: int) -> list[dict]:
+    """The snapshot standing for each grid time every, 2 every, ..., seconds: the first at or after it
+    (the last one past the end), so runs of one recipe line up on the same times."""
+    return [next((p for p in points if p["t"] >= t), points[-1]) for t in range(every, seconds + 1, every)]
 
 
 def run_rates(lines: list[dict], batch_size: int) -> dict:

@@ -39,8 +39,40 @@ def _comparison_line(name: str, words: str, c: dict) -> str:
     )
 
 
-def write_markdown(recipe: Recipe, rows: list[dict], summary: dict, path: Path) -> None:
-    """The whole summary as one markdown file (overwritten)."""
+def _end(value: float | None) -> str:
+    """An interval's end; None is an end without a bound (verdict.py writes inf as null)."""
+    return "inf" if value is None else str(value)
+
+
+def _rule_lines(judged: dict) -> list[str]:
+    """The claims and ablations as benchmarks/paper/verdict.py judges them, one table each."""
+    lines = ["Verdicts by the rules fixed before the run (benchmarks/paper/verdict.py):", ""]
+    lines += [
+        "| claim | per seed (low to high) | paper | holds at | verdict | direction |",
+        "|---|---|---|---|---|---|",
+    ]
+    for claim, c in judged["claims"].items():
+        seeds = "; ".join(
+            f"s{s}: {_end(v['low'])} to {_end(v['high'])} ({v['kind']})" for s, v in c["per_seed"].items()
+        )
+        left = f"; left out: {c['left_out']}" if c["left_out"] else ""
+        cells = [claim, seeds + left, c["paper"], c["threshold"], c["verdict"], c["direction"]]
+        lines.append("| " + " | ".join(str(x) for x in cells) + " |")
+    lines += [
+        "",
+        "| ablation | alternative - default, final test (se) per seed | decision | why |",
+        "|---|---|---|---|",
+    ]
+    for name, a in judged["ablations"].items():
+        seeds = "; ".join(f"s{s}: {v['difference']} ({v['se']})" for s, v in a["per_seed"].items())
+        lines.append(f"| {name} | {seeds} | {a['decision']} | {a['reason']} |")
+    return [*lines, ""]
+
+
+def write_markdown(
+    recipe: Recipe, rows: list[dict], summary: dict, path: Path, judged: dict | None = None
+) -> None:
+    """The whole summary as one markdown file (overwritten); `judged`: verdict.judge's output per N."""
     lines = [
         f"# `python -m benchmarks paper` ({recipe.name})",
         "",
@@ -51,7 +83,7 @@ def write_markdown(recipe: Recipe, rows: list[dict], summary: dict, path: Path) 
     ]
     for n in recipe.envs:
         s = summary[f"N{n}"]
-        lines += [f"## N = {n}", "", "| claim | measured | verdict |", "|---|---|---|"]
+        lines += [f"## N = {n}", "", "| claim | measured | mean against the paper |", "|---|---|---|"]
         for claim, verdict in s["verdicts"].items():
             value = s["claims"][claim]
             shown = _fmt(value) if "mean" in (value or {}) else str((value or {}).get("relative"))
@@ -64,6 +96,8 @@ def write_markdown(recipe: Recipe, rows: list[dict], summary: dict, path: Path) 
         ]  # fmt: skip
         lines += [_comparison_line(key, words, s[key]) for key, words in COMPARISONS]
         lines.append("")
+        if judged:
+            lines += _rule_lines(judged[f"N{n}"])
     lines += ["## Runs", "", "| " + " | ".join(RUN_COLUMNS) + " |", "|" + "---|" * len(RUN_COLUMNS)]
     lines += ["| " + " | ".join(str(r.get(k, "")) for k in RUN_COLUMNS) + " |" for r in rows]
     lines += ["", "## Cells", ""] + [f"- `{k}`: {v}" for k, v in CELLS.items()]
