@@ -538,6 +538,13 @@ class LearnerConfig:
     (learner/serving/snapshots.py): policies to evaluate at equal times across runs. 0: never."""
     seed: int = 0
     """Seed of the model initialization and of the local actors' environments."""
+    init_params: Path | None = None
+    """Start a new run from this parameters file instead of fresh parameters (what actors receive: with
+    LoRA the adapters and heads; e.g. another run's snapshots/warmup-end.safetensors or a --snapshot-every
+    file), its --model.* the same; the optimizer starts fresh. With --warmup-updates 0 a run goes straight
+    to reinforcement learning from a policy some other run imitated (a 60-minute lm run spends 30 minutes
+    on its warm-up before a reinforcement-learning setting is measured). Not used when the run directory
+    has a checkpoint: the resume continues that run."""
     model: ModelConfig = field(default_factory=lambda: ModelConfig(text_encoder="minilm"))
     """Policy network size (sent to every actor in WELCOME). The learner's default adds the pretrained text
     encoder (all-MiniLM-L6-v2, --model.text-encoder minilm): over three seeds it doubles success on task

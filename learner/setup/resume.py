@@ -11,7 +11,8 @@ once:
    ledger already settled are skipped).
 
 Steps 1-3 need a checkpoint; step 4 runs whenever there is a log (--durability), after a crash with no
-checkpoint too.
+checkpoint too. Without a checkpoint, --init-params gives the new run its starting parameters
+(`start_from_file`).
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ import time
 
 from rich.console import Console
 
+from common import params_file
 from common.protocol import Episode
 from learner.config import LearnerConfig
 from learner.ingest.server import IngestServer
@@ -57,6 +59,12 @@ def resume(
         )
         if kept is not None:
             saved_lsn = _restore_ledger(checkpointer, trainer.update, rank, server)  # 3
+        if cfg.init_params is not None:
+            console.print(
+                f"learner: --init-params {cfg.init_params} not used: the checkpoint continues the run"
+            )
+    elif cfg.init_params is not None:
+        start_from_file(cfg, trainer, console)
     if server.wal is not None:
         _recover(server, saved_lsn, trainer.version, console)  # 4
     return saved_lsn
@@ -110,3 +118,27 @@ def _recover(server: IngestServer, start_lsn: int, version: int, console: Consol
             + (f", damage skipped: {damage}" if damage else ""),
             markup=False,
         )
+
+
+def start_from_file(cfg: LearnerConfig, trainer: Trainer, console: Console) -> None:
+    """--init-params: a new run's parameters from the file; SystemExit naming the file when it is missing,
+    unreadable, of another model, or of other parameter shapes."""
+    path = cfg.init_params
+    try:
+        model_cfg, flat = params_file.read(path)
+    except ValueError as e:
+        raise SystemExit(f"--init-params: {e}") from None
+    if model_cfg.to_dict() != cfg.model.to_dict():
+        raise SystemExit(
+            f"--init-params {path}: written for another model ({model_cfg.to_dict()}), this run has "
+            f"{cfg.model.to_dict()}: give the same --model.* flags"
+        )
+    try:
+        trainer.start_from(flat)
+    except ValueError as e:
+        raise SystemExit(f"--init-params {path}: {e}") from None
+    fields = params_file.fields(path)
+    console.print(
+        f"learner: parameters from {path} (its run's update {fields.get('update', '?')}); the optimizer "
+        "starts fresh"
+    )

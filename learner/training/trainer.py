@@ -24,7 +24,7 @@ import numpy as np
 from flax import nnx
 
 from common.backbones.decoder.lora import split_trained
-from common.params_file import params_to_flat
+from common.params_file import flat_to_params, params_to_flat
 from common.policies import make_policy
 from common.policies.family import augments, host_inputs, scaled_param, update_shapes
 from learner.batch import Batch, collate, example_batch
@@ -353,6 +353,16 @@ class Trainer:
     def save(self, checkpointer: Checkpointer, config: dict[str, Any]) -> None:
         state = TrainState(self.params, self.opt_state, self.update, self.version, rng_state(self.demo_rng))
         checkpointer.save(state, config)
+
+    def start_from(self, flat: dict[str, np.ndarray]) -> None:
+        """--init-params: the trained part (adapters and heads with LoRA, else every parameter) from a
+        parameters file's `flat` (ValueError naming what does not fit), on the current parameters'
+        devices; the frozen base and the optimizer state stay as built."""
+        trained, frozen = split_trained(self.params)
+        loaded = flat_to_params(trained, flat)
+        loaded = jax.device_put(loaded, jax.tree.map(lambda x: x.sharding, trained))
+        self.params = loaded if frozen is None else nnx.merge_state(loaded, frozen)
+        self._served_frozen = None
 
     def restore(self, checkpointer: Checkpointer) -> None:
         """Continue from the newest checkpoint (ValueError naming it if it does not fit this model)."""
