@@ -58,7 +58,8 @@ demonstration's first epoch) and about 3.5 s once it is cached (issue 46), so a 
 100 updates, not thousands.
 
 The warm-up (issue 47): imitation is what a 15-minute run can teach, so it gets 70% of the time limit
-(--warmup-share 0.7; --warmup-updates only bounds it), in epochs over 100 demonstrations (more in longer
+(--warmup-share 0.7; --warmup-updates only bounds it; 0.5 at 60 minutes gave greedy train 0.220 against
+0.7's 0.385, BENCHMARKS.md "LM agent: the insert side after the warm-up"), in epochs over 100 demonstrations (more in longer
 runs: warmup_demos above) with 20 more of
 the same training templates held back (--validation-demos 20: their loss, rho and the critic's value gap
 are printed before the warm-up, after each epoch and after it), ending early after 2 epochs without a new
@@ -86,7 +87,7 @@ share 2 cores: with the default 15 s the learner forgot actors in the middle of 
 actors acting all the time left the learner one update in four minutes (three processes' XLA threads on
 two cores). An episode costs an actor about 5 s of CPU and an update several, so actors collect only what
 training uses: each episode is drawn about once (--samples-per-insert 1), at most one batch ahead
-(--insert-slack 2), and an actor with 2 finished episodes waiting for credit stops stepping
+(--insert-slack 2; since 477fd1e also after the warm-up, whose imitation updates had kept it open), and an actor with 2 finished episodes waiting for credit stops stepping
 (--max-pending-episodes 2). The actor's gradient weighs every token of a step by the step's truncated
 ratio min(1, prod_k rho_k) (--actor-weighting binary_ratio; the pointer default, binary, has no ratio at
 all): measured on a 15-minute run's replay, the step-level weight keeps an effective sample size of 0.99

@@ -132,8 +132,8 @@ def test_grouped_settings_keep_their_flags_and_their_stored_layout():
     # --rename-word-pieces, --durability, --weight-decay, --snapshot-every, --actor-weighting, --vmpo-eta,
     # --vmpo-kl-coef, --local-actor-args, --inference-port, --inference-max-rows, --inference-deadline-ms,
     # --checkpoint-every-s, --metrics-port, --live-stall-s, --keep-log, --trunk-cache-mb, --validation-demos,
-    # --warmup-patience.
-    assert len(flat) == 88
+    # --warmup-patience, --init-params.
+    assert len(flat) == 89
     flags = [
         "--lambda" if name == "lambda_" else "--" + name.replace("_", "-") for name in set(flat) - nested
     ]
