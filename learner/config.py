@@ -107,6 +107,11 @@ class TransportConfig:
     keep_log: bool = False
     """Never delete write-ahead log segments, so the log holds every batch the learner ever stored (for
     audits such as `python -m benchmarks chaos`; the log then grows with every batch)."""
+    audit_log: bool = False
+    """Append one JSON line per batch the write-ahead log takes to RUN_DIR/audit.jsonl (its actor,
+    seq, episodes, stored or refused, log position; about 100 bytes a batch, kept for the whole run):
+    what an audit such as `python -m benchmarks chaos` reads instead of a log that is never pruned.
+    Needs the log (--durability os or fsync, or auto with checkpoints)."""
 
     def __post_init__(self) -> None:
         for flag, port in (("--ingest-port", self.ingest_port), ("--params-port", self.params_port)):
@@ -594,6 +599,11 @@ class LearnerConfig:
         _check(
             self.sync_round_timeout > 0,
             f"--sync-round-timeout must be positive, got {self.sync_round_timeout}",
+        )
+        _check(
+            not self.transport.audit_log or self.durability() != "none",
+            "--audit-log records the write-ahead log's batches: give --durability os or fsync (or "
+            "--checkpoint-every > 0 with auto)",
         )
         _check(self.time_limit >= 0, f"--time-limit must be >= 0, got {self.time_limit}")
         _check(self.max_updates >= 0, f"--max-updates must be >= 0, got {self.max_updates}")

@@ -38,6 +38,7 @@ from rich.console import Console
 from learner.batch import Batch, augmented, collate
 from learner.config import LearnerConfig
 from learner.session import Session
+from learner.setup.disk import startup_failure
 from learner.setup.open_session import open_session
 from learner.training import multihost
 from learner.training.trainer import Abandoned, StepResult, run_while_serving
@@ -79,6 +80,13 @@ def run(cfg: LearnerConfig, console: Console | None = None) -> dict:
     old_handlers = {s: signal.signal(s, stop) for s in (signal.SIGINT, signal.SIGTERM)}
     try:
         s = open_session(cfg, console)
+    except OSError as e:
+        _restore_handlers(old_handlers)
+        failure = startup_failure(e, cfg.run_dir)
+        if failure is None:
+            raise
+        console.print(failure[1], markup=False, highlight=False)
+        raise SystemExit(failure[0]) from None  # one line, a documented status: learner/setup/disk.py
     except BaseException:
         _restore_handlers(old_handlers)
         raise

@@ -1,7 +1,9 @@
 """The chaos soak's short version (`python -m benchmarks chaos` is the long one, BENCHMARKS.md "chaos"):
-a real learner, relay and three actors, every process killed and restarted, stopped and continued, the
-learner's disk made full, and a proxy dropping, duplicating, delaying and reordering ingest messages;
-then the same invariants as the long run, from the processes' own records."""
+a real learner in the production configuration (its write-ahead log pruned at every checkpoint, with an
+audit log), a relay and three actors (one through the relay, one on the learner's inference service),
+every process killed and restarted, stopped and continued, the learner's disk made full, and a proxy
+dropping, duplicating, delaying and reordering ingest messages; then the same invariants as the long
+run, from the processes' own records."""
 
 from __future__ import annotations
 

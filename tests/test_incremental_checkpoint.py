@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import dataclasses
 import io
+from functools import partial
 
 import numpy as np
 import pytest
@@ -20,6 +21,7 @@ from learner.ingest.wal import WriteAheadLog, pack_batch
 from learner.replay.file import load_replay, save_replay
 from learner.replay.prioritized import PrioritizedReplay, oldest_origin, oldest_version
 from learner.setup.open_session import open_session
+from learner.training.checkpoint import Checkpointer, complete
 from learner.training.checkpoint_files import CheckpointFiles
 from tests.test_replay_file import CFG, KW, MAX_STEPS, assert_same_episode, make_episodes
 
@@ -162,7 +164,7 @@ def test_a_failed_write_keeps_the_log_for_the_previous_checkpoint():
     """A full disk during a save's files: counted and logged, the checkpoint stays incomplete, and the
     log is neither pruned by it nor later below what the previous complete checkpoint needs."""
     pruned, lines = [], []
-    files = CheckpointFiles(log_needed_from=5, prune=pruned.append, log=lines.append)
+    files = CheckpointFiles((0, 5), prune=pruned.append, complete=lambda update: True, log=lines.append)
     files.start(10, lambda: 123, needed_from=40)
     files.wait()
     assert (files.log_needed_from, pruned, files.stats["replay_bytes"]) == (40, [5], 123)
@@ -177,3 +179,41 @@ def test_a_failed_write_keeps_the_log_for_the_previous_checkpoint():
     files.start(30, lambda: 99, needed_from=90)
     files.wait()
     assert pruned == [5, 40] and files.log_needed_from == 90 and files.stats["saves"] == 2
+
+
+def test_a_save_failed_on_one_process_keeps_every_log_what_the_fallback_needs(tmp_path):
+    """Two learner processes saving into one checkpoint directory, each with its own log. Process 1's
+    files of checkpoint 20 fail (a full disk): 20 is incomplete, so a restart resumes both from 10.
+    Process 0 wrote its files of 20 and of 30: its log must still keep what its part of 10 needs (not
+    what its part of 20 needs, which a rule of "one own save late" would prune to), and only once a newer
+    checkpoint is complete on both processes may it move on."""
+    checkpointer = Checkpointer(tmp_path / "checkpoints", processes=2)
+    pruned: dict[int, list[int]] = {0: [], 1: []}
+    files = {
+        rank: CheckpointFiles((0, 0), pruned[rank].append, partial(complete, checkpointer), lambda line: None)
+        for rank in (0, 1)
+    }
+
+    def save(update: int, rank: int, needed: int, disk_full: bool = False) -> None:
+        def write() -> int:
+            if disk_full:
+                raise OSError(28, "No space left on device")
+            checkpointer.save_delivery(update, {"update": update}, rank)
+            return 1
+
+        files[rank].start(update, write, needed)
+        files[rank].wait()
+
+    save(10, 0, needed=40)
+    save(10, 1, needed=41)
+    save(20, 0, needed=70)
+    save(20, 1, needed=71, disk_full=True)
+    save(30, 0, needed=90)  # the moment: its own files of 20 are complete, process 1's are not
+    assert complete(checkpointer, 10) and not complete(checkpointer, 20)  # a restart resumes from 10
+    assert pruned[0][-1] == 40 and files[0].log_needed_from == 40  # what its part of 10 needs
+    assert files[1].stats["errors"] == 1 and pruned[1] == [] and files[1].log_needed_from == 41
+    save(30, 1, needed=91)
+    assert pruned[1] == [41] and complete(checkpointer, 30)
+    save(40, 0, needed=120)
+    assert pruned[0][-1] == 90 and files[0].log_needed_from == 90  # 30 is complete on both now
+    checkpointer.close()

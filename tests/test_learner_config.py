@@ -104,6 +104,7 @@ def test_fine_tuning_defaults_after_demonstrations():
         (["--ingest-port", "70000"], "--ingest-port must be in [0, 65535]"),
         (["--mesh.model", "0"], "--mesh.model must be >= 1, got 0"),
         (["--emulator.hang-prob", "2"], "--emulator.hang-prob must be a probability in [0, 1], got 2.0"),
+        (["--audit-log", "--durability", "none"], "--audit-log records the write-ahead log's batches"),
     ],
 )
 def test_bad_flags_are_refused_naming_the_flag(args, says, capsys):
@@ -132,8 +133,8 @@ def test_grouped_settings_keep_their_flags_and_their_stored_layout():
     # --rename-word-pieces, --durability, --weight-decay, --snapshot-every, --actor-weighting, --vmpo-eta,
     # --vmpo-kl-coef, --local-actor-args, --inference-port, --inference-max-rows, --inference-deadline-ms,
     # --checkpoint-every-s, --metrics-port, --live-stall-s, --keep-log, --trunk-cache-mb, --validation-demos,
-    # --warmup-patience, --init-params.
-    assert len(flat) == 89
+    # --warmup-patience, --init-params, --audit-log.
+    assert len(flat) == 90
     flags = [
         "--lambda" if name == "lambda_" else "--" + name.replace("_", "-") for name in set(flat) - nested
     ]

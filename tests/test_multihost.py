@@ -48,7 +48,7 @@ def _start_pair(run_dir: Path, max_updates: int, tag: str) -> list[tuple[subproc
             sys.executable, "-m", "learner", "--run-dir", str(run_dir), "--ingest-port", "0", "--params-port", "0",
             "--env", "standin", "--warmup-updates", "0", "--max-steps", "8", "--samples-per-insert", "1",
             "--model.text-encoder", "none", "--local-actors", "1", "--envs-per-actor", "4", "--batch-size", "8", "--max-updates", str(max_updates),
-            "--checkpoint-every", "3", "--publish-every", "1", "--time-limit", str(PAIR_S - 60), "--keep-log",
+            "--checkpoint-every", "3", "--publish-every", "1", "--time-limit", str(PAIR_S - 60), "--audit-log",
             f"--local-actor-args=--ack-log {acks}",
             "--coordinator", coordinator, "--num-processes", "2", "--process-id", str(rank),
         ]  # fmt: skip
@@ -79,7 +79,7 @@ def test_two_learner_processes_killed_together_resume_consistently_and_lose_noth
     """The first pair trains until both processes completed the checkpoint at update 6 and went on, then
     both die by SIGKILL (a node failure; their actors exit with them). The second pair resumes on both
     processes from one checkpoint, takes identical steps (bit-identical parameters at the end), and every
-    batch any actor saw acknowledged is in its process's write-ahead log, stored exactly once."""
+    batch any actor saw acknowledged is in its process's audit log (its write-ahead log pruned as in production), stored exactly once."""
     run_dir = tmp_path / "run"
     first = _start_pair(run_dir, 1000, "killed")
     replay = run_dir / "checkpoints" / "replay"
@@ -119,8 +119,7 @@ def test_two_learner_processes_killed_together_resume_consistently_and_lose_noth
     assert finals[0]["params_digest"] == finals[1]["params_digest"]
     assert finals[0]["train/param_norm"] == finals[1]["train/param_norm"]
     for rank, rec in enumerate(finals):
-        wal = run_dir / ("wal" if rank == 0 else "process-1/wal")
-        pairs, episodes, _ = logged_batches(wal)
+        pairs, episodes, _ = logged_batches(run_dir / ("" if rank == 0 else "process-1") / "audit.jsonl")
         acked = {}
         for acks in tmp_path.glob(f"acks-p{rank}-*.jsonl"):
             acked |= {
@@ -128,5 +127,7 @@ def test_two_learner_processes_killed_together_resume_consistently_and_lose_noth
                 for r in map(json.loads, acks.read_text().splitlines())
             }
         assert acked and all(key in pairs for key in acked), f"process {rank} lost acknowledged batches"
-        assert all(n == 1 for n in pairs.values()) and all(episodes[k] == n for k, n in acked.items())
+        assert all(len(lsns) == 1 for lsns in pairs.values()) and all(
+            episodes[k] == n for k, n in acked.items()
+        )
         assert rec["replay/added"] + rec["replay/dropped_stale_at_add"] == sum(episodes.values())  # once each

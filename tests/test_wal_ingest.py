@@ -20,6 +20,7 @@ from common import protocol, wire
 from common.config import ModelConfig
 from common.policies.pointer import featurize
 from learner.ingest import settler
+from learner.ingest.audit import AuditLog
 from learner.ingest.registry import ActorRegistry
 from learner.ingest.transport import Transport
 from learner.ingest.wal import WriteAheadLog
@@ -35,7 +36,9 @@ CREDIT = 4
 class _Learner:
     """An IngestServer with a write-ahead log storing into a real prioritized replay, as learner/setup/open_session.py does."""
 
-    def __init__(self, wal_dir, durability: str, replay_state=None, ledger_state=None, start_lsn=None):
+    def __init__(
+        self, wal_dir, durability: str, replay_state=None, ledger_state=None, start_lsn=None, audit=False
+    ):
         self.replay: PrioritizedReplay = PrioritizedReplay(64, seed=0)
         if replay_state is not None:
             self.replay.load_state_dict(*replay_state)
@@ -46,6 +49,7 @@ class _Learner:
             episode_spec=featurize.episode_spec(MODEL, 0), max_steps=MAX_STEPS,
             on_episodes=self._store, credit=CREDIT, heartbeat_every=60.0,
             wal=WriteAheadLog(wal_dir, durability), log=self.logged.append,
+            audit=AuditLog(wal_dir / "audit.jsonl", durability == "fsync") if audit else None,
         )  # fmt: skip
         if ledger_state is not None:
             self.server.ledger.load_state(ledger_state)
@@ -131,8 +135,8 @@ def world(tmp_path):
         def __init__(self):
             self.ctx, self.learners = zmq.Context(), []
 
-        def learner(self, durability: str, *checkpoint) -> _Learner:
-            self.learners.append(_Learner(tmp_path, durability, *checkpoint))
+        def learner(self, durability: str, *checkpoint, audit: bool = False) -> _Learner:
+            self.learners.append(_Learner(tmp_path, durability, *checkpoint, audit=audit))
             return self.learners[-1]
 
         def actor(self, learner: _Learner, seed: int = 0) -> _Actor:

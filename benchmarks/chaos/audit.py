@@ -1,16 +1,25 @@
 """What `python -m benchmarks chaos` checks after its soak, from the processes' own records only: the
-actors' --ack-log files, the learner's write-ahead log (kept whole by --keep-log) and its metrics.jsonl,
-the soak's events and memory samples, and /proc.
+actors' --ack-log files, the learner's audit log (--audit-log: a line per batch its write-ahead log took;
+the log itself is pruned at every checkpoint, as in production) and its metrics.jsonl and output, the
+soak's events and samples, and /proc.
 
-- `lost`: batches an actor saw acknowledged that no intact log record holds (must be 0);
-- `logged_twice`: (instance, seq) pairs with more than one intact batch record (must be 0);
+- `lost`: batches an actor saw acknowledged that the learner never logged (must be 0);
+- `logged_twice`: (instance, seq) pairs logged at more than one log position (must be 0);
 - `episode_mismatches`: acknowledged batches whose episode count differs from their record's (must be 0);
 - `stored_twice`: the final learner's replay counted `added + dropped_stale_at_add` episodes against the
-  log's episodes: anything above 0 was stored more than once (must be 0), anything below is missing;
+  logged batches' episodes: anything above 0 was stored more than once (must be 0), anything below is
+  missing (a restore that lost records would show here);
+- `replay_unaccounted`: metrics lines whose replay size is not what was added minus what was evicted or
+  dropped as stale, so a restore that came back with fewer episodes than its checkpoint held (must be 0);
+- `restores`: learner restarts that resumed a checkpoint, and the episodes they read back from the log;
+- `log_mb`: the write-ahead log's size on disk over the run (bounded: its last half no larger than 1.5x
+  its first half in a soak of 10 minutes or more);
 - `lost_in_restart`: the largest `batches_lost_in_restart` any learner counted (must be 0);
 - `left_running`: processes whose command line names the soak's folder, after the stop (must be 0);
 - per role, the largest resident memory, and its growth over each long incarnation;
 - `recovery_after_disk_s`: per lifted disk fault, seconds until the next batch was acknowledged;
+- `remote_recovery_s`: per learner restart, seconds until the actor on the inference service had a batch
+  acknowledged again; the inference service's requests and refusals over the learner's incarnations;
 - `updates_after_last_fault`: what the final learner trained in the calm period (must be > 0);
 - per learner restart, the updates trained again (killed at update U, resumed from the checkpoint at R),
   and `redone_past_interval`: restarts that trained again more than the checkpoint interval's updates
@@ -22,58 +31,116 @@ from __future__ import annotations
 import itertools
 import json
 import os
+import re
 from collections import Counter
 from pathlib import Path
 
 import numpy as np
 
-from benchmarks.chaos.soak import Soak, metrics_lines
-from common.trajectory_file import parse_record
-from learner.ingest.wal import WriteAheadLog, scan_segment, unpack_batch
+from benchmarks.chaos.soak import REMOTE_ACTOR, Soak, metrics_lines
+from learner.ingest import audit as audit_file
 
 SAVE_MARGIN_S = 15.0
 """Slack on the checkpoint interval: a save that was due may still be writing (orbax, then the files)."""
 
 
-def logged_batches(wal_dir: Path) -> tuple[Counter, dict[tuple[str, int], int], int]:
-    """(records per (instance, seq), episodes per (instance, seq), tombstones) of the intact records."""
-    pairs: Counter = Counter()
+def logged_batches(path: Path) -> tuple[dict[tuple[str, int], set[int]], dict[tuple[str, int], int], int]:
+    """From the learner's audit log: (log positions per (instance, seq) of stored batches, their
+    episodes, tombstones)."""
+    positions: dict[tuple[str, int], set[int]] = {}
     episodes: dict[tuple[str, int], int] = {}
-    tombstones = 0
-    for _first, path in WriteAheadLog(wal_dir, "os").segments():
-        records, _ = scan_segment(path.read_bytes(), Counter())
-        for record in records:
-            instance, seq, raw = unpack_batch(record.payload)
-            if len(raw) == 0:
-                tombstones += 1
-                continue
-            pairs[(instance, seq)] += 1
-            episodes[(instance, seq)] = len(parse_record(raw)["episodes"]["task"])  # packed: one task each
-    return pairs, episodes, tombstones
+    tombstones = set()
+    for line in audit_file.read(path):
+        key = (line["instance"], line["seq"])
+        if line["outcome"] == "refused":
+            tombstones.add(line["lsn"])
+            continue
+        positions.setdefault(key, set()).add(line["lsn"])
+        episodes[key] = line["episodes"]
+    return positions, episodes, len(tombstones)
+
+
+def acks_after(soak: Soak, times: list[float], actor: str | None = None) -> list[float]:
+    """Per soak time in `times`, seconds until the next new acknowledgement (of `actor`'s, or anyone's)."""
+    pattern = f"acks-{actor or '*'}.jsonl"
+    acks = sorted(
+        row["time"] - soak.t0_unix
+        for path in soak.out.glob(pattern)
+        for row in map(json.loads, filter(str.strip, path.read_text().splitlines()))
+        if row["how"] == "ack"
+    )
+    delays = []
+    for t in times:
+        after = [a for a in acks if a >= t]
+        if after:
+            delays.append(after[0] - t)
+    return delays
 
 
 def recovery_after_disk(soak: Soak) -> list[float]:
     """Per lifted disk fault, seconds until the first batch was newly acknowledged after it (actors resend
     what was refused `unavailable` at the learner's next HEARTBEAT, sent at once when its log works)."""
-    acks = sorted(
-        row["time"] - soak.t0_unix
-        for path in soak.out.glob("acks-*.jsonl")
-        for row in map(json.loads, filter(str.strip, path.read_text().splitlines()))
-        if row["how"] == "ack"
-    )
-    delays = []
-    for event in soak.events:
-        if event["event"] == "disk_back":
-            after = [t for t in acks if t >= event["t"]]
-            if after:
-                delays.append(after[0] - event["t"])
-    return delays
+    return acks_after(soak, [e["t"] for e in soak.events if e["event"] == "disk_back"])
 
 
-def acknowledged(out: Path) -> dict[tuple[str, int], int]:
-    """Every batch any actor saw acknowledged, with its episode count (from their --ack-log files)."""
+def remote_recovery(soak: Soak) -> list[float]:
+    """Per learner restart, seconds until the actor on the inference service had a batch acknowledged."""
+    starts = [e["t"] for e in soak.events if e["event"] == "start" and e["role"] == "learner"][1:]
+    return acks_after(soak, starts, f"actor{REMOTE_ACTOR}")
+
+
+def replay_unaccounted(lines: list[dict]) -> int:
+    """Metrics lines whose replay size differs from what its counters say it holds."""
+    bad = 0
+    for m in lines:
+        held = (
+            m["replay/added"]
+            - m["replay/evicted_fifo"]
+            - (m["replay/dropped_stale"] - m["replay/dropped_stale_at_add"])
+        )
+        bad += held != m["replay/size"]
+    return bad
+
+
+RESTORED = re.compile(
+    r"resuming from the checkpoint at update (\d+).*?(\d+) episodes in the replay \((\d+) read back"
+)
+
+
+def restores(log: Path) -> list[dict]:
+    """Each learner start that resumed a checkpoint: its update, the replay's episodes, how many of them
+    were read back from the write-ahead log (the rest were copied into the replay file)."""
+    found = RESTORED.findall(log.read_text(errors="replace")) if log.exists() else []
+    return [{"update": int(u), "episodes": int(n), "read_back": int(r)} for u, n, r in found]
+
+
+def log_size(soak: Soak) -> dict:
+    """The write-ahead log's size on disk: the largest, and the largest in each half of the run."""
+    if not soak.log_bytes:
+        return {"max_mb": 0.0, "first_half_mb": 0.0, "second_half_mb": 0.0}
+    t, size = np.array(soak.log_bytes, np.float64).T
+    half = t <= t[-1] / 2
+    mb = size / 2**20
+    return {"max_mb": float(mb.max()), "first_half_mb": float(mb[half].max()),
+            "second_half_mb": float(mb[~half].max()) if (~half).any() else 0.0}  # fmt: skip
+
+
+def inference_service(lines: list[dict]) -> dict:
+    """The inference service's requests and refusals, summed over the learner's incarnations (each
+    incarnation's last metrics line)."""
+    last = {m["run_id"]: m for m in lines}
+    requests = sum(m.get("inference/requests", 0) for m in last.values())
+    refused: Counter = Counter()
+    for m in last.values():
+        refused.update(m.get("inference/rejected_by_reason") or {})
+    return {"requests": requests, "refused": dict(refused)}
+
+
+def acknowledged(out: Path, pattern: str = "acks-*.jsonl") -> dict[tuple[str, int], int]:
+    """Every batch any actor (or those whose --ack-log matches `pattern`) saw acknowledged, with its
+    episode count (from their --ack-log files)."""
     acked: dict[tuple[str, int], int] = {}
-    for path in sorted(out.glob("acks-*.jsonl")):
+    for path in sorted(out.glob(pattern)):
         for line in path.read_text().splitlines():
             if line.strip():  # a killed actor's last line is whole: each is one flushed write
                 row = json.loads(line)
@@ -146,7 +213,7 @@ def memory(soak: Soak) -> dict:
 
 
 def audit(soak: Soak) -> dict:
-    pairs, episodes, tombstones = logged_batches(soak.run_dir / "wal")
+    pairs, episodes, tombstones = logged_batches(soak.run_dir / audit_file.FILE_NAME)
     acked = acknowledged(soak.out)
     lines = metrics_lines(soak.run_dir)
     last = lines[-1]
@@ -157,18 +224,29 @@ def audit(soak: Soak) -> dict:
     return {
         "faults": dict(soak.faults),
         "exits": dict(soak.exits),
-        "exit_reasons": sorted({e["why"] for e in soak.events if e["event"] == "exited"}),
+        "exit_reasons": sorted(
+            {f"status {e['code']}: {e['why']}" for e in soak.events if e["event"] == "exited"}
+        ),
         "proxy_faults": {k: v for k, v in soak.proxy.counts.items() if k != "pass"},
         "messages_proxied": sum(soak.proxy.counts.values()),
         "batches_acked": len(acked),
+        "batches_acked_by_actor": {
+            path.stem.removeprefix("acks-"): len(acknowledged(soak.out, path.name))
+            for path in sorted(soak.out.glob("acks-*.jsonl"))
+        },
         "episodes_acked": sum(acked.values()),
         "batches_logged": len(pairs),
         "tombstones": tombstones,
         "lost": sum(1 for key in acked if key not in pairs),
-        "logged_twice": sum(n - 1 for n in pairs.values() if n > 1),
+        "logged_twice": sum(len(lsns) - 1 for lsns in pairs.values()),
         "episode_mismatches": sum(1 for key, n in acked.items() if key in episodes and episodes[key] != n),
         "stored_twice": stored - log_episodes,
         "recovery_after_disk_s": _percentiles(recovery_after_disk(soak)),
+        "remote_recovery_s": _percentiles(remote_recovery(soak)),
+        "inference": inference_service(lines),
+        "replay_unaccounted": replay_unaccounted(lines),
+        "restores": restores(soak.learner.log),
+        "log_mb": log_size(soak),
         "lost_in_restart": max(m.get("batches_lost_in_restart", 0) for m in lines),
         "left_running": left_running(str(soak.out)),
         "memory": memory(soak),

@@ -1,8 +1,11 @@
 """The processes of `python -m benchmarks chaos` and the faults done to them.
 
-A learner (fixed loopback ports, `--keep-log` so its write-ahead log holds every batch it stored), a
-parameter relay, and actors (each with `--ack-log`: its own record of what was acknowledged) whose
-ingest traffic goes through the fault proxy (benchmarks/chaos/proxy.py). Every process's output is
+The production configuration: a learner (fixed loopback ports, its write-ahead log pruned at every
+checkpoint as in any run, `--audit-log` so an audit can still see every batch it logged), a parameter
+relay, and actors (each with `--ack-log`: its own record of what was acknowledged) whose ingest traffic
+goes through the fault proxy (benchmarks/chaos/proxy.py): the first takes its parameters through the
+relay, the second acts on the learner's inference service (`--inference remote`), the others act
+locally. Every process's output is
 piped into its log file by this process (a file size limit on the learner must not break its own
 output). At seeded random times one fault, chosen in turn from FAULTS:
 - `kill`: SIGKILL a random process, restarted after 0.5-3 s (the learner on the same run dir and ports);
@@ -16,6 +19,7 @@ process is sampled every 2 s.
 
 from __future__ import annotations
 
+import contextlib
 import heapq
 import itertools
 import json
@@ -36,6 +40,8 @@ import numpy as np
 from benchmarks.chaos.proxy import FaultProxy, FaultRates
 
 FAULTS = ("kill", "stop", "disk")
+REMOTE_ACTOR = 1
+"""The actor that acts on the learner's inference service (actor 0 goes through the relay)."""
 START_S = 600.0
 """Longest wait for a learner to bind its ports (start-up and log recovery on a busy machine)."""
 
@@ -100,6 +106,15 @@ def metrics_lines(run_dir: Path) -> list[dict]:
     return lines
 
 
+def dir_bytes(path: Path) -> int:
+    """The bytes of the files in `path` (one deleted meanwhile, a pruned log segment, counts 0)."""
+    total = 0
+    for item in path.glob("*"):
+        with contextlib.suppress(OSError):
+            total += item.stat().st_size
+    return total
+
+
 def rss_mb(pid: int) -> float | None:
     try:
         for line in Path(f"/proc/{pid}/status").read_text().splitlines():
@@ -118,7 +133,8 @@ class SoakConfig:
     minutes: float
     seed: int = 0
     actors: int = 3
-    """Actors: the first takes its parameters from the relay, the others from the learner directly."""
+    """Actors: the first takes its parameters from the relay, the second acts on the learner's inference
+    service, the others take parameters from the learner directly and act locally."""
     fault_every_s: tuple[float, float] = (1.0, 4.0)
     """Seconds between faults, drawn uniformly."""
     calm_s: float = 120.0
@@ -140,13 +156,15 @@ class Soak:
         self.out = cfg.out
         self.out.mkdir(parents=True, exist_ok=True)
         self.run_dir = self.out / "learner"
-        self.ingest, self.params, self.relay_port = free_ports(3)
+        self.ingest, self.params, self.relay_port, self.inference = free_ports(4)
         self.proxy = FaultProxy(self.ingest, cfg.rates, cfg.seed)
         self.roles = [self._learner(), self._relay(), *(self._actor(i) for i in range(cfg.actors))]
         self.faults: Counter[str] = Counter()
         self.exits: Counter[str] = Counter()
         """Exits a process made by itself (not killed), per role: each was restarted."""
         self._turn = 0
+        self.log_bytes: list[tuple[float, int]] = []
+        """(soak seconds, bytes of the learner's write-ahead log) samples: bounded once checkpoints prune it."""
         self.events: list[dict] = []
         """Every fault and restart, with its soak time: the record the audit reads."""
         self._pending: list[tuple[float, int, str, Role, int]] = []  # (due, order, action, role, incarnation)
@@ -161,10 +179,10 @@ class Soak:
     # ---- the processes -------------------------------------------------------------------------------
     def _learner(self) -> Role:
         cmd = [sys.executable, "-m", "learner", "--run-dir", str(self.run_dir), "--bind", "127.0.0.1",
-               "--ingest-port", str(self.ingest), "--params-port", str(self.params), "--inference-port", "-1",
+               "--ingest-port", str(self.ingest), "--params-port", str(self.params), "--inference-port", str(self.inference),
                "--local-actors", "0", "--env", self.cfg.env, "--model.text-encoder", "none", "--max-steps", "8",
                "--batch-size", "8", "--checkpoint-every", "1000000", "--checkpoint-every-s",
-               str(self.cfg.checkpoint_every_s), "--durability", "fsync", "--keep-log", "--warmup-demos", "0",
+               str(self.cfg.checkpoint_every_s), "--durability", "fsync", "--audit-log", "--warmup-demos", "0",
                "--warmup-updates", "0", "--max-policy-lag", "0", "--actor-timeout", "10", "--log-every", "1",
                "--console", "lines", "--no-tensorboard"]  # fmt: skip
         return Role("learner", cmd, self.out / "learner.log")
@@ -176,6 +194,7 @@ class Soak:
 
     def _actor(self, i: int) -> Role:
         params = ["--params-endpoint", f"tcp://127.0.0.1:{self.relay_port}"] if i == 0 else []
+        params += ["--inference", "remote"] if i == REMOTE_ACTOR else []
         cmd = [sys.executable, "-m", "actors", "--host", "127.0.0.1", "--ingest-port", str(self.proxy.port),
                "--params-port", str(self.params), *params, "--env", self.cfg.env, "--num-envs", "4",
                "--seed", str(self.cfg.seed * 100 + i), "--ack-log", str(self.out / f"acks-actor{i}.jsonl"),
@@ -308,6 +327,7 @@ class Soak:
         self.events.append({"t": now, "event": kind, "role": role.name, "incarnation": role.incarnation})
 
     def _sample(self, now: float) -> None:
+        self.log_bytes.append((now, dir_bytes(self.run_dir / "wal")))
         for role in self.roles:
             if role.alive() and (mb := rss_mb(role.proc.pid)) is not None:
                 role.rss_mb.append((now, role.incarnation, mb))

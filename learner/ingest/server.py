@@ -231,6 +231,8 @@ class IngestServer:
         self.settler.commit()
         if self.wal is not None:
             self.wal.close()
+        if self.settler.audit is not None:
+            self.settler.audit.close()
         self.transport.close()
 
 

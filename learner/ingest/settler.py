@@ -10,6 +10,7 @@ restart, and the batch is never stored if it comes again. `recover` replays the 
 from __future__ import annotations
 
 import dataclasses
+import functools
 import time
 from collections import Counter
 from collections.abc import Callable
@@ -20,6 +21,7 @@ import numpy as np
 from common import protocol
 from common.protocol import Episode, ProtocolError
 from common.trajectory_file import parse_record
+from learner.ingest.audit import AuditLog
 from learner.ingest.delivery import DeliveryLedger
 from learner.ingest.registry import ActorInfo
 from learner.ingest.transport import Transport
@@ -70,8 +72,10 @@ class BatchSettler:
         transport: Transport,
         gate: Callable[[], bool],
         log: Callable[[str], None],
+        audit: AuditLog | None = None,
     ):
-        self.ledger, self.wal, self.on_episodes = ledger, wal, on_episodes
+        """`audit`: --audit-log, a line per logged batch (learner/ingest/audit.py); needs `wal`."""
+        self.ledger, self.wal, self.on_episodes, self.audit = ledger, wal, on_episodes, audit
         self.transport, self.gate, self.log = transport, gate, log
         self.storage_error = ""
         """Why the log cannot be written now ("" while it can): TRAJ batches are refused `unavailable`."""
@@ -109,18 +113,19 @@ class BatchSettler:
 
     def _log(self, raw: bytes | memoryview, pending: _Pending) -> None:
         if self.wal is not None:
-            pending.record = self._append(pending.actor.instance, pending.seq, raw)
+            pending.record = self._append(raw, pending)
             if self.wal.durability == "fsync":
                 self._pending[(pending.actor.instance, pending.seq)] = pending
                 return
         self._settle(pending)
 
-    def _append(self, instance: str, seq: int, raw: bytes | memoryview) -> int:
-        """The record's LSN."""
+    def _append(self, raw: bytes | memoryview, p: _Pending) -> int:
+        """The record's LSN (and its audit line, or neither)."""
         if self.storage_error and time.monotonic() < self._retry_at:
             raise ProtocolError("unavailable", f"the learner cannot store batches now: {self.storage_error}")
         try:
-            lsn = self.wal.append(pack_batch(instance, seq, raw))
+            lsn = self.wal.append(pack_batch(p.actor.instance, p.seq, raw))
+            self._audit(p.actor.instance, p.seq, p.episodes, p.refusal is not None, lsn)
         except WalError as e:
             self._storage_failed(e)
             raise ProtocolError("unavailable", f"the learner cannot store batches now: {e}") from e
@@ -135,6 +140,8 @@ class BatchSettler:
         pending, self._pending = list(self._pending.values()), {}
         try:
             self.wal.sync()
+            if self.audit is not None:
+                self._audit_io(self.audit.sync)
         except WalError as e:
             self._storage_failed(e)
             for p in pending:
@@ -146,6 +153,25 @@ class BatchSettler:
         self._storage_works()
         for p in pending:
             self._settle(p)
+
+    def _audit(self, instance: str, seq: int, episodes: list, refused: bool, lsn: int) -> None:
+        """The record's audit line (--audit-log); WalError when it cannot be written, after taking the
+        record back out of the log: a record never lacks its line."""
+        if self.audit is None:
+            return
+        outcome = "refused" if refused else "stored"
+        try:
+            self._audit_io(lambda: self.audit.write(instance, seq, len(episodes), outcome, lsn))
+        except WalError:
+            self.wal.retract(lsn)  # WalError too if it cannot: recovery then writes the line
+            raise
+
+    def _audit_io(self, io: Callable[[], None]) -> None:
+        """An audit file operation, its OSError as the WalError that refuses batches (`unavailable`)."""
+        try:
+            io()
+        except OSError as e:
+            raise WalError(e.errno, f"cannot write the audit log {self.audit.path}: {e.strerror or e}") from e
 
     def _settle(self, p: _Pending) -> None:
         """Into the replay (unless refused) and the ledger, then the answer: the ACK (the first connection's
@@ -197,6 +223,12 @@ class BatchSettler:
                 counts["unreadable"] += 1
                 self.log(f"learner: log record {record.lsn} cannot be read back ({e}); skipped")
                 continue
+            if self.audit is not None and record.lsn > self.audit.newest_lsn:  # killed before its line
+                outcome, n = ("refused", 0) if episodes is None else ("stored", len(episodes))
+                line = functools.partial(
+                    self.audit.write, instance, seq, n, outcome, record.lsn, recovered=True
+                )
+                self._audit_io(line)
             if episodes is None:
                 counts["refused"] += 1
             else:
@@ -214,6 +246,8 @@ class LoggedEpisodes:
 
     def __init__(self, wal: WriteAheadLog, validate: Validate):
         self.wal, self.validate = wal, validate
+        self.read_back = 0
+        """Episodes read back so far (a restore reports it)."""
 
     def __call__(self, origins: np.ndarray, caps: np.ndarray) -> list[Episode]:
         payloads = self.wal.read(set(origins[:, 0].tolist()))
@@ -225,6 +259,7 @@ class LoggedEpisodes:
             if not 0 <= index < len(batches[lsn]):
                 raise ValueError(f"{self.wal.directory}: record {lsn} has no episode {index}")
             out.append(_capped(batches[lsn][index], cap))
+        self.read_back += len(out)
         return out
 
     def _batch(self, lsn: int, payload: bytes | None) -> list[Episode]:

@@ -141,12 +141,15 @@ class WriteAheadLog:
         self.next_lsn = 0
         """The LSN the next appended record gets: every record below it is in the log."""
         self.stats: Counter[str] = Counter()
-        """records, bytes, syncs, write_errors, recovered, corrupt_records, torn_tail_bytes, pruned_segments."""
+        """records, bytes, syncs, write_errors, recovered, corrupt_records, torn_tail_bytes, pruned_segments,
+        retracted."""
         self._fd: int | None = None
         self._size = 0
         """Bytes of the open segment that hold whole records."""
         self._dirty = False
         self._recovered = False
+        self._last: tuple[int, int] | None = None
+        """(LSN, the open segment's size before it) of the newest record, while it can still be retracted."""
 
     # ---- start-up ----------------------------------------------------------------------------------
     def segments(self) -> list[tuple[int, Path]]:
@@ -221,17 +224,38 @@ class WriteAheadLog:
                 self._start_segment()
             elif self._size >= self.segment_bytes:
                 self._roll()
+            before = self._size
             self._write_all(parts, HEADER.size + length)
         except OSError as e:
             self.stats["write_errors"] += 1
             self._cut_back()
             raise WalError(e.errno, f"cannot write the log {self.directory}: {e.strerror or e}") from e
         self._size += HEADER.size + length
+        self._last = (lsn, before)
         self._dirty = True
         self.next_lsn = lsn + 1
         self.stats["records"] += 1
         self.stats["bytes"] += HEADER.size + length
         return lsn
+
+    def retract(self, lsn: int) -> None:
+        """Take the newest record (`lsn`, appended and not yet answered) back out of the log: the caller
+        could not record it where it must also be (the audit log, learner/ingest/audit.py). WalError if
+        it is not the newest record of the open segment, or cannot be cut off (the segment is then closed
+        and recovery will find the record)."""
+        if self._last is None or self._last[0] != lsn or self._fd is None or lsn != self.next_lsn - 1:
+            raise WalError(f"record {lsn} is not the newest of the open segment: it cannot be retracted")
+        before = self._last[1]
+        try:
+            os.ftruncate(self._fd, before)
+            os.lseek(self._fd, before, os.SEEK_SET)
+        except OSError as e:
+            self._close()
+            raise WalError(e.errno, f"cannot retract record {lsn} of the log {self.directory}: {e}") from e
+        self.stats["records"] -= 1
+        self.stats["bytes"] -= self._size - before
+        self.stats["retracted"] += 1
+        self._size, self.next_lsn, self._last = before, lsn, None
 
     def sync(self) -> None:
         """In `fsync` mode, flush every record appended since the last sync to the device (one
@@ -311,7 +335,7 @@ class WriteAheadLog:
 
     def _close(self) -> None:
         fd, self._fd = self._fd, None
-        self._dirty = False
+        self._dirty, self._last = False, None
         if fd is not None:
             with contextlib.suppress(OSError):
                 os.close(fd)

@@ -20,6 +20,8 @@ from common.net.curve import CurveError, CurveServer
 from common.policies import make_policy
 from common.policies.family import welcome_fields as family_welcome_fields
 from learner.config import LearnerConfig
+from learner.ingest.audit import FILE_NAME as AUDIT_FILE
+from learner.ingest.audit import AuditLog
 from learner.ingest.delivery import DeliveryLedger
 from learner.ingest.peer_versions import PeerVersions
 from learner.ingest.publisher import ParamPublisher
@@ -58,18 +60,21 @@ def ingest_server(
     wal: WriteAheadLog | None = None,
     gate: Callable[[], bool] | None = None,
     log: Callable[[str], None] | None = None,
+    audit: AuditLog | None = None,
 ) -> IngestServer:
     """The IngestServer on a bound `transport`, its parts built here: `welcome_fields` are the run-wide
     WELCOME fields (`model` as a dict, `max_steps`, optionally `mode` and the family's own, such as
     `text_vocab_size`; a key WELCOME lacks is a TypeError);
     settled episodes go to `on_episodes`, each new batch through `wal` first when given; `gate` is the
     learner's rate limit on the grants (None: always open); `log` takes the storage errors' lines
-    (None: stderr)."""
+    (None: stderr); `audit` gets a line per logged batch (--audit-log, learner/ingest/audit.py)."""
     model = ModelConfig.from_dict(welcome_fields["model"])
     fields = {**welcome_fields, "model": model}
     welcome = RunWelcome(uuid.uuid4().hex[:12], heartbeat_every, {**fields, "inference_port": inference_port})
     ledger = DeliveryLedger(credit)
-    settler = BatchSettler(ledger, wal, on_episodes, transport, gate or (lambda: True), log or _to_stderr)
+    settler = BatchSettler(
+        ledger, wal, on_episodes, transport, gate or (lambda: True), log or _to_stderr, audit
+    )
     check = EpisodeCheck(episode_spec, max_steps)
     return IngestServer(transport, registry, ledger, settler, ParamPublisher(transport), check, welcome)
 
@@ -93,8 +98,10 @@ def open_ingest(
     peers = PeerVersions(spec, cfg.model)  # which older actors this run can serve
     transport = Transport(net.bind, net.ingest_port, net.params_port, curve, peers)
     registry = ActorRegistry(net.actor_timeout)
-    inference = None
+    inference = audit = None
     try:
+        if wal is not None and net.audit_log:
+            audit = AuditLog(run_dir / AUDIT_FILE, durability == "fsync")
         inference = open_inference(cfg, transport.ctx, registry, graphdef, curve)
         server = ingest_server(
             transport,
@@ -113,12 +120,15 @@ def open_ingest(
             wal=wal,
             gate=inserter.accepts if cfg.insert_slack() else None,
             log=lambda line: console.print(line, markup=False, highlight=False),
+            audit=audit,
         )
     except BaseException:
         if inference is not None:
             inference.close()
         if wal is not None:
             wal.close()
+        if audit is not None:
+            audit.close()
         transport.close()
         raise
     return server, inference

@@ -50,7 +50,7 @@ from learner.setup.ingest import curve_server, open_ingest
 from learner.setup.resume import resume
 from learner.setup.training_state import Training, build_training
 from learner.training import multihost
-from learner.training.checkpoint import Checkpointer
+from learner.training.checkpoint import Checkpointer, complete
 from learner.training.checkpoint_files import CheckpointFiles
 from learner.warmup import Validation, Warmup
 
@@ -113,7 +113,9 @@ def open_session(cfg: LearnerConfig, console: Console) -> Session:
             warmup_end_pending=schedule.in_warmup(trainer.update),
             saved_update=trainer.update,
             saved_lsn=saved_lsn,
-            checkpoint_files=_checkpoint_files(cfg, server, replay, saved_lsn, console)
+            checkpoint_files=_checkpoint_files(
+                cfg, server, replay, checkpointer, trainer.update, saved_lsn, console
+            )
             if checkpointer
             else None,
         )
@@ -146,15 +148,22 @@ def _held_back(cfg: LearnerConfig, demos: list, local_batch: int, console: Conso
 
 
 def _checkpoint_files(
-    cfg: LearnerConfig, server: IngestServer, replay: PrioritizedReplay, saved_lsn: int, console: Console
+    cfg: LearnerConfig,
+    server: IngestServer,
+    replay: PrioritizedReplay,
+    checkpointer: Checkpointer,
+    update: int,
+    saved_lsn: int,
+    console: Console,
 ) -> CheckpointFiles:
-    """The helper that writes checkpoint files, told what the checkpoint just resumed from needs of the
-    log: its position, or the oldest record its replay references (asked now, before training evicts
-    any of those items; the batches recovered from the log are newer)."""
+    """The helper that writes checkpoint files, told what the checkpoint just resumed from (`update`)
+    needs of the log: its position, or the oldest record its replay references (asked now, before
+    training evicts any of those items; the batches recovered from the log are newer)."""
     wal, oldest = server.wal, oldest_origin(replay)
     needed = saved_lsn if oldest is None else min(saved_lsn, oldest)
     prune = wal.prune if wal is not None and not cfg.transport.keep_log else None
-    return CheckpointFiles(needed, prune, lambda line: console.print(line, markup=False))
+    log = lambda line: console.print(line, markup=False)  # noqa: E731
+    return CheckpointFiles((update, needed), prune, functools.partial(complete, checkpointer), log)
 
 
 def _go_live(session: Session, training: Training) -> None:

@@ -28,6 +28,7 @@ from learner.ingest.server import IngestServer
 from learner.ingest.settler import LoggedEpisodes
 from learner.replay.file import Logged
 from learner.replay.prioritized import PrioritizedReplay
+from learner.setup.disk import DISK_FULL_STATUS, startup_failure
 from learner.training.checkpoint import Checkpointer
 from learner.training.trainer import Trainer
 
@@ -53,9 +54,14 @@ def resume(
         # the episodes the replay file references in the log, validated as on arrival
         logged = LoggedEpisodes(server.wal, server.check.episodes) if server.wal is not None else None
         kept = _restore_replay(cfg, rank, checkpointer, trainer.update, replay, logged)  # 2
+        read_back = f" ({logged.read_back} read back from the write-ahead log)" if logged is not None else ""
         console.print(
             f"learner: resuming from the checkpoint at update {trainer.update} (policy v{trainer.version}), "
-            + (f"{kept} episodes in the replay" if kept is not None else "no saved replay: it starts empty")
+            + (
+                f"{kept} episodes in the replay{read_back}"
+                if kept is not None
+                else "no saved replay: it starts empty"
+            )
         )
         if kept is not None:
             saved_lsn = _restore_ledger(checkpointer, trainer.update, rank, server)  # 3
@@ -107,6 +113,9 @@ def _recover(server: IngestServer, start_lsn: int, version: int, console: Consol
     try:
         counts = server.recover(start_lsn, version)
     except OSError as e:
+        failure = startup_failure(e, server.wal.directory.parent)
+        if failure is not None and failure[0] == DISK_FULL_STATUS:
+            raise  # the audit log's line for a recovered record: one line and its status (learner/loop.py)
         raise SystemExit(f"cannot read the write-ahead log {server.wal.directory}: {e}") from e
     damage = {k: v for k, v in server.wal.stats.items() if k in ("corrupt_records", "torn_tail_bytes") and v}
     if counts or damage:

@@ -65,10 +65,8 @@ class Checkpointer:
         """The checkpoint to resume from: the newest whose delivery ledgers (the last file a save writes)
         exist for every process; the newest of all when none has one (a run dir from before ledgers)."""
         steps = sorted(self.manager.all_steps())
-        complete = [
-            s for s in steps if all(self.delivery_path(s, p).is_file() for p in range(self.processes))
-        ]
-        return (complete or steps or [None])[-1]
+        done = [s for s in steps if complete(self, s)]
+        return (done or steps or [None])[-1]
 
     def updates(self) -> list[int]:
         """Every saved checkpoint's update, oldest first."""
@@ -231,6 +229,13 @@ class Checkpointer:
     def close(self) -> None:
         self.manager.wait_until_finished()
         self.manager.close()
+
+
+def complete(checkpointer: Checkpointer, update: int) -> bool:
+    """Whether checkpoint `update`'s delivery ledger (the last file a save writes) is on disk for every
+    learner process: only such a checkpoint is ever resumed from (on one process, it is this process's
+    own files that decide)."""
+    return all(checkpointer.delivery_path(update, p).is_file() for p in range(checkpointer.processes))
 
 
 def _features(model_config: dict[str, Any]) -> dict[str, list]:
