@@ -60,7 +60,7 @@ def _rule_lines(judged: dict) -> list[str]:
         lines.append("| " + " | ".join(str(x) for x in cells) + " |")
     lines += [
         "",
-        "| ablation | alternative - default, final test (se) per seed | decision | why |",
+        "| ablation | alternative - default, final train (se) per seed: the rule decides on train | decision | why |",
         "|---|---|---|---|",
     ]
     for name, a in judged["ablations"].items():
