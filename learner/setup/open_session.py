@@ -162,8 +162,8 @@ def _checkpoint_files(
     wal, oldest = server.wal, oldest_origin(replay)
     needed = saved_lsn if oldest is None else min(saved_lsn, oldest)
     prune = wal.prune if wal is not None and not cfg.transport.keep_log else None
-    log = lambda line: console.print(line, markup=False)  # noqa: E731
-    return CheckpointFiles((update, needed), prune, functools.partial(complete, checkpointer), log)
+    done = functools.partial(complete, checkpointer)
+    return CheckpointFiles((update, needed), prune, done, lambda line: console.print(line, markup=False))
 
 
 def _go_live(session: Session, training: Training) -> None:
