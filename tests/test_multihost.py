@@ -1,5 +1,5 @@
-"""Two learner processes as one jax.distributed job on the CPU (gloo): they take identical steps, and
-killed together they resume together.
+"""Two learner processes as one jax.distributed job on the CPU (gloo): they take identical steps, killed
+together they resume together, and a SIGTERM to both stops them together.
 
 Each process serves its own local actor and contributes its half of every batch; the gradient
 all-reduce inside the sharded step makes their parameters bit-identical (the final metrics record
@@ -70,6 +70,12 @@ def _finish(started: list[tuple[subprocess.Popen, Path]], timeout: float) -> lis
                 p.wait()
 
 
+def _newest_update(metrics: Path, skip: int) -> int:
+    """The update of the newest metrics line after the first `skip` lines (-1: none yet)."""
+    lines = metrics.read_text().splitlines()[skip:] if metrics.is_file() else []
+    return json.loads(lines[-1])["update"] if lines else -1
+
+
 def _final_records(run_dir: Path) -> list[dict]:
     return [json.loads(m.read_text().splitlines()[-1])
             for m in (run_dir / "metrics.jsonl", run_dir / "process-1" / "metrics.jsonl")]  # fmt: skip
@@ -78,7 +84,8 @@ def _final_records(run_dir: Path) -> list[dict]:
 def test_two_learner_processes_killed_together_resume_consistently_and_lose_nothing(tmp_path):
     """The first pair trains until both processes completed the checkpoint at update 6 and went on, then
     both die by SIGKILL (a node failure; their actors exit with them). The second pair resumes on both
-    processes from one checkpoint, takes identical steps (bit-identical parameters at the end), and every
+    processes from one checkpoint, takes identical steps, stops together on SIGTERM (bit-identical
+    parameters at the end), and every
     batch any actor saw acknowledged is in its process's audit log (its write-ahead log pruned as in production), stored exactly once."""
     run_dir = tmp_path / "run"
     first = _start_pair(run_dir, 1000, "killed")
@@ -103,18 +110,28 @@ def test_two_learner_processes_killed_together_resume_consistently_and_lose_noth
     # limit would take no step to compare.
     complete = [int(f.name.split(".")[0]) for f in replay.glob("*.p0.delivery.json")]
     target = max(n for n in complete if (replay / f"{n}.p1.delivery.json").is_file()) + 6
-    second = _start_pair(run_dir, target, "resumed")
-    codes = _finish(second, PAIR_S)
+    # It is stopped as a supervisor stops a job (SIGTERM to every process) once both passed the target:
+    # they agree on the stop, and each writes a final checkpoint and record.
+    seen = [len(m.read_text().splitlines()) for m in metrics]
+    second = _start_pair(run_dir, 1000, "resumed")
+    while not all(_newest_update(m, n) >= target for m, n in zip(metrics, seen, strict=True)):
+        assert time.monotonic() < deadline + PAIR_S and all(p.poll() is None for p, _ in second), [
+            log.read_text(errors="replace")[-3000:] for _, log in second
+        ]
+        time.sleep(0.2)
+    for p, _ in second:
+        p.send_signal(signal.SIGTERM)
+    codes = _finish(second, 120)
     texts = [log.read_text(errors="replace") for _, log in second]
     assert codes == [0, 0], "\n\n".join(texts)
     resumed = [int(re.search(r"resuming from the checkpoint at update (\d+)", t)[1]) for t in texts]
     assert resumed[0] == resumed[1] >= 6, resumed  # one checkpoint, on both processes
     assert resumed[0] <= target - 6, (resumed, target)  # (an orbax save may lag its ledgers: not newer)
     finals = _final_records(run_dir)
+    assert "SIGTERM" in {rec["stopped"] for rec in finals}, finals
     for rec in finals:
-        assert (
-            rec["stopped"] == "update limit" and rec["update"] == target and rec["policy_version"] == target
-        )
+        assert rec["stopped"] in ("SIGTERM", "another learner process stopped")
+        assert rec["update"] == finals[0]["update"] >= target and rec["policy_version"] == rec["update"]
         assert rec["batches_lost_in_restart"] == 0
     assert finals[0]["params_digest"] == finals[1]["params_digest"]
     assert finals[0]["train/param_norm"] == finals[1]["train/param_norm"]

@@ -24,9 +24,15 @@ from jax.sharding import NamedSharding
 
 def initialize(coordinator: str | None, num_processes: int, process_id: int) -> None:
     """Join the jax.distributed job (must run before anything touches a JAX device); no-op for 1 process.
-    The arguments are checked by learner.config.MultihostConfig."""
+    The arguments are checked by learner.config.MultihostConfig.
+
+    JAX's preemption service is turned off: it takes SIGTERM for itself (a C++ handler that only marks a
+    sync point), so the learner's own handler (learner/loop.py: agree on the stop, a final checkpoint)
+    never ran and a SIGTERM'd multi-process learner trained on until it was killed (found by the
+    two-process chaos soak; tests/test_multihost.py stops its second pair with SIGTERM)."""
     if num_processes == 1:
         return
+    jax.config.update("jax_enable_preemption_service", False)
     jax.config.update("jax_cpu_collectives_implementation", "gloo")  # CPU-only runs need a collective backend
     jax.distributed.initialize(coordinator, num_processes=num_processes, process_id=process_id)
 
