@@ -178,3 +178,30 @@ def test_a_checkpoint_a_killed_learner_left_without_its_ledger_is_skipped_then_r
     pair.save_delivery(6, {"credit": 8, "streams": {}}, process_index=1)
     assert pair.latest_update() == 6
     pair.close()
+
+
+def test_the_newest_complete_checkpoint_is_kept_past_max_to_keep(tmp_path):
+    """Process 1 of two failed to write its files after checkpoint 3 (its disk full): three newer
+    checkpoints, none complete, do not push 3 out of the kept three; it stays the one to resume from,
+    its ledgers and replay files with it. Once a newer one is complete, 3 goes."""
+    model_cfg = ModelConfig()
+    state = TrainState({"w": np.zeros(2, np.float32)}, {}, 0, 0, rng_state(np.random.default_rng()))
+    pair = Checkpointer(tmp_path / "ckpt", max_to_keep=3, processes=2)
+
+    def save(update: int, ranks: tuple[int, ...]) -> None:
+        pair.save(dataclasses.replace(state, update=update), {"model": model_cfg.to_dict()})
+        pair.manager.wait_until_finished()
+        for rank in ranks:
+            pair.save_replay(update, PrioritizedReplay(4), model_cfg, MAX_STEPS, rank)
+            pair.save_delivery(update, {"credit": 8, "streams": {}}, rank)
+
+    save(3, (0, 1))
+    for update in (6, 9, 12, 15):
+        save(update, (0,))
+    assert pair.updates() == [3, 9, 12, 15] and pair.latest_update() == 3
+    assert pair.restore(state, model_cfg.to_dict()).update == 3
+    assert pair.delivery_path(3, 1).is_file() and pair.replay_path(3, 1).is_file()
+    save(18, (0, 1))
+    save(21, (0, 1))
+    assert pair.updates() == [15, 18, 21] and pair.latest_update() == 21
+    pair.close()

@@ -46,7 +46,8 @@ class TrainState:
 
 class Checkpointer:
     """One run's checkpoint directory: orbax checkpoints of the TrainState (with the run's config and the
-    featurizer's layout as JSON metadata) numbered by update, the newest `max_to_keep` kept, and each
+    featurizer's layout as JSON metadata) numbered by update, the newest `max_to_keep` kept (and the
+    newest complete one, `KeepComplete`), and each
     process's replay file and delivery ledger beside the checkpoint they belong to (pruned with it).
     Save order per update: `save`, `save_replay`, `save_delivery`; restore reads them back in that order."""
 
@@ -58,7 +59,9 @@ class Checkpointer:
         self.processes = processes
         self.manager = ocp.CheckpointManager(
             self.directory,
-            options=ocp.CheckpointManagerOptions(max_to_keep=max_to_keep, create=True),
+            options=ocp.CheckpointManagerOptions(
+                preservation_policy=KeepComplete(self, max_to_keep), create=True
+            ),
         )
 
     def latest_update(self) -> int | None:
@@ -229,6 +232,24 @@ class Checkpointer:
     def close(self) -> None:
         self.manager.wait_until_finished()
         self.manager.close()
+
+
+@dataclasses.dataclass
+class KeepComplete:
+    """orbax's preservation policy for a Checkpointer: the newest `newest` checkpoints, and always the
+    newest one complete on every process (`complete`). Why: on a multi-process learner whose saves fail
+    on one process (a full disk), the newest `newest` checkpoints can all be incomplete; deleting the
+    last complete one with its ledgers would leave nothing to resume from but an empty replay, and the
+    write-ahead log is pruned only below what that checkpoint needs (learner/training/checkpoint_files.py)."""
+
+    checkpointer: Checkpointer
+    newest: int
+
+    def should_preserve(self, checkpoints: list[Any], *, context: Any) -> list[bool]:
+        steps = [info.step for info in checkpoints]
+        kept = set(sorted(steps)[-self.newest :]) if self.newest else set()
+        kept |= {max((s for s in steps if complete(self.checkpointer, s)), default=None)}
+        return [s in kept for s in steps]
 
 
 def complete(checkpointer: Checkpointer, update: int) -> bool:
