@@ -56,6 +56,9 @@ def main() -> None:
     parser.add_argument("--minutes", type=float, help="how long, for the benchmarks that take it (chaos)")
     parser.add_argument("--seed", type=int, help="the seed, for the benchmarks that take it (chaos)")
     parser.add_argument(
+        "--processes", type=int, help="learner processes, for the benchmarks that take it (chaos: 1 or 2)"
+    )
+    parser.add_argument(
         "--dry-run",
         action="store_true",
         help="every part at tiny sizes on CPU, for the benchmarks that take it (gpu)",
@@ -69,7 +72,7 @@ def main() -> None:
         if extra and "extra" not in takes:
             parser.error(f"{name} takes no --learner-args")
         kwargs = {"extra": extra} if "extra" in takes else {}
-        for option in ("minutes", "seed", "dry_run", "standard"):
+        for option in ("minutes", "seed", "processes", "dry_run", "standard"):
             if getattr(args, option) not in (None, False):
                 if option not in takes:
                     parser.error(f"{name} takes no --{option.replace('_', '-')}")

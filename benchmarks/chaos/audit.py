@@ -3,12 +3,15 @@ actors' --ack-log files, the learner's audit log (--audit-log: a line per batch 
 the log itself is pruned at every checkpoint, as in production) and its metrics.jsonl and output, the
 soak's events and samples, and /proc.
 
-- `lost`: batches an actor saw acknowledged that the learner never logged (must be 0);
+- `lost`: batches an actor saw acknowledged that the learner (with several processes: the process it
+  delivers to) never logged (must be 0);
 - `logged_twice`: (instance, seq) pairs logged at more than one log position (must be 0);
 - `episode_mismatches`: acknowledged batches whose episode count differs from their record's (must be 0);
 - `stored_twice`: the final learner's replay counted `added + dropped_stale_at_add` episodes against the
   logged batches' episodes: anything above 0 was stored more than once (must be 0), anything below is
-  missing (a restore that lost records would show here);
+  missing (a restore that lost records would show here); with several processes, the one furthest off;
+- `diverged`: with several processes, 1 when their final records differ in update or parameters digest
+  (every process of the job takes the same steps; must be 0);
 - `replay_unaccounted`: metrics lines whose replay size is not what was added minus what was evicted or
   dropped as stale, so a restore that came back with fewer episodes than its checkpoint held (must be 0);
 - `restores`: learner restarts that resumed a checkpoint, and the episodes they read back from the log;
@@ -84,7 +87,10 @@ def recovery_after_disk(soak: Soak) -> list[float]:
 
 
 def remote_recovery(soak: Soak) -> list[float]:
-    """Per learner restart, seconds until the actor on the inference service had a batch acknowledged."""
+    """Per learner restart, seconds until the actor on the inference service had a batch acknowledged
+    (none: a multi-process learner runs no inference service)."""
+    if soak.cfg.processes > 1:
+        return []
     starts = [e["t"] for e in soak.events if e["event"] == "start" and e["role"] == "learner"][1:]
     return acks_after(soak, starts, f"actor{REMOTE_ACTOR}")
 
@@ -212,50 +218,86 @@ def memory(soak: Soak) -> dict:
     return out
 
 
+def processes(soak: Soak) -> list[dict]:
+    """Per learner process: what its audit log holds, what its actors saw acknowledged, its metrics."""
+    out = []
+    for rank in range(soak.cfg.processes):
+        pairs, episodes, tombstones = logged_batches(soak.process_dir(rank) / audit_file.FILE_NAME)
+        acked: dict[tuple[str, int], int] = {}
+        for i in range(rank, soak.cfg.actors, soak.cfg.processes):
+            acked |= acknowledged(soak.out, f"acks-actor{i}.jsonl")
+        lines = metrics_lines(soak.process_dir(rank))
+        stored = lines[-1]["replay/added"] + lines[-1]["replay/dropped_stale_at_add"]
+        out.append({"pairs": pairs, "episodes": episodes, "tombstones": tombstones, "acked": acked,
+                    "lines": lines, "stored_twice": stored - sum(episodes.values())})  # fmt: skip
+    return out
+
+
+def delivery(per: list[dict]) -> dict:
+    """The delivery invariants over every process: each process's actors against its own audit log."""
+    lost = twice = mismatched = 0
+    for p in per:
+        lost += sum(1 for key in p["acked"] if key not in p["pairs"])
+        twice += sum(len(lsns) - 1 for lsns in p["pairs"].values())
+        mismatched += sum(1 for k, n in p["acked"].items() if k in p["episodes"] and p["episodes"][k] != n)
+    return {
+        "batches_acked": sum(len(p["acked"]) for p in per),
+        "episodes_acked": sum(sum(p["acked"].values()) for p in per),
+        "batches_logged": sum(len(p["pairs"]) for p in per),
+        "tombstones": sum(p["tombstones"] for p in per),
+        "lost": lost,
+        "logged_twice": twice,
+        "episode_mismatches": mismatched,
+        # the process furthest off (above 0: stored twice; below: missing from its replay)
+        "stored_twice": max((p["stored_twice"] for p in per), key=abs),
+        "replay_unaccounted": sum(replay_unaccounted(p["lines"]) for p in per),
+        "lost_in_restart": max(m.get("batches_lost_in_restart", 0) for p in per for m in p["lines"]),
+    }
+
+
+def diverged(per: list[dict]) -> int:
+    """With several processes: 1 when their final records differ in update or parameters (every process
+    takes the same steps, so the job's processes must end bit-identical), else 0."""
+    finals = [p["lines"][-1] for p in per]
+    keys = {(m["update"], m.get("params_digest")) for m in finals}
+    return int(len(finals) > 1 and len(keys) > 1)
+
+
 def audit(soak: Soak) -> dict:
-    pairs, episodes, tombstones = logged_batches(soak.run_dir / audit_file.FILE_NAME)
-    acked = acknowledged(soak.out)
-    lines = metrics_lines(soak.run_dir)
+    per = processes(soak)
+    lines = per[0]["lines"]
     last = lines[-1]
     final_run = [m for m in lines if m["run_id"] == last["run_id"]]
-    log_episodes = sum(episodes.values())
-    stored = last["replay/added"] + last["replay/dropped_stale_at_add"]
-    redo = restarts(lines, soak.cfg.checkpoint_every_s)
+    redo = [restarts(p["lines"], soak.cfg.checkpoint_every_s) for p in per]  # per process
+    counts = soak.proxy_counts
     return {
+        "processes": soak.cfg.processes,
         "faults": dict(soak.faults),
         "exits": dict(soak.exits),
         "exit_reasons": sorted(
             {f"status {e['code']}: {e['why']}" for e in soak.events if e["event"] == "exited"}
         ),
-        "proxy_faults": {k: v for k, v in soak.proxy.counts.items() if k != "pass"},
-        "messages_proxied": sum(soak.proxy.counts.values()),
-        "batches_acked": len(acked),
+        "proxy_faults": {k: v for k, v in counts.items() if k != "pass"},
+        "messages_proxied": sum(counts.values()),
         "batches_acked_by_actor": {
             path.stem.removeprefix("acks-"): len(acknowledged(soak.out, path.name))
             for path in sorted(soak.out.glob("acks-*.jsonl"))
         },
-        "episodes_acked": sum(acked.values()),
-        "batches_logged": len(pairs),
-        "tombstones": tombstones,
-        "lost": sum(1 for key in acked if key not in pairs),
-        "logged_twice": sum(len(lsns) - 1 for lsns in pairs.values()),
-        "episode_mismatches": sum(1 for key, n in acked.items() if key in episodes and episodes[key] != n),
-        "stored_twice": stored - log_episodes,
+        **delivery(per),
+        "diverged": diverged(per),
         "recovery_after_disk_s": _percentiles(recovery_after_disk(soak)),
         "remote_recovery_s": _percentiles(remote_recovery(soak)),
         "inference": inference_service(lines),
-        "replay_unaccounted": replay_unaccounted(lines),
-        "restores": restores(soak.learner.log),
+        "restores": [r for role in soak.learners for r in restores(role.log)],
         "log_mb": log_size(soak),
-        "lost_in_restart": max(m.get("batches_lost_in_restart", 0) for m in lines),
         "left_running": left_running(str(soak.out)),
         "memory": memory(soak),
         "updates_after_last_fault": soak.updates_since_last_fault(final_run),
-        "learner_restarts": len(redo),
-        "updates_redone": [r["redone"] for r in redo],
-        "redone_past_interval": [r for r in redo if r["redone"] > r["bound"]],
+        "learner_restarts": len(redo[0]),
+        "updates_redone": [r["redone"] for r in redo[0]],
+        "redone_past_interval": [r for process in redo for r in process if r["redone"] > r["bound"]],
         "final_update": last["update"],
-        "checkpoint_errors": last.get("checkpoint/errors", 0),
-        "metrics_lines_dropped": max(m.get("metrics_lines_dropped", 0) for m in lines),
+        "checkpoint_errors": sum(p["lines"][-1].get("checkpoint/errors", 0) for p in per),
+        "metrics_lines_dropped": max(m.get("metrics_lines_dropped", 0) for p in per for m in p["lines"]),
         "stopped": last.get("stopped"),
     }

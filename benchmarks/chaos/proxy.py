@@ -63,7 +63,8 @@ class FaultProxy:
 
     def stop(self) -> None:
         self._running.clear()
-        self._thread.join(10)
+        if self._thread.ident is not None:  # started
+            self._thread.join(10)
         for sock in [self.front, *self._backs.values()]:
             sock.close(0)
         self.ctx.term()

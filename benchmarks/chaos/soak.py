@@ -5,13 +5,16 @@ checkpoint as in any run, `--audit-log` so an audit can still see every batch it
 relay, and actors (each with `--ack-log`: its own record of what was acknowledged) whose ingest traffic
 goes through the fault proxy (benchmarks/chaos/proxy.py): the first takes its parameters through the
 relay, the second acts on the learner's inference service (`--inference remote`), the others act
-locally. Every process's output is
-piped into its log file by this process (a file size limit on the learner must not break its own
-output). At seeded random times one fault, chosen in turn from FAULTS:
-- `kill`: SIGKILL a random process, restarted after 0.5-3 s (the learner on the same run dir and ports);
+locally. With `processes` 2 the learner is a two-process job (one jax.distributed job on the CPU, each
+process with its own ports, proxy and actors: actor i serves process i mod 2; no actor on the inference
+service, which a multi-process learner does not run), and a kill or an exit of either process takes the
+other with it: the job restarts as one, on a fresh coordinator port, as a supervisor of a multi-process
+job does (a process cannot rejoin a running job). At seeded random times one fault, chosen in turn from
+FAULTS:
+- `kill`: SIGKILL a random process, restarted after 0.5-3 s (a learner on the same run dir and ports);
 - `stop`: SIGSTOP a random process for 0.5-4 s, then SIGCONT;
-- `disk`: the learner's file size limit (RLIMIT_FSIZE) set to its newest log segment's size for 1-5 s, so
-  the log cannot grow (nor any file already that large: metrics, checkpoints), then lifted.
+- `disk`: a learner process's file size limit (RLIMIT_FSIZE) set to its newest log segment's size for
+  1-5 s, so the log cannot grow (nor any file already that large: metrics, checkpoints), then lifted.
 A process that exits by itself (a learner that cannot write its files at start-up with the disk full,
 say) is counted in `exits` and restarted after 1-3 s, as a supervisor would. Resident memory of every
 process is sampled every 2 s.
@@ -19,17 +22,13 @@ process is sampled every 2 s.
 
 from __future__ import annotations
 
-import contextlib
 import heapq
 import itertools
 import json
-import os
 import resource
 import signal
-import socket
 import subprocess
 import sys
-import threading
 import time
 from collections import Counter
 from dataclasses import dataclass, field
@@ -37,6 +36,7 @@ from pathlib import Path
 
 import numpy as np
 
+from benchmarks.chaos.processes import Role, dir_bytes, free_ports, metrics_lines, rss_mb
 from benchmarks.chaos.proxy import FaultProxy, FaultRates
 
 FAULTS = ("kill", "stop", "disk")
@@ -44,85 +44,6 @@ REMOTE_ACTOR = 1
 """The actor that acts on the learner's inference service (actor 0 goes through the relay)."""
 START_S = 600.0
 """Longest wait for a learner to bind its ports (start-up and log recovery on a busy machine)."""
-
-
-def free_ports(n: int) -> list[int]:
-    socks = [socket.socket() for _ in range(n)]
-    try:
-        for s in socks:
-            s.bind(("127.0.0.1", 0))
-        return [s.getsockname()[1] for s in socks]
-    finally:
-        for s in socks:
-            s.close()
-
-
-@dataclass
-class Role:
-    """One process of the soak, restarted under the same name: its command and its incarnations."""
-
-    name: str
-    cmd: list[str]
-    log: Path
-    proc: subprocess.Popen | None = None
-    incarnation: int = 0
-    restarting: bool = False
-    """A restart is scheduled (after a kill, or an exit of its own)."""
-    started_at: list[float] = field(default_factory=list)
-    rss_mb: list[tuple[float, int, float]] = field(default_factory=list)
-    """(soak seconds, incarnation, resident MB) samples."""
-
-    def start(self, clock: float) -> None:
-        self.incarnation += 1
-        self.restarting = False
-        self.started_at.append(clock)
-        self.proc = subprocess.Popen(
-            self.cmd,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            env={**os.environ, "JAX_PLATFORMS": "cpu"},
-        )
-        threading.Thread(target=_copy, args=(self.proc, self.log), daemon=True).start()
-
-    def alive(self) -> bool:
-        return self.proc is not None and self.proc.poll() is None
-
-
-def _copy(proc: subprocess.Popen, path: Path) -> None:
-    with path.open("ab") as out:
-        for line in proc.stdout:
-            out.write(line)
-            out.flush()
-
-
-def metrics_lines(run_dir: Path) -> list[dict]:
-    """The learner's metrics.jsonl as records."""
-    lines = []
-    for line in (run_dir / "metrics.jsonl").read_text().splitlines():
-        try:
-            lines.append(json.loads(line))
-        except ValueError:
-            continue  # cannot happen (lines are cut back whole), but a bad line must not hide the rest
-    return lines
-
-
-def dir_bytes(path: Path) -> int:
-    """The bytes of the files in `path` (one deleted meanwhile, a pruned log segment, counts 0)."""
-    total = 0
-    for item in path.glob("*"):
-        with contextlib.suppress(OSError):
-            total += item.stat().st_size
-    return total
-
-
-def rss_mb(pid: int) -> float | None:
-    try:
-        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1]) / 1024
-    except OSError:
-        return None
-    return None
 
 
 @dataclass
@@ -134,7 +55,10 @@ class SoakConfig:
     seed: int = 0
     actors: int = 3
     """Actors: the first takes its parameters from the relay, the second acts on the learner's inference
-    service, the others take parameters from the learner directly and act locally."""
+    service (with one learner process), the others take parameters from the learner directly and act
+    locally. With several learner processes actor i serves process i mod `processes`."""
+    processes: int = 1
+    """Learner processes: 2 runs the learner as a two-process job, restarted as one (the module docstring)."""
     fault_every_s: tuple[float, float] = (1.0, 4.0)
     """Seconds between faults, drawn uniformly."""
     calm_s: float = 120.0
@@ -146,6 +70,10 @@ class SoakConfig:
     env: str = "standin"
     rates: FaultRates = field(default_factory=FaultRates)
 
+    def __post_init__(self):
+        if not 1 <= self.processes <= self.actors:
+            raise ValueError(f"need 1 <= processes <= actors (an actor per process), got {self.processes}")
+
 
 class Soak:
     """Start everything, fault it until the deadline, calm, then stop it all in order (`run`)."""
@@ -156,15 +84,23 @@ class Soak:
         self.out = cfg.out
         self.out.mkdir(parents=True, exist_ok=True)
         self.run_dir = self.out / "learner"
-        self.ingest, self.params, self.relay_port, self.inference = free_ports(4)
-        self.proxy = FaultProxy(self.ingest, cfg.rates, cfg.seed)
-        self.roles = [self._learner(), self._relay(), *(self._actor(i) for i in range(cfg.actors))]
+        n = cfg.processes
+        ports = free_ports(3 * n + 1)
+        self.ingest, self.params, self.inference = ports[:n], ports[n : 2 * n], ports[2 * n : 3 * n]
+        self.relay_port = ports[-1]
+        self.proxies = [
+            FaultProxy(port, cfg.rates, cfg.seed + 1000 * r) for r, port in enumerate(self.ingest)
+        ]
+        self.learners = [self._learner(rank) for rank in range(n)]
+        """The learner's processes (one job: started, killed and restarted together)."""
+        self.roles = [*self.learners, self._relay(), *(self._actor(i) for i in range(cfg.actors))]
         self.faults: Counter[str] = Counter()
         self.exits: Counter[str] = Counter()
         """Exits a process made by itself (not killed), per role: each was restarted."""
         self._turn = 0
         self.log_bytes: list[tuple[float, int]] = []
-        """(soak seconds, bytes of the learner's write-ahead log) samples: bounded once checkpoints prune it."""
+        """(soak seconds, bytes of the learner's write-ahead logs, all processes) samples: bounded once
+        checkpoints prune them."""
         self.events: list[dict] = []
         """Every fault and restart, with its soak time: the record the audit reads."""
         self._pending: list[tuple[float, int, str, Role, int]] = []  # (due, order, action, role, incarnation)
@@ -176,27 +112,39 @@ class Soak:
     def clock(self) -> float:
         return time.monotonic() - self._t0
 
+    def process_dir(self, rank: int) -> Path:
+        """Where learner process `rank` writes its log, audit log and metrics (checkpoints: the run dir's)."""
+        return self.run_dir if rank == 0 else self.run_dir / f"process-{rank}"
+
+    @property
+    def proxy_counts(self) -> Counter[str]:
+        """What the fault proxies did, all processes' together."""
+        return sum((Counter(p.counts) for p in self.proxies), Counter())
+
     # ---- the processes -------------------------------------------------------------------------------
-    def _learner(self) -> Role:
+    def _learner(self, rank: int) -> Role:
+        inference = str(self.inference[rank]) if self.cfg.processes == 1 else "-1"
         cmd = [sys.executable, "-m", "learner", "--run-dir", str(self.run_dir), "--bind", "127.0.0.1",
-               "--ingest-port", str(self.ingest), "--params-port", str(self.params), "--inference-port", str(self.inference),
+               "--ingest-port", str(self.ingest[rank]), "--params-port", str(self.params[rank]), "--inference-port", inference,
                "--local-actors", "0", "--env", self.cfg.env, "--model.text-encoder", "none", "--max-steps", "8",
                "--batch-size", "8", "--checkpoint-every", "1000000", "--checkpoint-every-s",
                str(self.cfg.checkpoint_every_s), "--durability", "fsync", "--audit-log", "--warmup-demos", "0",
                "--warmup-updates", "0", "--max-policy-lag", "0", "--actor-timeout", "10", "--log-every", "1",
                "--console", "lines", "--no-tensorboard"]  # fmt: skip
-        return Role("learner", cmd, self.out / "learner.log")
+        name = "learner" if self.cfg.processes == 1 else f"learner{rank}"
+        return Role(name, cmd, self.out / f"{name}.log")
 
     def _relay(self) -> Role:
-        cmd = [sys.executable, "-m", "actors", "relay", "--host", "127.0.0.1", "--params-port", str(self.params),
+        cmd = [sys.executable, "-m", "actors", "relay", "--host", "127.0.0.1", "--params-port", str(self.params[0]),
                "--port", str(self.relay_port), "--status-every", "0", "--endpoint-file", str(self.out / "relay.json")]  # fmt: skip
         return Role("relay", cmd, self.out / "relay.log")
 
     def _actor(self, i: int) -> Role:
+        rank = i % self.cfg.processes
         params = ["--params-endpoint", f"tcp://127.0.0.1:{self.relay_port}"] if i == 0 else []
-        params += ["--inference", "remote"] if i == REMOTE_ACTOR else []
-        cmd = [sys.executable, "-m", "actors", "--host", "127.0.0.1", "--ingest-port", str(self.proxy.port),
-               "--params-port", str(self.params), *params, "--env", self.cfg.env, "--num-envs", "4",
+        params += ["--inference", "remote"] if i == REMOTE_ACTOR and self.cfg.processes == 1 else []
+        cmd = [sys.executable, "-m", "actors", "--host", "127.0.0.1", "--ingest-port", str(self.proxies[rank].port),
+               "--params-port", str(self.params[rank]), *params, "--env", self.cfg.env, "--num-envs", "4",
                "--seed", str(self.cfg.seed * 100 + i), "--ack-log", str(self.out / f"acks-actor{i}.jsonl"),
                "--ack-timeout", "6", "--learner-timeout", "6", "--heartbeat-every", "0.5", "--flush-timeout", "60",
                "--status-every", "30"]  # fmt: skip
@@ -204,30 +152,52 @@ class Soak:
 
     @property
     def learner(self) -> Role:
-        return self.roles[0]
+        """The learner's process 0 (with one process, the learner)."""
+        return self.learners[0]
 
     def _wait_for_learner(self) -> None:
-        endpoints = self.run_dir / "endpoints.json"
         deadline = time.monotonic() + START_S
-        while not endpoints.exists():
-            if not self.learner.alive() or time.monotonic() > deadline:
-                raise RuntimeError(f"the learner did not start: see {self.learner.log}")
-            time.sleep(0.1)
+        for rank, role in enumerate(self.learners):
+            while not (self.process_dir(rank) / "endpoints.json").exists():
+                if not role.alive() or time.monotonic() > deadline:
+                    raise RuntimeError(f"the learner did not start: see {role.log}")
+                time.sleep(0.1)
 
-    def _start(self, role: Role) -> None:
-        if role is self.learner:
-            (self.run_dir / "endpoints.json").unlink(missing_ok=True)
-        role.start(self.clock())
+    def _start(self, role: Role, extra: list[str] | None = None) -> None:
+        role.start(self.clock(), extra)
         self.events.append(
             {"t": self.clock(), "event": "start", "role": role.name, "incarnation": role.incarnation}
         )
 
+    def _start_learners(self) -> None:
+        """Every learner process, together, on a fresh coordinator port (a job starts as one)."""
+        n = self.cfg.processes
+        coordinator = f"127.0.0.1:{free_ports(1)[0]}"
+        for rank, role in enumerate(self.learners):
+            (self.process_dir(rank) / "endpoints.json").unlink(missing_ok=True)
+            job = ["--coordinator", coordinator, "--num-processes", str(n), "--process-id", str(rank)]
+            self._start(role, job if n > 1 else None)
+
+    def _down(self, role: Role, delay: float) -> None:
+        """`role` is down (killed, or exited by itself): its restart after `delay` seconds. A learner
+        process takes the job's other processes with it (SIGKILL), and the job restarts as one."""
+        group = self.learners if role in self.learners else [role]
+        for member in group:
+            if member.alive():
+                member.proc.send_signal(signal.SIGKILL)
+                member.proc.wait()
+                self.events.append({"t": self.clock(), "event": "job_kill", "role": member.name,
+                                    "incarnation": member.incarnation})  # fmt: skip
+            member.restarting = True
+        self._later(delay, "restart", group[0])
+
     # ---- the soak ------------------------------------------------------------------------------------
     def run(self) -> None:
-        self.proxy.start()
-        self._start(self.learner)
+        for proxy in self.proxies:
+            proxy.start()
+        self._start_learners()
         self._wait_for_learner()
-        for role in self.roles[1:]:
+        for role in self.roles[len(self.learners) :]:
             self._start(role)
         end_faults = self.cfg.minutes * 60 - self.cfg.calm_s
         next_fault = self.clock() + self._gap()
@@ -281,8 +251,7 @@ class Soak:
                 why = tail[-1][:300] if tail else ""
                 self.events.append({"t": now, "event": "exited", "role": role.name, "code": role.proc.returncode,
                                     "why": why})  # fmt: skip
-                role.restarting = True
-                self._later(float(self.rng.uniform(1.0, 3.0)), "restart", role)
+                self._down(role, float(self.rng.uniform(1.0, 3.0)))
 
     def _later(self, delay: float, action: str, role: Role) -> None:
         heapq.heappush(
@@ -293,7 +262,7 @@ class Soak:
         while self._pending and self._pending[0][0] <= now:
             _, _, action, role, incarnation = heapq.heappop(self._pending)
             if action == "restart":
-                self._start(role)
+                self._start_learners() if role in self.learners else self._start(role)
             elif role.incarnation == incarnation and role.alive():  # not killed meanwhile
                 if action == "cont":
                     role.proc.send_signal(signal.SIGCONT)
@@ -304,10 +273,12 @@ class Soak:
     def _fault(self, kind: str, now: float) -> None:
         live = [r for r in self.roles if r.alive()]
         if kind == "disk":
-            if not self.learner.alive():
+            ranks = [rank for rank, learner in enumerate(self.learners) if learner.alive()]
+            if not ranks:
                 return
-            role = self.learner
-            segments = sorted((self.run_dir / "wal").glob("*.wal"))
+            rank = ranks[int(self.rng.integers(len(ranks)))] if len(self.learners) > 1 else ranks[0]
+            role = self.learners[rank]
+            segments = sorted((self.process_dir(rank) / "wal").glob("*.wal"))
             limit = segments[-1].stat().st_size if segments else 0
             resource.prlimit(role.proc.pid, resource.RLIMIT_FSIZE, (limit, resource.RLIM_INFINITY))
             self._later(float(self.rng.uniform(1.0, 5.0)), "disk_back", role)
@@ -318,8 +289,7 @@ class Soak:
             if kind == "kill":
                 role.proc.send_signal(signal.SIGKILL)
                 role.proc.wait()
-                role.restarting = True
-                self._later(float(self.rng.uniform(0.5, 3.0)), "restart", role)
+                self._down(role, float(self.rng.uniform(0.5, 3.0)))
             else:
                 role.proc.send_signal(signal.SIGSTOP)
                 self._later(float(self.rng.uniform(0.5, 4.0)), "cont", role)
@@ -327,29 +297,34 @@ class Soak:
         self.events.append({"t": now, "event": kind, "role": role.name, "incarnation": role.incarnation})
 
     def _sample(self, now: float) -> None:
-        self.log_bytes.append((now, dir_bytes(self.run_dir / "wal")))
+        wal = sum(dir_bytes(self.process_dir(rank) / "wal") for rank in range(len(self.learners)))
+        self.log_bytes.append((now, wal))
         for role in self.roles:
             if role.alive() and (mb := rss_mb(role.proc.pid)) is not None:
                 role.rss_mb.append((now, role.incarnation, mb))
 
     # ---- the end -------------------------------------------------------------------------------------
     def stop(self) -> dict[str, int]:
-        """Actors first (SIGTERM: they deliver what they hold), then the relay, then the learner (SIGTERM:
-        a final checkpoint). Every process is continued and restarted first if a fault left it so.
-        Returns each process's exit status."""
+        """Actors first (SIGTERM: they deliver what they hold), then the relay, then the learner's processes
+        together (SIGTERM: they agree on the stop and write a final checkpoint). Every process is
+        continued and restarted first if a fault left it so. Returns each process's exit status."""
         while self._pending:  # restarts and continues still due
             self._due(self._pending[0][0] + 0.001)
+        relay, *actors = self.roles[len(self.learners) :]
         codes = {}
-        for role in [*self.roles[2:], self.roles[1], self.learner]:
-            if role.alive():
+        for group in [*([a] for a in actors), [relay], self.learners]:
+            live = [role for role in group if role.alive()]
+            for role in live:
                 role.proc.send_signal(signal.SIGCONT)
                 role.proc.send_signal(signal.SIGTERM)
+            for role in live:
                 try:
                     codes[role.name] = role.proc.wait(timeout=180)
                 except subprocess.TimeoutExpired:
                     role.proc.kill()
                     codes[role.name] = role.proc.wait()
-        self.proxy.stop()
+        for proxy in self.proxies:
+            proxy.stop()
         (self.out / "events.jsonl").write_text("".join(json.dumps(e) + "\n" for e in self.events))
         samples = {role.name: role.rss_mb for role in self.roles}  # (soak seconds, incarnation, MB)
         (self.out / "memory.json").write_text(json.dumps(samples))
