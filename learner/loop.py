@@ -149,7 +149,7 @@ def _train(s: Session, stop: _Stop) -> str:
             s.warmup.end_if_late()
             s.warmup.validate_if_due(lambda: _serve_while_busy(s), stop.abandons)
             s.publish_if_due(serve=lambda: _serve_while_busy(s, log=False))
-            s.save_if_due()
+        s.save_if_due(updated=ready)
         s.log_if_due()
 
 

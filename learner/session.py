@@ -161,17 +161,22 @@ class Session:
         if self.schedule.publishes_after(self.trainer.update):
             self.publish(serve)
 
-    def save_if_due(self) -> None:
-        """After an update: a checkpoint every --checkpoint-every updates, or once --checkpoint-every-s
-        seconds have passed since the last (every process agrees: the save is a collective)."""
+    def save_if_due(self, updated: bool = True) -> None:
+        """Every loop iteration (`updated`: right after an update): a checkpoint every --checkpoint-every
+        updates, or once --checkpoint-every-s seconds have passed since the last and something was trained
+        since (every process agrees: the save is a collective). Between updates too: a learner that
+        trained and then waits for data (its actors down, say) still saves within the interval, so a
+        kill never makes it train again more than one interval's updates (the chaos soak found a learner
+        idle for 45 s past its interval whose 4 updates a restart redid)."""
         if self.checkpointer is None:
             return
-        by_updates = self.trainer.update % self.cfg.checkpoint_every == 0
+        due = updated and self.trainer.update % self.cfg.checkpoint_every == 0
         limit = self.cfg.checkpoint_every_s
         if limit:
-            _, by_time = multihost.agree(True, time.monotonic() - self._last_save >= limit)
-            by_updates = by_updates or by_time
-        if by_updates:
+            late = time.monotonic() - self._last_save >= limit and self.trainer.update > self.saved_update
+            _, by_time = multihost.agree(True, late)
+            due = due or by_time
+        if due:
             self.save()
 
     def save(self) -> None:

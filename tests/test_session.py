@@ -138,6 +138,15 @@ def test_a_checkpoint_is_also_saved_once_its_wall_time_interval_has_passed(tmp_p
         s.trainer.update = 4
         s.save_if_due()
         assert s.checkpointer.latest_update() == 3  # the clock starts again at each save
+        s._last_save -= 61  # between updates (waiting for data): due by time once something was trained
+        s.save_if_due(updated=False)
+        assert (s.checkpointer.updates(), s.saved_update) == ([3, 4], 4)
+        s._last_save -= 61
+        s.save_if_due(updated=False)  # nothing trained since: no second checkpoint of update 4
+        s._last_save += 61
+        s.trainer.update = 1000
+        s.save_if_due(updated=False)  # a multiple of --checkpoint-every counts only right after an update
+        assert s.checkpointer.updates() == [3, 4]
     finally:
         s.close("test")
     with pytest.raises(SystemExit):

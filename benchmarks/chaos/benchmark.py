@@ -29,6 +29,12 @@ MEMORY_MB = {"learner": 6000.0, "relay": 500.0, "actor": 3000.0}
 LOG_GROWTH = 1.5
 """Largest allowed ratio of the write-ahead log's largest size in the second half of a soak of 10 minutes
 or more to its first half's (a log that is never pruned doubles)."""
+FAULT_EVERY_S = (1.0, 4.0)
+"""Seconds between faults with a one-process learner, drawn uniformly."""
+JOB_FAULT_EVERY_S = (2.0, 8.0)
+"""The same with a two-process learner: every kill or exit of either process restarts the whole job (both
+processes' start-up, gloo and compile), so at the one-process pace the job was restarted every 10-30 s
+and never trained between kills (a 4-minute soak: 16 job restarts, 13 updates, no restore)."""
 GROWTH = 1.3
 """Largest allowed ratio of a long incarnation's last-quarter memory to its first quarter's, after its
 warm-up (benchmarks/chaos/audit.py `memory`)."""
@@ -87,7 +93,10 @@ def run(
 ) -> tuple[list[dict], dict]:
     minutes = minutes or (4.0 if quick else 30.0)
     out = ROOT / "runs" / "chaos" / (f"seed{seed}" if processes == 1 else f"seed{seed}-p{processes}")
-    report = soak(minutes, seed, out, calm_s=90.0 if minutes < 10 else 120.0, processes=processes)
+    every = FAULT_EVERY_S if processes == 1 else JOB_FAULT_EVERY_S
+    report = soak(
+        minutes, seed, out, calm_s=90.0 if minutes < 10 else 120.0, processes=processes, fault_every_s=every
+    )
     rows = [{"fault": k, "count": v} for k, v in {**report["faults"], **report["proxy_faults"]}.items()]
     summary = {k: v for k, v in report.items() if k not in ("faults", "proxy_faults")}
     return rows, summary
