@@ -328,6 +328,7 @@ class Soak:
         (self.out / "events.jsonl").write_text("".join(json.dumps(e) + "\n" for e in self.events))
         samples = {role.name: role.rss_mb for role in self.roles}  # (soak seconds, incarnation, MB)
         (self.out / "memory.json").write_text(json.dumps(samples))
+        (self.out / "log_size.json").write_text(json.dumps(self.log_bytes))  # (soak seconds, bytes)
         return codes
 
     def kill_all(self) -> None:
