@@ -48,6 +48,9 @@ def test_a_two_process_learner_goes_down_and_restarts_as_one_job(tmp_path):
         first = [_job_args(role) for role in s.learners]
         assert first[0][0] == first[1][0] and [rank for _, rank in first] == ["0", "1"]
         assert "--inference" not in s._actor(1).cmd  # a multi-process learner serves no inference
+        assert (
+            s.learners[0].env["JAX_COMPILATION_CACHE_DIR"] == s.learners[1].env["JAX_COMPILATION_CACHE_DIR"]
+        )
         s.learners[1].proc.send_signal(signal.SIGKILL)
         s.learners[1].proc.wait()
         s._restart_exited(s.clock())

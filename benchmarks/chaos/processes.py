@@ -32,6 +32,8 @@ class Role:
     name: str
     cmd: list[str]
     log: Path
+    env: dict[str, str] = field(default_factory=dict)
+    """Environment variables added to this process's (a learner's compilation cache)."""
     proc: subprocess.Popen | None = None
     incarnation: int = 0
     restarting: bool = False
@@ -49,7 +51,7 @@ class Role:
             [*self.cmd, *(extra or [])],
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,
-            env={**os.environ, "JAX_PLATFORMS": "cpu"},
+            env={**os.environ, "JAX_PLATFORMS": "cpu", **self.env},
         )
         threading.Thread(target=_copy, args=(self.proc, self.log), daemon=True).start()
 

@@ -132,7 +132,12 @@ class Soak:
                "--warmup-updates", "0", "--max-policy-lag", "0", "--actor-timeout", "10", "--log-every", "1",
                "--console", "lines", "--no-tensorboard"]  # fmt: skip
         name = "learner" if self.cfg.processes == 1 else f"learner{rank}"
-        return Role(name, cmd, self.out / f"{name}.log")
+        # JAX's persistent compilation cache: a restarted learner reads its compiled step from disk
+        # instead of compiling again (68-71 s for a two-process job on 2 busy cores, longer than the time
+        # between job kills: that job never trained between faults, BENCHMARKS.md "chaos").
+        cache = {"JAX_COMPILATION_CACHE_DIR": str(self.out / "jax-cache"),
+                 "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS": "0"}  # fmt: skip
+        return Role(name, cmd, self.out / f"{name}.log", env=cache)
 
     def _relay(self) -> Role:
         cmd = [sys.executable, "-m", "actors", "relay", "--host", "127.0.0.1", "--params-port", str(self.params[0]),
