@@ -177,11 +177,11 @@ class Soak:
     def _start_learners(self) -> None:
         """Every learner process, together, on a fresh coordinator port (a job starts as one)."""
         n = self.cfg.processes
-        coordinator = f"127.0.0.1:{free_ports(1)[0]}"
+        coordinator = f"127.0.0.1:{free_ports(1)[0]}" if n > 1 else ""
         for rank, role in enumerate(self.learners):
             (self.process_dir(rank) / "endpoints.json").unlink(missing_ok=True)
             job = ["--coordinator", coordinator, "--num-processes", str(n), "--process-id", str(rank)]
-            self._start(role, job if n > 1 else None)
+            self._start(role, job if coordinator else None)
 
     def _down(self, role: Role, delay: float) -> None:
         """`role` is down (killed, or exited by itself): its restart after `delay` seconds. A learner
