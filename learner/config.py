@@ -107,6 +107,10 @@ class TransportConfig:
     keep_log: bool = False
     """Never delete write-ahead log segments, so the log holds every batch the learner ever stored (for
     audits such as `python -m benchmarks chaos`; the log then grows with every batch)."""
+    wal_segment_mb: int = 64
+    """Size in MiB at which a write-ahead log segment is closed and the next begun. A segment is the unit
+    the log is pruned by (a segment goes once all its records are older than what the checkpoints need),
+    so smaller segments keep the log closer to what restores need, at the cost of more files."""
     audit_log: bool = False
     """Append one JSON line per batch the write-ahead log takes to RUN_DIR/audit.jsonl (its actor,
     seq, episodes, stored or refused, log position; about 100 bytes a batch, kept for the whole run):
@@ -120,6 +124,7 @@ class TransportConfig:
             -1 <= self.inference_port <= 65535,
             f"--inference-port must be in [-1, 65535] (0 picks a free port, -1 is off), got {self.inference_port}",
         )
+        _check(self.wal_segment_mb >= 1, f"--wal-segment-mb must be at least 1, got {self.wal_segment_mb}")
         _check(
             self.inference_max_rows >= 1,
             f"--inference-max-rows must be at least 1, got {self.inference_max_rows}",

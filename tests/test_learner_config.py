@@ -133,8 +133,8 @@ def test_grouped_settings_keep_their_flags_and_their_stored_layout():
     # --rename-word-pieces, --durability, --weight-decay, --snapshot-every, --actor-weighting, --vmpo-eta,
     # --vmpo-kl-coef, --local-actor-args, --inference-port, --inference-max-rows, --inference-deadline-ms,
     # --checkpoint-every-s, --metrics-port, --live-stall-s, --keep-log, --trunk-cache-mb, --validation-demos,
-    # --warmup-patience, --init-params, --audit-log.
-    assert len(flat) == 90
+    # --warmup-patience, --init-params, --audit-log, --wal-segment-mb.
+    assert len(flat) == 91
     flags = [
         "--lambda" if name == "lambda_" else "--" + name.replace("_", "-") for name in set(flat) - nested
     ]

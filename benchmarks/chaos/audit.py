@@ -15,8 +15,12 @@ soak's events and samples, and /proc.
 - `replay_unaccounted`: metrics lines whose replay size is not what was added minus what was evicted or
   dropped as stale, so a restore that came back with fewer episodes than its checkpoint held (must be 0);
 - `restores`: learner restarts that resumed a checkpoint, and the episodes they read back from the log;
-- `log_mb`: the write-ahead log's size on disk over the run (bounded: its last half no larger than 1.5x
-  its first half in a soak of 10 minutes or more);
+- `log_mb`: the write-ahead log's size on disk over the run, reported: its largest, the largest in each
+  half, at the end;
+- `log_pruning`: after the stop, each process's log against the last two complete checkpoints
+  (benchmarks/chaos/log_pruning.py): `excess_segments`, kept though all their records are older than what
+  the checkpoint before the final one needs (a stalled prune: the log grows with the run; must be 0),
+  and `short`, logs missing a record the final checkpoint needs (must be 0);
 - `lost_in_restart`: the largest `batches_lost_in_restart` any learner counted (must be 0);
 - `left_running`: processes whose command line names the soak's folder, after the stop (must be 0);
 - per role, the largest resident memory, and its growth over each long incarnation;
@@ -40,6 +44,8 @@ from pathlib import Path
 
 import numpy as np
 
+from benchmarks.chaos.log_pruning import judge
+from benchmarks.chaos.processes import dir_bytes
 from benchmarks.chaos.soak import REMOTE_ACTOR, Soak, metrics_lines
 from learner.ingest import audit as audit_file
 
@@ -121,14 +127,16 @@ def restores(log: Path) -> list[dict]:
 
 
 def log_size(soak: Soak) -> dict:
-    """The write-ahead log's size on disk: the largest, and the largest in each half of the run."""
+    """The write-ahead log's size on disk: the largest, the largest in each half of the run, and after
+    the stop (its final checkpoint pruned it)."""
+    final = sum(dir_bytes(soak.process_dir(rank) / "wal") for rank in range(soak.cfg.processes)) / 2**20
     if not soak.log_bytes:
-        return {"max_mb": 0.0, "first_half_mb": 0.0, "second_half_mb": 0.0}
+        return {"max_mb": 0.0, "first_half_mb": 0.0, "second_half_mb": 0.0, "final_mb": final}
     t, size = np.array(soak.log_bytes, np.float64).T
     half = t <= t[-1] / 2
     mb = size / 2**20
     return {"max_mb": float(mb.max()), "first_half_mb": float(mb[half].max()),
-            "second_half_mb": float(mb[~half].max()) if (~half).any() else 0.0}  # fmt: skip
+            "second_half_mb": float(mb[~half].max()) if (~half).any() else 0.0, "final_mb": final}  # fmt: skip
 
 
 def inference_service(lines: list[dict]) -> dict:
@@ -290,6 +298,9 @@ def audit(soak: Soak) -> dict:
         "inference": inference_service(lines),
         "restores": [r for role in soak.learners for r in restores(role.log)],
         "log_mb": log_size(soak),
+        "log_pruning": judge(
+            soak.run_dir / "checkpoints", [soak.process_dir(r) / "wal" for r in range(soak.cfg.processes)]
+        ),
         "left_running": left_running(str(soak.out)),
         "memory": memory(soak),
         "updates_after_last_fault": soak.updates_since_last_fault(final_run),

@@ -26,9 +26,6 @@ from learner.setup.disk import DISK_FULL_STATUS
 
 MEMORY_MB = {"learner": 6000.0, "relay": 500.0, "actor": 3000.0}
 """The resident memory bound per role (the learner holds the replay and a compiled step)."""
-LOG_GROWTH = 1.5
-"""Largest allowed ratio of the write-ahead log's largest size in the second half of a soak of 10 minutes
-or more to its first half's (a log that is never pruned doubles)."""
 FAULT_EVERY_S = (1.0, 4.0)
 """Seconds between faults with a one-process learner, drawn uniformly."""
 JOB_FAULT_EVERY_S = (2.0, 8.0)
@@ -44,9 +41,11 @@ def violations(report: dict) -> list[str]:
     """The invariants the report breaks (empty: all hold)."""
     broken = [f"{key} = {report[key]}" for key in ("lost", "logged_twice", "episode_mismatches", "stored_twice",
                                                     "lost_in_restart", "replay_unaccounted", "diverged") if report[key]]  # fmt: skip
-    log = report["log_mb"]
-    if report["minutes"] >= 10 and log["second_half_mb"] > LOG_GROWTH * max(log["first_half_mb"], 1.0):
-        broken.append(f"the write-ahead log grows with the run: {log}")
+    pruning = report["log_pruning"]
+    if pruning["excess_segments"] or pruning["short"]:
+        broken.append(f"the write-ahead log is not pruned to what the checkpoints need: {pruning}")
+    if report["minutes"] >= 10 and not pruning["judged"]:
+        broken.append(f"fewer than two complete checkpoints: the log's pruning went unjudged {pruning}")
     for actor, count in report["batches_acked_by_actor"].items():
         if not count:
             broken.append(f"{actor} had nothing acknowledged")

@@ -75,6 +75,12 @@ class SoakConfig:
             raise ValueError(f"need 1 <= processes <= actors (an actor per process), got {self.processes}")
 
 
+WAL_SEGMENT_MB = 8
+"""The learner's log segment size here: the unit pruning deletes, small enough (about 200 of the soak's
+batches) that a segment kept past its prune shows (benchmarks/chaos/log_pruning.py) and the log's size
+follows what restores need rather than the 64 MB default's steps."""
+
+
 class Soak:
     """Start everything, fault it until the deadline, calm, then stop it all in order (`run`)."""
 
@@ -129,6 +135,7 @@ class Soak:
                "--local-actors", "0", "--env", self.cfg.env, "--model.text-encoder", "none", "--max-steps", "8",
                "--batch-size", "8", "--checkpoint-every", "1000000", "--checkpoint-every-s",
                str(self.cfg.checkpoint_every_s), "--durability", "fsync", "--audit-log", "--warmup-demos", "0",
+               "--wal-segment-mb", str(WAL_SEGMENT_MB),
                "--warmup-updates", "0", "--max-policy-lag", "0", "--actor-timeout", "10", "--log-every", "1",
                "--console", "lines", "--no-tensorboard"]  # fmt: skip
         name = "learner" if self.cfg.processes == 1 else f"learner{rank}"

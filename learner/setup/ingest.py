@@ -92,7 +92,8 @@ def open_ingest(
     the actors' credit. On a failure what was bound is closed again."""
     net = cfg.transport
     durability = cfg.durability()
-    wal = WriteAheadLog(run_dir / "wal", durability) if durability != "none" else None
+    segment_bytes = net.wal_segment_mb * 2**20
+    wal = WriteAheadLog(run_dir / "wal", durability, segment_bytes) if durability != "none" else None
     policy = make_policy(cfg.model)
     spec = policy.episode_spec()
     peers = PeerVersions(spec, cfg.model)  # which older actors this run can serve
