@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 from rich.console import Console
 
+from benchmarks.chaos.log_pruning import judge
 from common import protocol, wire
 from common.policies.pointer import featurize
 from learner.config import parse_args
@@ -149,6 +150,8 @@ def test_saves_prune_the_log_below_what_the_newest_complete_checkpoint_needs(tmp
     finally:
         s.close("test")
     assert size < 10_000  # the state of 8 items: no episode is copied
+    judged = judge(tmp_path / "checkpoints", [tmp_path / "wal"])  # the chaos soak's judge reads these files
+    assert judged["judged"] and judged["excess_segments"] == judged["short"] == 0, judged
     again = open_session(parse_args(args), Console(file=io.StringIO()))
     try:
         for a, b in zip(expected, again.replay.items(), strict=True):
