@@ -25,6 +25,9 @@ soak's events and samples, and /proc.
 - `left_running`: processes whose command line names the soak's folder, after the stop (must be 0);
 - per role, the largest resident memory, and its growth over each long incarnation;
 - `recovery_after_disk_s`: per lifted disk fault, seconds until the next batch was acknowledged;
+- `restart_recovery_s`: per learner restart, seconds until any actor had a batch acknowledged again (the
+  learner's own start-up: restore, bind, accept), the part of `remote_recovery_s` that is not the
+  inference service's;
 - `remote_recovery_s`: per learner restart, seconds until the actor on the inference service had a batch
   acknowledged again; the inference service's requests and refusals over the learner's incarnations;
 - `updates_after_last_fault`: what the final learner trained in the calm period (must be > 0);
@@ -92,13 +95,18 @@ def recovery_after_disk(soak: Soak) -> list[float]:
     return acks_after(soak, [e["t"] for e in soak.events if e["event"] == "disk_back"])
 
 
+def learner_restarts(soak: Soak) -> list[float]:
+    """Soak times at which the learner (process 0 of a job) was started again."""
+    first = soak.learners[0].name
+    return [e["t"] for e in soak.events if e["event"] == "start" and e["role"] == first][1:]
+
+
 def remote_recovery(soak: Soak) -> list[float]:
     """Per learner restart, seconds until the actor on the inference service had a batch acknowledged
     (none: a multi-process learner runs no inference service)."""
     if soak.cfg.processes > 1:
         return []
-    starts = [e["t"] for e in soak.events if e["event"] == "start" and e["role"] == "learner"][1:]
-    return acks_after(soak, starts, f"actor{REMOTE_ACTOR}")
+    return acks_after(soak, learner_restarts(soak), f"actor{REMOTE_ACTOR}")
 
 
 def replay_unaccounted(lines: list[dict]) -> int:
@@ -294,6 +302,7 @@ def audit(soak: Soak) -> dict:
         **delivery(per),
         "diverged": diverged(per),
         "recovery_after_disk_s": _percentiles(recovery_after_disk(soak)),
+        "restart_recovery_s": _percentiles(acks_after(soak, learner_restarts(soak))),
         "remote_recovery_s": _percentiles(remote_recovery(soak)),
         "inference": inference_service(lines),
         "restores": [r for role in soak.learners for r in restores(role.log)],
