@@ -9,7 +9,8 @@ in turn: SIGKILL and restart of any process, SIGSTOP/SIGCONT of any process, the
 duplicates, delays and reorders 5% of the messages (benchmarks/chaos/proxy.py). The last `calm_s` are
 fault-free (a short soak may end its calm early: `calm_updates`). Then the actors deliver what they
 hold, everything stops, and benchmarks/chaos/audit.py checks: nothing acknowledged lost, nothing logged
-or stored twice, no process left, memory bounded and flat, training after the last fault; it reports the
+or stored twice, the log pruned to what the checkpoints need (benchmarks/chaos/log_pruning.py), no
+process left, memory bounded and flat, training after the last fault; it reports the
 updates each learner restart trained again. `--quick`: 4 minutes. `--processes 2`: the learner as a
 two-process job (its processes restarted together; benchmarks/chaos/soak.py). The run's files stay in
 runs/chaos/seedS (seedS-p2 with two processes: logs, the learner's run dir, the actors' ack logs).
