@@ -80,6 +80,9 @@ class Session:
     written (RUN_DIR/snapshots/warmup-end.safetensors, as reinforcement learning starts)."""
     saved_update: int = 0
     """The update of the newest checkpoint on disk."""
+    resumed_update: int = 0
+    """The update this run started from (its checkpoint's; 0 for a new run), in every metrics record: what
+    a restart trained again is the predecessor's last update minus this, whenever the first record came."""
     saved_lsn: int = 0
     """The write-ahead log position of the checkpoint this run resumed from: every record below it is in
     it (its replay may still need older ones: `CheckpointFiles.log_needed_from`)."""
@@ -285,6 +288,7 @@ class Session:
             "run_id": server.run_id,
             "wall": round(now - self.schedule.start, 3),
             "update": update,
+            "resumed_update": self.resumed_update,
             "update_in_flight_s": round(in_flight, 3),
             "mode": self.cfg.mode,
             "sync_rounds": self.schedule.rounds,

@@ -151,3 +151,23 @@ def test_a_checkpoint_is_also_saved_once_its_wall_time_interval_has_passed(tmp_p
         s.close("test")
     with pytest.raises(SystemExit):
         parse_args(["--checkpoint-every-s", "-1"])
+
+
+def test_every_record_names_the_update_the_run_resumed_from(tmp_path):
+    """`resumed_update`: what a restart trained again is its predecessor's last update minus this, even
+    when updates came before its first record (the chaos soak's audit read the first record's update and
+    judged a restart that redid 93 updates as 80)."""
+    s = opened(tmp_path, "--checkpoint-every", "1000")
+    try:
+        assert s.record()["resumed_update"] == 0
+        s.trainer.update = 7
+        s.save()
+        s.checkpoint_files.wait()
+    finally:
+        s.close("test")
+    again = opened(tmp_path, "--checkpoint-every", "1000")
+    try:
+        again.trainer.update += 5  # trained before its first record
+        assert (again.record()["resumed_update"], again.record()["update"]) == (7, 12)
+    finally:
+        again.close("test")

@@ -192,12 +192,11 @@ def restarts(lines: list[dict], interval_s: float) -> list[dict]:
         by_run.setdefault(m["run_id"], []).append(m)
     out = []
     for before, after in itertools.pairwise(by_run.values()):
-        last = before[-1]
+        last, resumed = before[-1], after[0]["resumed_update"]  # a first record may come after updates
         floor = [m["update"] for m in before if m["wall"] <= last["wall"] - interval_s - SAVE_MARGIN_S]
         out.append({
-            "reached": last["update"], "resumed": after[0]["update"],
-            "redone": last["update"] - after[0]["update"],
-            "bound": last["update"] - max(floor, default=before[0]["update"]),
+            "reached": last["update"], "resumed": resumed, "redone": last["update"] - resumed,
+            "bound": last["update"] - max(floor, default=before[0]["resumed_update"]),
             "checkpoint_errors": last.get("checkpoint/errors", 0),
         })  # fmt: skip
     return out

@@ -112,6 +112,7 @@ def open_session(cfg: LearnerConfig, console: Console) -> Session:
             prefill_pending=prefill,
             warmup_end_pending=schedule.in_warmup(trainer.update),
             saved_update=trainer.update,
+            resumed_update=trainer.update,
             saved_lsn=saved_lsn,
             checkpoint_files=_checkpoint_files(
                 cfg, server, replay, checkpointer, trainer.update, saved_lsn, console
