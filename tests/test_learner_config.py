@@ -248,6 +248,8 @@ def test_the_lm_recipe_fills_flags_not_given_and_a_given_flag_wins(capsys):
     assert long.imitation.warmup_demos == 360 and "--warmup-demos 360" in capsys.readouterr().out
     # Demonstrations enter lm updates as imitation only, never as rows of RL batches (learner/recipes.py).
     assert not lm.imitation.prefill_demos and parse_args([]).imitation.prefill_demos
+    # A recency bound: the lm replay keeps the newest 16 episodes (BENCHMARKS.md "LM agent: a recency bound").
+    assert lm.buffer.replay_capacity == 16 and parse_args([]).buffer.replay_capacity == 2048
 
 
 def test_warmup_noise_is_refused_where_the_demonstrator_has_no_random_actions():
