@@ -140,7 +140,11 @@ def test_lm_learner_trains_refuses_hostile_batches_checkpoints_resumes_and_evalu
     assert "resuming from the checkpoint at update 6" in second.log()
     resumed = _metrics(run_dir)[-1]
     assert resumed["stopped"] == "SIGTERM" and resumed["update"] >= 8 and resumed["episodes"] > 0, resumed
-    assert resumed["inference/answered"] > 0 and resumed["inference/rejected_by_reason"] == {}, resumed
+    # A request that finds the service behind (a publish while no actor asked hands over no copy) is
+    # refused `unavailable` and makes the loop hand the parameters over (learner/serving/inference.py):
+    # whether the first request comes before that depends on timing; any other refusal is a fault.
+    assert resumed["inference/answered"] > 0, resumed
+    assert set(resumed["inference/rejected_by_reason"]) <= {"unavailable"}, resumed
     # It stopped on the learner's SIGTERM (a request in flight given up), not killed after the grace.
     assert resumed["local_actors_killed"] == 0, second.log()
     assert "param_swaps" not in (run_dir / "actor-0.log").read_text().rsplit("stopped", 1)[-1]
