@@ -142,6 +142,7 @@ def _train(s: Session, stop: _Stop) -> str:
         s.refresh_inference()  # between updates: the parameters are the trainer's own, not in flight
         ready, stopping = multihost.agree(ready, bool(wanted))  # every process steps together
         if stopping:
+            s.snapshot_if_due(at_time_limit=wanted == "time limit")  # the limit's own grid time
             return wanted or "another learner process stopped"
         s.snapshot_if_due()  # before the update: the parameters of the time passed (the compile's too)
         if ready:

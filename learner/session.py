@@ -216,10 +216,12 @@ class Session:
         self.saved_update = update
         self.stats.timing["checkpoint_s"] += time.monotonic() - t0
 
-    def snapshot_if_due(self) -> None:
+    def snapshot_if_due(self, at_time_limit: bool = False) -> None:
         """--snapshot-every: the parameters for the latest multiple of the period the wall clock has
         passed (learner/serving/snapshots.py). Every process agrees first (the host copy is a collective of all of
-        them); process 0 writes. Counted as checkpoint time."""
+        them); process 0 writes. Counted as checkpoint time. `at_time_limit`: the run stops by its
+        --time-limit, up to one update before it, so the parameters it stops with stand for the limit
+        (without it a benchmark's last grid time, the limit, raced the stop)."""
         if not self.cfg.snapshot_every:
             return
         if self._snapshots is None:
@@ -227,14 +229,15 @@ class Session:
                 self.run_dir / "snapshots", self.cfg.snapshot_every, self.rank == 0
             )
         wall = time.monotonic() - self.schedule.start
-        _, due = multihost.agree(True, self._snapshots.due(wall))
+        stands_for = self.cfg.time_limit if at_time_limit and self.cfg.time_limit else None
+        _, due = multihost.agree(True, self._snapshots.due(wall if stands_for is None else stands_for))
         if not due:
             return
         t0 = time.monotonic()
         update, totals = self.trainer.update, self.stats.totals
         fields = {"update": update, "version": self.trainer.version, "episodes": totals["episodes"]}
         fields |= {"env_steps": totals["env_steps"], "phase": self.schedule.phase(update)}
-        self._snapshots.write(wall, self.trainer.snapshot(), self.cfg.model, fields)
+        self._snapshots.write(wall, self.trainer.snapshot(), self.cfg.model, fields, stands_for)
         self.stats.timing["checkpoint_s"] += time.monotonic() - t0
 
     def draw_demos(self) -> Draw:

@@ -37,6 +37,18 @@ def test_files_are_named_by_the_multiple_passed_and_never_go_back(tmp_path):
     ]  # fmt: skip
 
 
+def test_the_final_parameters_stand_for_the_time_limit(tmp_path):
+    snaps = WallSnapshots(tmp_path / "snapshots", every=40, writes=True)
+    snaps.write(40.2, FLAT, ModelConfig(), FIELDS)
+    # The learner stopped at 358.7 s because its next update would pass the 360 s limit.
+    assert snaps.write(358.7, FLAT, ModelConfig(), FIELDS, stands_for=360.0).name == "t00360.safetensors"
+    assert read_index(tmp_path / "snapshots")[-1] == {"t": 360, "wall": 358.7, **FIELDS, "final": True}
+    assert not snaps.due(360.0)  # written once
+    # A start-up longer than the limit: the first look is past it; the file still stands for the limit.
+    late = WallSnapshots(tmp_path / "late", every=5, writes=True)
+    assert late.write(32.9, FLAT, ModelConfig(), FIELDS, stands_for=20.0).name == "t00020.safetensors"
+
+
 def test_off_or_another_process_writes_nothing(tmp_path):
     assert not WallSnapshots(tmp_path, every=0, writes=True).due(1e9)
     other = WallSnapshots(tmp_path / "snapshots", every=5, writes=False)
@@ -68,6 +80,19 @@ def test_a_learner_run_writes_snapshots_in_order(learner_process):
     if index[0]["update"] < index[-1]["update"]:  # the usual case: the first one came before any update
         first, last = (params_file.read(directory / f"t{index[i]['t']:05d}.safetensors")[1] for i in (0, -1))
         assert any(not np.array_equal(first[k], last[k]) for k in first)  # trained in between
+
+
+@pytest.mark.timeout(600)
+def test_a_run_stopped_by_its_time_limit_has_the_limit_s_snapshot(learner_process):
+    """The paper benchmark's last grid time is its time limit: the learner stops before it (when its
+    next update would pass it), and its last parameters must still be there under that name."""
+    learner = learner_process(
+        "--snapshot-every", "5", "--time-limit", "20", "--local-actors", "0", "--checkpoint-every", "0"
+    )
+    assert learner.proc.wait(timeout=START_S + 20) == 0, learner.log()
+    index = read_index(learner.run_dir / "snapshots")
+    assert [line["t"] for line in index][-1] == 20 and index[-1]["final"], index
+    assert (learner.run_dir / "snapshots" / "t00020.safetensors").is_file()
 
 
 def _trained_snapshot(directory) -> bool:

@@ -10,7 +10,9 @@ one line per file once it is complete: {"t", "wall", "update", "version", "episo
 "phase"}, "wall" the exact seconds, the rest as in metrics.jsonl. The learner looks between updates, so a
 file is at most one update late; a multiple passed entirely within one update (or the compile) gets no
 file of its own, and the file after it is named by the latest multiple passed. A resumed run's clock
-starts at 0 again: its files replace the earlier ones of the same name, and index.jsonl goes on.
+starts at 0 again: its files replace the earlier ones of the same name, and index.jsonl goes on. A run
+stopped by its --time-limit writes its last parameters under the limit's multiple (if that one has no file
+yet), though it stops up to one update before it: {"final": true} in that line (WallSnapshots.write).
 """
 
 from __future__ import annotations
@@ -66,21 +68,34 @@ class WallSnapshots:
         return self.every > 0 and wall >= self.next_multiple * self.every
 
     def write(
-        self, wall: float, flat: dict[str, np.ndarray], model_cfg: ModelConfig, fields: dict[str, Any]
+        self,
+        wall: float,
+        flat: dict[str, np.ndarray],
+        model_cfg: ModelConfig,
+        fields: dict[str, Any],
+        stands_for: float | None = None,
     ) -> Path:
         """The parameters `flat` under the latest multiple passed (at least the next one: in a multi-host
         run another process's clock may have said so first), then their index line (`fields`: update,
         version, episodes, env_steps, phase). Written to a temporary name first, so a reader never sees
-        half a file. Returns the file's path (not written unless `writes`)."""
-        multiple = max(int(wall // self.every), self.next_multiple)
+        half a file. Returns the file's path (not written unless `writes`).
+
+        `stands_for`: the run's final parameters at its time limit (Session.snapshot_if_due): the learner
+        stops when the next update would pass the limit, so it stops a little before it (or, after a
+        start-up or an update longer than the limit left, after it), and the parameters it stops with
+        are its parameters at the limit. The file is named by the limit's multiple (unless a file of
+        that multiple or a later one exists); the index keeps the exact `wall` and says "final": true."""
+        named = wall if stands_for is None else stands_for
+        multiple = max(int(named // self.every), self.next_multiple)
         self.next_multiple = multiple + 1
         t = multiple * self.every
         path = self.directory / f"t{t:05d}.safetensors"
         if not self.writes:
             return path
         write_file(path, flat, model_cfg, fields)
+        line = {"t": t, "wall": round(wall, 3), **fields} | ({} if stands_for is None else {"final": True})
         with (self.directory / INDEX).open("a") as index:
-            index.write(json.dumps({"t": t, "wall": round(wall, 3), **fields}) + "\n")
+            index.write(json.dumps(line) + "\n")
         return path
 
 
