@@ -60,7 +60,8 @@ demonstration's first epoch) and about 3.5 s once it is cached (issue 46), so a 
 
 The warm-up (issue 47): imitation is what a 15-minute run can teach, so it gets 70% of the time limit
 (--warmup-share 0.7; --warmup-updates only bounds it; 0.5 at 60 minutes gave greedy train 0.220 against
-0.7's 0.385, BENCHMARKS.md "LM agent: the insert side after the warm-up"), in epochs over 100 demonstrations (more in longer
+0.7's 0.385, BENCHMARKS.md "LM agent: the insert side after the warm-up", and with the 16-episode replay
+below 0.255 against 0.375, A-RIDE adding 0.020 in 81 updates where 0.7's added 0.155 in 30), in epochs over 100 demonstrations (more in longer
 runs: warmup_demos above) with 20 more of
 the same training templates held back (--validation-demos 20: their loss, rho and the critic's value gap
 are printed before the warm-up, after each epoch and after it), ending early after 2 epochs without a new
