@@ -83,8 +83,9 @@ class WallSnapshots:
         `stands_for`: the run's final parameters at its time limit (Session.snapshot_if_due): the learner
         stops when the next update would pass the limit, so it stops a little before it (or, after a
         start-up or an update longer than the limit left, after it), and the parameters it stops with
-        are its parameters at the limit. The file is named by the limit's multiple (unless a file of
-        that multiple or a later one exists); the index keeps the exact `wall` and says "final": true."""
+        are its parameters at the limit. The file is named by the limit's multiple (Session asks `due` of
+        the limit first, so none is written where that multiple already has one); the index keeps the
+        exact `wall` and says "final": true."""
         named = wall if stands_for is None else stands_for
         multiple = max(int(named // self.every), self.next_multiple)
         self.next_multiple = multiple + 1
